@@ -1,0 +1,1 @@
+"""tailguard controller: policies, the breach engine, sources, actuators, journal, API and CLI."""

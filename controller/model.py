@@ -1,0 +1,158 @@
+"""The data the engine consumes and produces.
+
+Measurements are data, not exceptions: a signal query either returns values per
+target or an error value, and every (condition, target) observation is one of
+ok / breach / no-data / error. Decisions carry their evidence so the journal,
+annotations and reports can show *why* an action was taken.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Mapping
+
+# A target is identified by the values of the policy's `targets.groupBy` labels,
+# kept as a sorted tuple so it is hashable and has one canonical order.
+TargetKey = tuple[tuple[str, str], ...]
+
+
+def target_key(labels: Mapping[str, str]) -> TargetKey:
+    return tuple(sorted(labels.items()))
+
+
+def target_labels(key: TargetKey) -> dict[str, str]:
+    return dict(key)
+
+
+def format_target(key: TargetKey) -> str:
+    return "{" + ",".join(f'{name}="{value}"' for name, value in key) + "}"
+
+
+class ObservationKind(StrEnum):
+    OK = "ok"
+    BREACH = "breach"
+    NO_DATA = "no-data"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class SignalResult:
+    """One signal's answer at one evaluation: values by target, or an error.
+
+    `values` may hold NaN (e.g. histogram_quantile over zero traffic); the
+    engine treats NaN and absent targets alike as no-data, never as a breach.
+    """
+
+    values: Mapping[TargetKey, float] = field(default_factory=dict)
+    error: str | None = None
+
+    @staticmethod
+    def failed(message: str) -> "SignalResult":
+        return SignalResult(values={}, error=message)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True)
+class Observation:
+    kind: ObservationKind
+    at: float
+    value: float | None = None
+    error: str | None = None
+
+
+def classify(result: SignalResult | None, target: TargetKey, at: float) -> tuple[ObservationKind, float | None, str | None]:
+    """The raw classification of a signal result for one target, before any threshold."""
+    if result is None:
+        return ObservationKind.ERROR, None, "signal was not queried"
+    if result.error is not None:
+        return ObservationKind.ERROR, None, result.error
+    value = result.values.get(target)
+    if value is None or math.isnan(value):
+        return ObservationKind.NO_DATA, None, None
+    return ObservationKind.OK, value, None
+
+
+class ActionType(StrEnum):
+    ROLLBACK = "rollback"
+    SCALE = "scale"
+    SHIFT_TRAFFIC = "shift_traffic"
+    ANNOTATE = "annotate"
+    NOTIFY = "notify"
+
+
+# Actions that change the serving tier; these are what cooldown and budget limit.
+MUTATING_ACTIONS = frozenset({ActionType.ROLLBACK, ActionType.SCALE, ActionType.SHIFT_TRAFFIC})
+
+
+@dataclass(frozen=True)
+class ActionRequest:
+    """A rendered action: templates already substituted with the target's labels and the observed value."""
+
+    type: ActionType
+    params: Mapping[str, Any]
+    idempotency_key: str
+
+    @property
+    def mutating(self) -> bool:
+        return self.type in MUTATING_ACTIONS
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type.value, "params": dict(self.params), "idempotency_key": self.idempotency_key}
+
+
+class DecisionKind(StrEnum):
+    FIRE = "fire"  # the condition fired: run its actions
+    RESOLVE = "resolve"  # the condition recovered: run its recovery actions
+    SUPPRESSED = "suppressed"  # would fire, but cooldown or budget forbids acting now
+    ERRORED = "errored"  # the source failed more often in a row than the condition allows
+
+
+@dataclass(frozen=True)
+class Decision:
+    id: str
+    kind: DecisionKind
+    policy: str
+    condition: str
+    target: TargetKey
+    onset: float
+    at: float
+    fired_at: float | None
+    resolved_at: float | None
+    value: float | None
+    threshold: float
+    evidence: tuple[tuple[float, float], ...]
+    actions: tuple[ActionRequest, ...]
+    dry_run: bool
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind.value,
+            "policy": self.policy,
+            "condition": self.condition,
+            "target": target_labels(self.target),
+            "onset": self.onset,
+            "at": self.at,
+            "fired_at": self.fired_at,
+            "resolved_at": self.resolved_at,
+            "value": self.value,
+            "threshold": self.threshold,
+            "evidence": [[t, v] for t, v in self.evidence],
+            "actions": [action.to_json() for action in self.actions],
+            "dry_run": self.dry_run,
+            "reason": self.reason,
+        }
+
+
+def decision_id(policy: str, condition: str, target: TargetKey, onset: float) -> str:
+    """Deterministic, so a replayed evaluation (restart, backtest) names the same incident the same way."""
+    material = json.dumps([policy, condition, list(target), round(onset, 3)], separators=(",", ":"))
+    return hashlib.sha256(material.encode()).hexdigest()[:16]

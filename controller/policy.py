@@ -1,0 +1,331 @@
+"""Policies: the YAML that SREs write, as strict Pydantic models.
+
+A policy names its targets (the labels that identify one), its signals (one
+batched PromQL query each), its conditions (threshold, `for`, explicit no-data
+policy, staleness and source-error limits, actions, recovery) and its limits
+(cooldown and action budget). Unknown fields are errors, never ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+    model_validator,
+)
+
+from controller.durations import format_duration, parse_duration
+from controller.templating import LABEL_NAME, QUERY_BUILTINS, variables_in
+
+API_VERSION = "tailguard.io/v1alpha1"
+DURATION_PATTERN = r"^(\d+(\.\d+)?(ms|s|m|h|d))+$"
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def _seconds(value: Any) -> Any:
+    if isinstance(value, str):
+        return parse_duration(value)
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as '15s', '5m' or '1h30m'")
+    return value
+
+
+Duration = Annotated[
+    float,
+    BeforeValidator(_seconds),
+    Field(ge=0),
+    PlainSerializer(format_duration, return_type=str),
+    WithJsonSchema(
+        {"type": "string", "pattern": DURATION_PATTERN, "description": "A duration such as 15s, 5m or 1h30m"}
+    ),
+]
+
+
+@dataclass(frozen=True)
+class ForSpec:
+    """How long a breach must last: N consecutive breaching evaluations, or a duration."""
+
+    count: int | None = None
+    seconds: float | None = None
+
+    def satisfied(self, streak_count: int, streak_started: float, now: float) -> bool:
+        if self.count is not None:
+            return streak_count >= self.count
+        assert self.seconds is not None
+        return streak_count >= 1 and now - streak_started >= self.seconds - 1e-9
+
+    def describe(self) -> str:
+        if self.count is not None:
+            return f"{self.count} consecutive evaluations"
+        assert self.seconds is not None
+        return format_duration(self.seconds)
+
+
+def _for_spec(value: Any) -> ForSpec:
+    if isinstance(value, ForSpec):
+        return value
+    if isinstance(value, bool):
+        raise ValueError("expected a count of evaluations (integer >= 1) or a duration such as '60s'")
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError("a count of evaluations must be at least 1")
+        return ForSpec(count=value)
+    if isinstance(value, str):
+        return ForSpec(seconds=parse_duration(value))
+    raise ValueError("expected a count of evaluations (integer >= 1) or a duration such as '60s'")
+
+
+def _for_serialize(spec: ForSpec) -> int | str:
+    if spec.count is not None:
+        return spec.count
+    assert spec.seconds is not None
+    return format_duration(spec.seconds)
+
+
+For = Annotated[
+    ForSpec,
+    BeforeValidator(_for_spec),
+    PlainSerializer(_for_serialize),
+    WithJsonSchema(
+        {
+            "oneOf": [
+                {"type": "integer", "minimum": 1, "description": "consecutive breaching evaluations"},
+                {"type": "string", "pattern": DURATION_PATTERN, "description": "breaching for at least this long"},
+            ]
+        }
+    ),
+]
+
+
+def _label_name(value: str) -> str:
+    if not LABEL_NAME.match(value):
+        raise ValueError(f"expected a Prometheus label name ([A-Za-z_][A-Za-z0-9_]*), got {value!r}")
+    return value
+
+
+LabelName = Annotated[str, BeforeValidator(lambda v: _label_name(v) if isinstance(v, str) else v)]
+Identifier = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")]
+
+
+class Comparison(StrEnum):
+    GT = ">"
+    GE = ">="
+    LT = "<"
+    LE = "<="
+
+    def holds(self, value: float, threshold: float) -> bool:
+        if self is Comparison.GT:
+            return value > threshold
+        if self is Comparison.GE:
+            return value >= threshold
+        if self is Comparison.LT:
+            return value < threshold
+        return value <= threshold
+
+
+class NoDataPolicy(StrEnum):
+    HOLD = "hold"  # keep the current streak as it is (neither a breach nor a recovery)
+    BREACH = "breach"  # absence is itself the failure (e.g. a heartbeat)
+    OK = "ok"  # absence means healthy (e.g. an error counter that only exists on errors)
+
+
+class Threshold(StrictModel):
+    op: Comparison = Field(description="comparison of the observed value against `value`")
+    value: float = Field(description="threshold in the signal's unit (seconds, ratio, count)")
+
+    @model_validator(mode="after")
+    def _finite(self) -> "Threshold":
+        if not math.isfinite(self.value):
+            raise ValueError("threshold value must be a finite number")
+        return self
+
+    def holds(self, observed: float) -> bool:
+        return self.op.holds(observed, self.value)
+
+
+class TargetSpec(StrictModel):
+    groupBy: list[LabelName] = Field(
+        min_length=1, description="labels that identify one target; every signal must return them"
+    )
+    match: dict[LabelName, str] = Field(
+        default_factory=dict,
+        description="equality matchers: available in queries as {{ selector }} and as variables, "
+        "and used to route Alertmanager alerts to this policy",
+    )
+
+
+class Signal(StrictModel):
+    name: Identifier
+    query: str = Field(
+        min_length=1,
+        description="PromQL returning one series per target, grouped by the target labels. "
+        "{{ selector }}, {{ by }} and {{ variable }} (an escaped string literal) are substituted.",
+    )
+
+
+class _ActionBase(StrictModel):
+    pass
+
+
+class RollbackAction(_ActionBase):
+    type: Literal["rollback"]
+    service: str = Field(default="{{ service }}", description="service to roll back to its last good revision")
+
+
+class ScaleAction(_ActionBase):
+    type: Literal["scale"]
+    service: str = Field(default="{{ service }}")
+    replicas: int | None = Field(default=None, ge=0, description="absolute replica count")
+    delta: int | None = Field(default=None, description="add (or remove) this many replicas")
+    targetPerReplica: float | None = Field(
+        default=None, gt=0, description="proportional: replicas = ceil(current * observed / targetPerReplica)"
+    )
+    min: int = Field(default=1, ge=0)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> "ScaleAction":
+        modes = [m for m in (self.replicas, self.delta, self.targetPerReplica) if m is not None]
+        if len(modes) != 1:
+            raise ValueError("scale needs exactly one of replicas, delta or targetPerReplica")
+        if self.min > self.max:
+            raise ValueError(f"scale min ({self.min}) is above max ({self.max})")
+        return self
+
+
+class ShiftTrafficAction(_ActionBase):
+    type: Literal["shift_traffic"]
+    service: str = Field(default="{{ service }}")
+    version: str = Field(default="{{ version }}", description="the version whose weight is set")
+    weight: int = Field(ge=0, le=100, description="percent of the service's traffic")
+
+
+class AnnotateAction(_ActionBase):
+    type: Literal["annotate"]
+    text: str = Field(min_length=1)
+    tags: list[str] = Field(default_factory=list)
+
+
+class NotifyAction(_ActionBase):
+    type: Literal["notify"]
+    receiver: str = Field(min_length=1, description="a receiver named in the controller configuration")
+    message: str = Field(default="{{ policy }}/{{ condition }} on {{ target }}: {{ value }}")
+
+
+Action = Annotated[
+    Union[RollbackAction, ScaleAction, ShiftTrafficAction, AnnotateAction, NotifyAction],
+    Field(discriminator="type"),
+]
+
+
+class Recovery(StrictModel):
+    when: Threshold | None = Field(
+        default=None, description="healthy when this holds; default: the breach threshold does not hold"
+    )
+    for_: For = Field(default=ForSpec(count=1), alias="for")
+    actions: list[Action] = Field(default_factory=list)
+
+
+class Condition(StrictModel):
+    name: Identifier
+    signal: Identifier
+    when: Threshold = Field(description="a breach is an observation for which this holds")
+    for_: For = Field(alias="for")
+    noData: NoDataPolicy = Field(description="what an absent or NaN value means; there is no default on purpose")
+    staleAfter: Duration = Field(
+        default=300.0, description="held state older than this is dropped: stale data never completes a breach"
+    )
+    maxSourceErrors: int = Field(
+        default=4, ge=1, description="consecutive source errors tolerated before the condition is 'errored'"
+    )
+    actions: list[Action] = Field(min_length=1)
+    recovery: Recovery = Field(default_factory=Recovery)
+
+
+class Limits(StrictModel):
+    cooldown: Duration = Field(default=300.0, description="minimum time between mutating actions on one target")
+    maxActionsPerHour: int = Field(default=6, ge=0, description="mutating actions per target in any hour")
+
+
+TEXT_VARIABLES = frozenset({"value", "threshold", "policy", "condition", "target", "onset", "decision_id"})
+
+
+class Policy(StrictModel):
+    apiVersion: Literal["tailguard.io/v1alpha1"]
+    kind: Literal["Policy"]
+    name: Identifier
+    description: str = ""
+    interval: Duration = Field(default=15.0, description="evaluation interval")
+    dryRun: bool = Field(default=False, description="decide and journal, but execute no action")
+    targets: TargetSpec
+    vars: dict[LabelName, str] = Field(default_factory=dict, description="constants for query templates")
+    signals: list[Signal] = Field(min_length=1)
+    conditions: list[Condition] = Field(min_length=1)
+    limits: Limits = Field(default_factory=Limits)
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> "Policy":
+        if self.interval <= 0:
+            raise ValueError("interval must be positive")
+        signal_names = [s.name for s in self.signals]
+        duplicates = sorted({n for n in signal_names if signal_names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"signal names must be unique; repeated: {', '.join(duplicates)}")
+        condition_names = [c.name for c in self.conditions]
+        duplicates = sorted({n for n in condition_names if condition_names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"condition names must be unique; repeated: {', '.join(duplicates)}")
+        query_vars = set(self.targets.match) | set(self.vars) | QUERY_BUILTINS
+        for signal in self.signals:
+            unknown = sorted(set(variables_in(signal.query)) - query_vars)
+            if unknown:
+                raise ValueError(
+                    f"signal {signal.name!r} uses undefined template variable(s) {', '.join(unknown)}; "
+                    f"expected one of {', '.join(sorted(query_vars))}"
+                )
+        action_vars = self.action_variables()
+        for condition in self.conditions:
+            if condition.signal not in signal_names:
+                raise ValueError(
+                    f"condition {condition.name!r} refers to signal {condition.signal!r}, "
+                    f"expected one of {', '.join(signal_names)}"
+                )
+            for action in [*condition.actions, *condition.recovery.actions]:
+                for text in _template_fields(action):
+                    unknown = sorted(set(variables_in(text)) - action_vars)
+                    if unknown:
+                        raise ValueError(
+                            f"condition {condition.name!r}: {action.type} action uses undefined template "
+                            f"variable(s) {', '.join(unknown)}; expected one of {', '.join(sorted(action_vars))}"
+                        )
+        return self
+
+    def action_variables(self) -> frozenset[str]:
+        return frozenset(self.targets.groupBy) | set(self.targets.match) | set(self.vars) | TEXT_VARIABLES
+
+    def signal(self, name: str) -> Signal:
+        return next(s for s in self.signals if s.name == name)
+
+
+def _template_fields(action: BaseModel) -> list[str]:
+    return [value for name, value in action if isinstance(value, str) and name != "type"]
+
+
+def policy_json_schema() -> dict[str, Any]:
+    schema = Policy.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = "https://tailguard.io/schemas/policy-v1alpha1.json"
+    schema["title"] = "tailguard Policy"
+    return schema

@@ -1,0 +1,208 @@
+"""Loading policy files with errors that point at file, line and field.
+
+YAML is composed into nodes first so every value keeps its line; Pydantic's
+error locations are then mapped back onto those nodes. Duplicate keys, which
+PyYAML would silently collapse, are errors too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from pydantic import ValidationError
+
+from controller.policy import Policy
+
+POLICY_SUFFIXES = (".yaml", ".yml")
+
+
+@dataclass(frozen=True)
+class PolicyError:
+    file: str
+    line: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}"
+        return f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    policy: Policy
+    file: str
+    line: int
+
+
+class _Located:
+    """A plain Python value with the YAML node it came from (for line lookups)."""
+
+    def __init__(self, node: yaml.Node, value: Any, children: dict[Any, "_Located"]):
+        self.node = node
+        self.value = value
+        self.children = children
+
+    @property
+    def line(self) -> int:
+        return self.node.start_mark.line + 1
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str, line: int):
+        super().__init__(key)
+        self.key = key
+        self.line = line
+
+
+def _construct(node: yaml.Node, loader: yaml.SafeLoader) -> _Located:
+    if isinstance(node, yaml.MappingNode):
+        loader.flatten_mapping(node)
+        value: dict[Any, Any] = {}
+        children: dict[Any, _Located] = {}
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            if key in value:
+                raise _DuplicateKey(str(key), key_node.start_mark.line + 1)
+            child = _construct(value_node, loader)
+            value[key] = child.value
+            children[key] = child
+        return _Located(node, value, children)
+    if isinstance(node, yaml.SequenceNode):
+        items = [_construct(item, loader) for item in node.value]
+        return _Located(node, [item.value for item in items], dict(enumerate(items)))
+    return _Located(node, loader.construct_object(node, deep=True), {})
+
+
+def _line_for(root: _Located, loc: tuple[int | str, ...]) -> int:
+    """The line of the deepest node the error location reaches (union tags in `loc` are skipped)."""
+    current = root
+    for part in loc:
+        child = current.children.get(part)
+        if child is None and isinstance(part, str) and part.endswith("_"):
+            child = current.children.get(part.rstrip("_"))
+        if child is not None:
+            current = child
+    return current.line
+
+
+def _field_path(loc: tuple[int | str, ...], root: _Located) -> str:
+    parts: list[str] = []
+    current: _Located | None = root
+    for part in loc:
+        child = current.children.get(part) if current is not None else None
+        if child is None and isinstance(part, str) and part.endswith("_") and current is not None:
+            child = current.children.get(part.rstrip("_"))
+            part = part.rstrip("_")
+        if child is None and isinstance(part, str) and current is not None and isinstance(current.value, list):
+            continue  # a discriminated-union tag such as 'rollback', not a key in the file
+        if isinstance(part, int):
+            parts.append(f"[{part}]")
+        else:
+            parts.append(("." if parts else "") + str(part).rstrip("_"))
+        current = child
+    return "".join(parts)
+
+
+def _message(error: dict[str, Any]) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return "unknown field (not part of the policy schema)"
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "literal_error":
+        return f"expected {error['ctx']['expected']}, got {error.get('input')!r}"
+    if kind == "union_tag_invalid":
+        return f"unknown action type {error['ctx']['tag']!r}; expected one of {error['ctx']['expected_tags']}"
+    if kind == "union_tag_not_found":
+        return "an action needs a 'type' (rollback, scale, shift_traffic, annotate or notify)"
+    message = str(error["msg"])
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if message.startswith(prefix):
+            message = message[len(prefix) :]
+    if "input" in error and kind not in ("value_error",) and not isinstance(error["input"], (dict, list)):
+        message = f"{message}, got {error['input']!r}"
+    return message
+
+
+def parse_policy_text(text: str, file: str) -> tuple[list[LoadedPolicy], list[PolicyError]]:
+    policies: list[LoadedPolicy] = []
+    errors: list[PolicyError] = []
+    loader = yaml.SafeLoader(text)
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            try:
+                located = _construct(node, loader)
+            except _DuplicateKey as duplicate:
+                errors.append(PolicyError(file, duplicate.line, duplicate.key, "duplicate key"))
+                continue
+            if located.value is None:
+                continue
+            if not isinstance(located.value, dict):
+                errors.append(PolicyError(file, located.line, "", "expected a mapping (a policy document)"))
+                continue
+            try:
+                policy = Policy.model_validate(located.value)
+            except ValidationError as invalid:
+                for error in invalid.errors():
+                    loc = tuple(error["loc"])
+                    errors.append(
+                        PolicyError(file, _line_for(located, loc), _field_path(loc, located), _message(dict(error)))
+                    )
+                continue
+            policies.append(LoadedPolicy(policy, file, located.line))
+    except yaml.YAMLError as bad_yaml:
+        mark = getattr(bad_yaml, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        problem = getattr(bad_yaml, "problem", None) or str(bad_yaml)
+        errors.append(PolicyError(file, line, "", f"invalid YAML: {problem}"))
+    finally:
+        loader.dispose()
+    return policies, errors
+
+
+def policy_paths(paths: Iterable[str | Path]) -> list[Path]:
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found.extend(sorted(p for p in path.rglob("*") if p.suffix in POLICY_SUFFIXES and p.is_file()))
+        else:
+            found.append(path)
+    return found
+
+
+def load_policies(paths: Iterable[str | Path]) -> tuple[list[LoadedPolicy], list[PolicyError]]:
+    """Load every policy under `paths`. Returns all policies and all errors; callers decide what errors mean."""
+    policies: list[LoadedPolicy] = []
+    errors: list[PolicyError] = []
+    for path in policy_paths(paths):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as unreadable:
+            errors.append(PolicyError(str(path), 1, "", f"cannot read policy file: {unreadable}"))
+            continue
+        file_policies, file_errors = parse_policy_text(text, str(path))
+        policies.extend(file_policies)
+        errors.extend(file_errors)
+    seen: dict[str, LoadedPolicy] = {}
+    for loaded in policies:
+        first = seen.get(loaded.policy.name)
+        if first is not None:
+            errors.append(
+                PolicyError(
+                    loaded.file,
+                    loaded.line,
+                    "name",
+                    f"policy name {loaded.policy.name!r} is already used at {first.file}:{first.line}",
+                )
+            )
+        else:
+            seen[loaded.policy.name] = loaded
+    return policies, errors

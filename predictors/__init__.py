@@ -1,0 +1,1 @@
+"""The learned SLA-violation model (features, training, evaluation)."""

@@ -1,0 +1,1 @@
+"""The bundled serving tier: engine profiles, simulator, router, deployer and load replay."""
