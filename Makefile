@@ -1,0 +1,47 @@
+# tailguard: `make demo` and `make test` work on a fresh Debian machine (Python 3.11).
+# They create .venv, install the project into it, and install Prometheus and
+# Alertmanager with apt when they are missing (scripts/ensure-system-deps.sh).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Re-installs only when pyproject.toml changes, so repeated runs are fast.
+STAMP := $(VENV)/.tailguard-installed
+LINT_PATHS := controller serving predictors tests scripts
+
+.PHONY: venv system-deps demo test bench schema lint typecheck clean distclean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml | system-deps
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e '.[dev,cluster,ml]'
+	touch $(STAMP)
+
+system-deps:
+	./scripts/ensure-system-deps.sh
+
+demo: venv
+	$(BIN)/tailguard demo
+
+test: venv
+	$(BIN)/pytest -q
+
+bench: venv
+	$(BIN)/python tests/bench/bench_batching.py
+
+schema: venv
+	$(BIN)/python scripts/generate_schema.py
+
+lint: venv
+	$(BIN)/ruff check $(LINT_PATHS)
+
+typecheck: venv
+	$(BIN)/mypy
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache demo-output
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)
