@@ -1,0 +1,298 @@
+"""Backtest: replay the live engine over Prometheus history, executing nothing.
+
+For each policy: one range query per signal over [start, end] (chunked past
+Prometheus' 11,000-points limit), then `engine.transition` at every step, exactly
+as the controller would have evaluated. FIRE / SUPPRESSED / RESOLVE decisions of
+one incident share an id and are merged into one entry; an incident still firing
+at `end` has `resolved_at: null`. Every rendered action is listed with
+`"executed": false`. This is what an SRE runs before enabling a policy.
+
+    tailguard backtest --prometheus URL --rules PATH --start T --end T [--step 15s] [--output json|markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from controller.clock import SystemClock
+from controller.durations import parse_duration
+from controller.engine import PolicyState, transition
+from controller.model import ActionRequest, Decision, DecisionKind, TargetKey, format_target, target_labels
+from controller.policy import Policy
+from controller.policy_files import load_policies
+from controller.protocols import MetricsSource
+from controller.signals import query_signals_range, range_chunks
+
+EXIT_OK = 0
+EXIT_SIGNAL_ERRORS = 1  # the report is printed, but some signal could not be queried
+EXIT_USAGE = 2  # bad arguments, bad rules, unreachable Prometheus
+
+
+@dataclass
+class BacktestEntry:
+    """One incident: what the controller would have decided for (policy, condition, target)."""
+
+    id: str
+    policy: str
+    condition: str
+    target: TargetKey
+    onset: float
+    fired_at: float | None = None
+    resolved_at: float | None = None
+    suppressed_at: float | None = None
+    errored_at: float | None = None
+    kinds: list[str] = field(default_factory=list)
+    actions: list[tuple[DecisionKind, ActionRequest]] = field(default_factory=list)
+    peak: float | None = None
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "policy": self.policy,
+            "condition": self.condition,
+            "target": target_labels(self.target),
+            "onset": self.onset,
+            "fired_at": self.fired_at,
+            "resolved_at": self.resolved_at,
+            "suppressed_at": self.suppressed_at,
+            "errored_at": self.errored_at,
+            "kinds": list(self.kinds),
+            "peak": self.peak,
+            "reason": self.reason,
+            "actions": [{**action.to_json(), "on": kind.value, "executed": False} for kind, action in self.actions],
+        }
+
+
+@dataclass(frozen=True)
+class BacktestReport:
+    decisions: list[BacktestEntry]
+    evaluations: int
+    start: float
+    end: float
+    signal_errors: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "decisions": [entry.to_json() for entry in self.decisions],
+            "evaluations": self.evaluations,
+            "start": self.start,
+            "end": self.end,
+            "signal_errors": list(self.signal_errors),
+        }
+
+    def to_markdown(self) -> str:
+        lines = [
+            (f"Backtest {_iso(self.start)} .. {_iso(self.end)}: {self.evaluations} evaluations, "
+            f"{len(self.decisions)} incident(s)"),
+            "",
+            "| policy | condition | target | onset | fired | resolved | actions |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for entry in self.decisions:
+            fired = _iso(entry.fired_at) if entry.fired_at is not None else (
+                "suppressed" if entry.suppressed_at is not None else "errored" if entry.errored_at else "-")
+            resolved = _iso(entry.resolved_at) if entry.resolved_at is not None else (
+                "still firing" if entry.fired_at is not None else "-")
+            actions = ", ".join(f"{action.type.value} ({kind.value})" for kind, action in entry.actions) or "-"
+            lines.append(f"| {entry.policy} | {entry.condition} | {_cell(format_target(entry.target))} | "
+                         f"{_iso(entry.onset)} | {fired} | {resolved} | {actions} |")
+        for error in self.signal_errors:
+            lines.append(f"\nsignal error: {error}")
+        return "\n".join(lines) + "\n"
+
+
+def _iso(timestamp: float | None) -> str:
+    if timestamp is None:
+        return "-"
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _merge(entries: dict[str, BacktestEntry], decision: Decision) -> None:
+    entry = entries.get(decision.id)
+    if entry is None:
+        entry = BacktestEntry(decision.id, decision.policy, decision.condition, decision.target, decision.onset)
+        entries[decision.id] = entry
+    entry.kinds.append(decision.kind.value)
+    if decision.kind is DecisionKind.FIRE:
+        entry.fired_at = decision.at
+        entry.reason = decision.reason
+    elif decision.kind is DecisionKind.RESOLVE:
+        entry.resolved_at = decision.at
+    elif decision.kind is DecisionKind.SUPPRESSED:
+        entry.suppressed_at = decision.at
+        entry.reason = entry.reason or decision.reason
+    else:
+        entry.errored_at = decision.at
+        entry.reason = decision.reason
+    values = [v for _, v in decision.evidence] + ([decision.value] if decision.value is not None else [])
+    if values and decision.kind is not DecisionKind.RESOLVE:
+        entry.peak = max([*values, *([entry.peak] if entry.peak is not None else [])])
+    entry.actions.extend((decision.kind, action) for action in decision.actions)
+
+
+def evaluation_times(start: float, end: float, step: float) -> list[float]:
+    """The evaluation grid, rounded to the millisecond like the sources' sample timestamps."""
+    times: list[float] = []
+    for chunk_start, chunk_end in range_chunks(start, end, step):
+        count = round((chunk_end - chunk_start) / step) + 1
+        times.extend(round(chunk_start + index * step, 3) for index in range(count))
+    return times
+
+
+def backtest_policy(source: MetricsSource, policy: Policy, start: float, end: float,
+                    step: float | None = None) -> tuple[list[Decision], int, list[str]]:
+    """All decisions the engine takes for `policy` over history, the number of evaluations and signal errors."""
+    step = policy.interval if step is None else step
+    ranges = query_signals_range(source, policy, start, end, step)
+    errors = [f"{policy.name}/{name}: {result.error}" for name, result in ranges.items() if result.error]
+    state = PolicyState()
+    decisions: list[Decision] = []
+    times = evaluation_times(start, end, step)
+    for now in times:
+        observations = {name: result.at(now) for name, result in ranges.items()}
+        state, taken = transition(policy, observations, state, now)
+        decisions.extend(taken)
+    return decisions, len(times), errors
+
+
+def run_backtest(source: MetricsSource, policies: Sequence[Policy], start: float, end: float,
+                 step: float | None) -> BacktestReport:
+    """Replay every policy over [start, end]; `step` defaults to each policy's own interval."""
+    entries: dict[str, BacktestEntry] = {}
+    evaluations = 0
+    errors: list[str] = []
+    for policy in policies:
+        decisions, count, policy_errors = backtest_policy(source, policy, start, end, step)
+        evaluations += count
+        errors.extend(policy_errors)
+        for decision in decisions:
+            _merge(entries, decision)
+    ordered = sorted(entries.values(), key=lambda e: (e.onset, e.policy, e.condition, e.target))
+    return BacktestReport(ordered, evaluations, start, end, errors)
+
+
+# -- CLI -------------------------------------------------------------------------------------------
+
+
+class UsageError(ValueError):
+    pass
+
+
+def parse_time(text: str, what: str) -> float:
+    """Epoch seconds ("1700000000", "1700000000.5") or RFC3339 ("2024-05-01T12:00:00Z")."""
+    raw = text.strip()
+    try:
+        return float(raw)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(raw)
+    except ValueError:
+        raise UsageError(f"{what}: expected epoch seconds or an RFC3339 time such as "
+                         f"2024-05-01T12:00:00Z, got {text!r}") from None
+    if parsed.tzinfo is None:
+        raise UsageError(f"{what}: RFC3339 time {text!r} needs a timezone (Z or +HH:MM)")
+    return parsed.timestamp()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tailguard backtest",
+        description="Replay policies over Prometheus history and print what would have been decided "
+        "(no action is executed).",
+    )
+    parser.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus base URL")
+    parser.add_argument("--rules", required=True, action="append", metavar="PATH",
+                        help="policy file or directory (repeatable)")
+    parser.add_argument("--start", required=True, metavar="T", help="epoch seconds or RFC3339")
+    parser.add_argument("--end", required=True, metavar="T", help="epoch seconds or RFC3339")
+    parser.add_argument("--step", default=None, metavar="DURATION",
+                        help="evaluation step such as 15s (default: each policy's interval)")
+    parser.add_argument("--output", choices=("json", "markdown"), default="json")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per Prometheus request")
+    parser.add_argument("--bearer-token-file", default=None, metavar="PATH")
+    parser.add_argument("--ca-file", default=None, metavar="PATH")
+    parser.add_argument("--insecure-skip-verify", action="store_true")
+    return parser
+
+
+def backtest_main(argv: Sequence[str]) -> int:
+    # Imported here: the pure backtest above does not need requests or the client library.
+    from pydantic import ValidationError
+
+    from controller.sources.prometheus import PrometheusSettings, PrometheusSource, SourceConfigError
+
+    parser = _parser()
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit as exited:  # argparse already printed the usage error
+        return int(exited.code) if isinstance(exited.code, int) else EXIT_USAGE
+    try:
+        start = parse_time(args.start, "--start")
+        end = parse_time(args.end, "--end")
+        if end <= start:
+            raise UsageError(f"--end ({args.end}) must be after --start ({args.start})")
+        step: float | None = None
+        if args.step is not None:
+            try:
+                step = parse_duration(args.step)
+            except ValueError as bad:
+                raise UsageError(f"--step: {bad}") from None
+            if step <= 0:
+                raise UsageError("--step must be positive")
+    except UsageError as bad:
+        print(f"tailguard backtest: error: {bad}", file=sys.stderr)
+        return EXIT_USAGE
+
+    loaded, policy_errors = load_policies(args.rules)
+    for policy_error in policy_errors:
+        print(f"tailguard backtest: {policy_error}", file=sys.stderr)
+    if policy_errors:
+        return EXIT_USAGE
+    if not loaded:
+        print(f"tailguard backtest: error: no policy found under {', '.join(args.rules)}", file=sys.stderr)
+        return EXIT_USAGE
+
+    try:
+        settings = PrometheusSettings.model_validate({
+            "url": args.prometheus, "timeout": args.timeout, "retries": 2,
+            **({"bearer": {"token_file": args.bearer_token_file}} if args.bearer_token_file else {}),
+            "tls": {"ca_file": args.ca_file, "insecure_skip_verify": args.insecure_skip_verify},
+        })
+        source = PrometheusSource(settings, SystemClock())
+    except ValidationError as invalid:
+        first = invalid.errors()[0]
+        field_name = ".".join(str(part) for part in first["loc"]) or "prometheus"
+        print(f"tailguard backtest: error: {field_name}: {first['msg']}", file=sys.stderr)
+        return EXIT_USAGE
+    except SourceConfigError as bad:
+        print(f"tailguard backtest: error: {bad}", file=sys.stderr)
+        return EXIT_USAGE
+    with source:
+        unreachable = source.probe()
+        if unreachable is not None:
+            print(f"tailguard backtest: error: Prometheus is not usable: {unreachable}", file=sys.stderr)
+            return EXIT_USAGE
+        report = run_backtest(source, [entry.policy for entry in loaded], start, end, step)
+    if args.output == "json":
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(report.to_markdown(), end="")
+    for error in report.signal_errors:
+        print(f"tailguard backtest: signal error: {error}", file=sys.stderr)
+    return EXIT_SIGNAL_ERRORS if report.signal_errors else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(backtest_main(sys.argv[1:]))
