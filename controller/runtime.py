@@ -1,0 +1,540 @@
+"""The long-running controller: schedules evaluations, reloads policies, serialises per policy.
+
+One evaluation is: query the policy's signals -> engine.transition -> journal
+commit (state + decisions + planned actions, one transaction) -> dispatch. It
+runs under the policy's lock, so a scheduled evaluation and one triggered by an
+Alertmanager webhook never interleave for the same policy (two evaluations
+interleaving could both decide on the same breach from the same old state).
+
+Policies are reloaded when their files change. A reload with any error keeps
+the last good set running: an SRE's typo must never switch the controller off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from controller.engine import Phase, PolicyState, transition
+from controller.metrics import ControllerMetrics
+from controller.model import Decision, SignalResult, format_target
+from controller.policy import Policy
+from controller.policy_files import LoadedPolicy, PolicyError, load_policies, policy_paths
+from controller.protocols import Clock, MetricsSource
+
+logger = logging.getLogger("tailguard.controller")
+
+TRIGGER_SCHEDULE = "schedule"
+TRIGGER_ALERT = "alert"
+# A policy is "stale" for /readyz when it has not been evaluated for this many of its intervals.
+READY_INTERVALS = 3
+# Targets spelled out in the one-line evaluation log; the rest are counted.
+LOG_TARGETS = 10
+
+QuerySignals = Callable[[MetricsSource, Policy, "float | None"], Mapping[str, SignalResult]]
+
+
+class JournalPort(Protocol):
+    """What the controller needs of controller.journal.Journal."""
+
+    def load_state(self, policy: str) -> PolicyState | None: ...
+
+    def commit_evaluation(
+        self, policy: str, state: PolicyState, decisions: Sequence[Decision], now: float
+    ) -> None: ...
+
+    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+class DispatcherPort(Protocol):
+    """What the controller needs of controller.dispatcher.Dispatcher."""
+
+    def dispatch(self, decision: Decision) -> Sequence[Any]: ...
+
+    def resume(self) -> Sequence[Any]: ...
+
+
+class PolicyLoadError(Exception):
+    """The initial policy set has errors; the controller refuses to start on a broken set."""
+
+    def __init__(self, errors: Sequence[PolicyError]):
+        super().__init__("; ".join(str(error) for error in errors))
+        self.errors = list(errors)
+
+
+@dataclass(frozen=True)
+class EvaluationOutcome:
+    policy: str
+    trigger: str
+    at: float
+    decisions: tuple[Decision, ...]
+    state: PolicyState
+    source_errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReloadOutcome:
+    changed: bool
+    applied: bool
+    errors: tuple[PolicyError, ...] = ()
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    updated: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    reasons: tuple[str, ...]
+    reload_errors: tuple[str, ...]
+    policies: Mapping[str, float | None] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ready": self.ready,
+            "reasons": list(self.reasons),
+            "reload_errors": list(self.reload_errors),
+            "policies": {name: {"last_evaluation": at} for name, at in sorted(self.policies.items())},
+        }
+
+
+def action_labels(record: Any) -> tuple[str, str]:
+    """(type, status) of a dispatcher ActionRecord, for tailguard_actions_total."""
+    action_type = getattr(record, "type", None)
+    if action_type is None:
+        request = getattr(record, "request", None) or getattr(record, "action", None)
+        action_type = getattr(request, "type", "unknown")
+    status = getattr(record, "status", "unknown")
+    return str(getattr(action_type, "value", action_type)), str(getattr(status, "value", status))
+
+
+def files_fingerprint(paths: Sequence[Path]) -> tuple[tuple[str, str], ...]:
+    """What the policy files hold now: the file list and a hash of each (an unreadable file is its error)."""
+    entries: list[tuple[str, str]] = []
+    for path in policy_paths(paths):
+        try:
+            entries.append((str(path), hashlib.sha256(path.read_bytes()).hexdigest()))
+        except OSError as unreadable:
+            entries.append((str(path), f"unreadable: {unreadable.strerror or unreadable}"))
+    return tuple(entries)
+
+
+def _default_query_signals() -> QuerySignals:
+    # Imported late: controller.signals renders queries and is only needed for live evaluations.
+    from controller.signals import query_signals
+
+    return query_signals
+
+
+class Controller:
+    """Evaluates policies on a schedule and on demand; owns the policy set and the engine state."""
+
+    def __init__(
+        self,
+        *,
+        policy_paths: Sequence[str | Path],
+        source: MetricsSource,
+        journal: JournalPort,
+        dispatcher: DispatcherPort,
+        clock: Clock,
+        metrics: ControllerMetrics | None = None,
+        query_signals: QuerySignals | None = None,
+        dry_run: bool | None = None,
+        reload_interval: float = 5.0,
+        schedule: bool = True,
+        alert_workers: int = 4,
+    ) -> None:
+        self._paths = [Path(p) for p in policy_paths]
+        self._source = source
+        self._journal = journal
+        self._dispatcher = dispatcher
+        self._clock = clock
+        self.metrics = metrics if metrics is not None else ControllerMetrics()
+        self._query_signals = query_signals
+        self._dry_run = dry_run
+        self._reload_interval = reload_interval
+        self._schedule = schedule
+        self._lock = threading.RLock()  # guards the fields below, never held during an evaluation
+        self._policy_locks: dict[str, threading.Lock] = {}
+        self._policies: dict[str, LoadedPolicy] = {}
+        self._states: dict[str, PolicyState] = {}
+        self._loaded_at: dict[str, float] = {}
+        self._last_evaluation: dict[str, float] = {}
+        self._fingerprint: tuple[tuple[str, str], ...] = ()
+        self._reload_errors: list[PolicyError] = []
+        self._pending_alerts: set[str] = set()
+        self._futures: set[Future[EvaluationOutcome | None]] = set()
+        self._started = False
+        self._stopped = False
+        self._journal_open = True
+        self._scheduler: BackgroundScheduler | None = None
+        self._executor = ThreadPoolExecutor(max_workers=max(1, alert_workers), thread_name_prefix="tailguard-alert")
+
+    # ----- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load the policies (errors -> PolicyLoadError), finish what a previous process left, schedule."""
+        with self._lock:
+            if self._started:
+                return
+            fingerprint = files_fingerprint(self._paths)
+            loaded, errors = load_policies(self._paths)
+            if errors:
+                raise PolicyLoadError(errors)
+            self._fingerprint = fingerprint
+            self._apply(self._index(loaded))
+            self._started = True
+        for record in self._dispatcher.resume():
+            self.metrics.record_action(*action_labels(record))
+            logger.info("resumed action %s -> %s", *action_labels(record))
+        if self._schedule:
+            scheduler = BackgroundScheduler(timezone=UTC)
+            with self._lock:
+                self._scheduler = scheduler
+                for name, loaded_policy in self._policies.items():
+                    self._schedule_policy(name, loaded_policy.policy.interval)
+                scheduler.add_job(
+                    self._run_reload, "interval", seconds=self._reload_interval, id="reload",
+                    max_instances=1, coalesce=True,
+                )
+            scheduler.start()
+        logger.info("controller started with %d policies: %s", len(self._policies), ", ".join(sorted(self._policies)))
+
+    def stop(self) -> None:
+        """Stop scheduling, wait for running evaluations to finish, close the journal. Idempotent."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            scheduler = self._scheduler
+        if scheduler is not None and scheduler.running:
+            scheduler.shutdown(wait=True)
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        # Any evaluation still inside a policy lock (a direct evaluate() call) finishes before the close.
+        for lock in list(self._policy_locks.values()):
+            with lock:
+                pass
+        with self._lock:
+            if self._journal_open:
+                self._journal.close()
+                self._journal_open = False
+        logger.info("controller stopped")
+
+    @property
+    def running(self) -> bool:
+        return self._started and not self._stopped
+
+    # ----- policy set ------------------------------------------------------------------------------
+
+    def policies(self) -> dict[str, Policy]:
+        with self._lock:
+            return {name: loaded.policy for name, loaded in self._policies.items()}
+
+    def reload_errors(self) -> list[PolicyError]:
+        with self._lock:
+            return list(self._reload_errors)
+
+    def _index(self, loaded: Iterable[LoadedPolicy]) -> dict[str, LoadedPolicy]:
+        indexed: dict[str, LoadedPolicy] = {}
+        for entry in loaded:
+            policy = entry.policy
+            if self._dry_run is not None and policy.dryRun != self._dry_run:
+                # The controller-wide override (e.g. a dry-run deployment) wins over each policy's own flag.
+                policy = policy.model_copy(update={"dryRun": self._dry_run})
+            indexed[policy.name] = LoadedPolicy(policy, entry.file, entry.line)
+        return indexed
+
+    def _apply(self, new: dict[str, LoadedPolicy]) -> tuple[list[str], list[str], list[str]]:
+        """Install a validated policy set (caller holds self._lock)."""
+        old = self._policies
+        added = sorted(set(new) - set(old))
+        removed = sorted(set(old) - set(new))
+        updated = sorted(name for name in set(new) & set(old) if new[name].policy != old[name].policy)
+        now = self._clock.now()
+        for name in added:
+            self._states[name] = self._journal.load_state(name) or PolicyState()
+            self._loaded_at[name] = now
+        for name in removed:
+            self._states.pop(name, None)
+            self._loaded_at.pop(name, None)
+            self._last_evaluation.pop(name, None)
+        gone_conditions: dict[str, list[str]] = {name: [c.name for c in old[name].policy.conditions] for name in removed}
+        for name in updated:
+            kept = {c.name for c in new[name].policy.conditions}
+            gone = [c.name for c in old[name].policy.conditions if c.name not in kept]
+            if gone:
+                gone_conditions[name] = gone
+                state = self._states.get(name, PolicyState())
+                # State of a condition that no longer exists would otherwise linger in the journal forever.
+                self._states[name] = PolicyState(
+                    conditions={key: value for key, value in state.conditions.items() if key[0] in kept},
+                    actions_at=state.actions_at,
+                    evaluations=state.evaluations,
+                    last_evaluated_at=state.last_evaluated_at,
+                )
+        self._policies = new
+        self.metrics.set_policies(
+            {name: [c.name for c in loaded.policy.conditions] for name, loaded in new.items()}, gone_conditions
+        )
+        return added, removed, updated
+
+    def reload(self) -> ReloadOutcome:
+        """Re-read the policy files if they changed; on any error keep the last good set and report it."""
+        fingerprint = files_fingerprint(self._paths)
+        with self._lock:
+            if self._stopped:
+                return ReloadOutcome(changed=False, applied=False)
+            if fingerprint == self._fingerprint:
+                return ReloadOutcome(changed=False, applied=False, errors=tuple(self._reload_errors))
+            self._fingerprint = fingerprint
+            loaded, errors = load_policies(self._paths)
+            if errors:
+                self._reload_errors = list(errors)
+                self.metrics.reload_errors.inc()
+                for error in errors:
+                    logger.error("policy reload rejected, keeping the last good set: %s", error)
+                return ReloadOutcome(changed=True, applied=False, errors=tuple(errors))
+            new = self._index(loaded)
+            old_intervals = {name: entry.policy.interval for name, entry in self._policies.items()}
+            added, removed, updated = self._apply(new)
+            self._reload_errors = []
+            if self._scheduler is not None:
+                for name in removed:
+                    self._unschedule_policy(name)
+                for name in added:
+                    self._schedule_policy(name, new[name].policy.interval)
+                for name in updated:
+                    if new[name].policy.interval != old_intervals[name]:
+                        self._schedule_policy(name, new[name].policy.interval)
+        logger.info(
+            "policies reloaded: %d loaded; added %s; removed %s; updated %s",
+            len(new), ", ".join(added) or "none", ", ".join(removed) or "none", ", ".join(updated) or "none",
+        )
+        return ReloadOutcome(changed=True, applied=True, added=tuple(added), removed=tuple(removed),
+                             updated=tuple(updated))
+
+    def _run_reload(self) -> None:
+        try:
+            self.reload()
+        except Exception:  # the reload job must survive anything a bad file system throws at it
+            logger.exception("policy reload failed unexpectedly; keeping the last good set")
+
+    def _schedule_policy(self, name: str, interval: float) -> None:
+        assert self._scheduler is not None
+        self._scheduler.add_job(
+            self._run_scheduled, "interval", args=[name], seconds=interval, id=f"policy:{name}",
+            replace_existing=True, max_instances=1, coalesce=True,
+            # First evaluation right away: /readyz and a restarted controller should not wait an interval.
+            next_run_time=datetime.now(UTC),
+        )
+
+    def _unschedule_policy(self, name: str) -> None:
+        assert self._scheduler is not None
+        job = self._scheduler.get_job(f"policy:{name}")
+        if job is not None:
+            job.remove()
+
+    # ----- evaluation ------------------------------------------------------------------------------
+
+    def _policy_lock(self, name: str) -> threading.Lock:
+        with self._lock:
+            lock = self._policy_locks.get(name)
+            if lock is None:
+                lock = self._policy_locks[name] = threading.Lock()
+            return lock
+
+    def evaluate(self, policy_name: str, trigger: str = TRIGGER_SCHEDULE) -> EvaluationOutcome | None:
+        """Evaluate one policy now. None when the policy is not (or no longer) loaded or the controller stopped."""
+        with self._policy_lock(policy_name):
+            with self._lock:
+                loaded = self._policies.get(policy_name)
+                if loaded is None or self._stopped or not self._journal_open:
+                    return None
+                policy = loaded.policy
+                state = self._states.get(policy_name, PolicyState())
+            now = self._clock.now()
+            observations, source_errors = self._query(policy)
+            new_state, decisions = transition(policy, observations, state, now)
+            self._journal.commit_evaluation(policy_name, new_state, decisions, now)
+            with self._lock:
+                if policy_name in self._policies:
+                    self._states[policy_name] = new_state
+                    self._last_evaluation[policy_name] = now
+            self.metrics.record_evaluation(policy_name, trigger, now)
+            self.metrics.record_condition_states(policy_name, [c.name for c in policy.conditions], new_state)
+            _log_evaluation(policy, trigger, new_state, source_errors)
+            for decision in decisions:
+                self.metrics.record_decision(decision)
+                _log_decision(decision)
+                for record in self._dispatcher.dispatch(decision):
+                    self.metrics.record_action(*action_labels(record))
+            return EvaluationOutcome(policy_name, trigger, now, tuple(decisions), new_state, tuple(source_errors))
+
+    def _query(self, policy: Policy) -> tuple[dict[str, SignalResult], list[str]]:
+        """One request per signal, each timed and counted on its own (policy, signal) series."""
+        query_signals = self._query_signals or _default_query_signals()
+        results: dict[str, SignalResult] = {}
+        errors: list[str] = []
+        for signal in policy.signals:
+            single = policy.model_copy(update={"signals": [signal]})
+            started = self._clock.now()
+            try:
+                answer = query_signals(self._source, single, None)
+                result = answer.get(signal.name) or SignalResult.failed("the query returned no result")
+            except Exception as failure:  # sources return errors as data; anything raised is still an error
+                logger.exception("signal %s/%s: query raised", policy.name, signal.name)
+                result = SignalResult.failed(f"query raised {type(failure).__name__}: {failure}")
+            self.metrics.record_query(policy.name, signal.name, self._clock.now() - started, result.ok)
+            if result.error is not None:
+                errors.append(f"{signal.name}: {result.error}")
+            results[signal.name] = result
+        return results, errors
+
+    def _run_scheduled(self, name: str) -> None:
+        try:
+            self.evaluate(name, TRIGGER_SCHEDULE)
+        except Exception:  # one failed evaluation must not stop the schedule of the others
+            logger.exception("evaluation of policy %s failed", name)
+
+    def trigger(self, policy_names: Iterable[str], trigger: str = TRIGGER_ALERT) -> list[str]:
+        """Queue immediate evaluations; returns the policies queued (an evaluation already queued is reused)."""
+        queued: list[str] = []
+        with self._lock:
+            if not self.running:
+                return []
+            for name in policy_names:
+                if name not in self._policies:
+                    continue
+                queued.append(name)
+                if name in self._pending_alerts:
+                    continue  # an evaluation that has not started yet will see the newest data anyway
+                self._pending_alerts.add(name)
+                future = self._executor.submit(self._run_triggered, name, trigger)
+                self._futures.add(future)
+                future.add_done_callback(self._forget)
+        return queued
+
+    def _run_triggered(self, name: str, trigger: str) -> EvaluationOutcome | None:
+        with self._lock:
+            self._pending_alerts.discard(name)
+        try:
+            return self.evaluate(name, trigger)
+        except Exception:
+            logger.exception("%s-triggered evaluation of policy %s failed", trigger, name)
+            return None
+
+    def _forget(self, future: Future[EvaluationOutcome | None]) -> None:
+        with self._lock:
+            self._futures.discard(future)
+
+    def wait_for_triggered(self, timeout: float) -> bool:
+        """Wait until the queued triggered evaluations finished (tests, orderly shutdown). False on timeout."""
+        with self._lock:
+            futures = list(self._futures)
+        _done, not_done = wait(futures, timeout=timeout)
+        return not not_done
+
+    # ----- status ----------------------------------------------------------------------------------
+
+    def readiness(self) -> Readiness:
+        now = self._clock.now()
+        reasons: list[str] = []
+        with self._lock:
+            if not self._started:
+                reasons.append("controller not started")
+            if self._stopped:
+                reasons.append("controller stopped")
+            if not self._journal_open:
+                reasons.append("journal closed")
+            if self._started and not self._policies:
+                reasons.append("no policies loaded")
+            last = {name: self._last_evaluation.get(name) for name in self._policies}
+            for name, loaded in sorted(self._policies.items()):
+                limit = READY_INTERVALS * loaded.policy.interval
+                at = last[name]
+                if at is None:
+                    reasons.append(f"policy {name}: not evaluated yet")
+                elif now - at > limit:
+                    reasons.append(f"policy {name}: last evaluation {now - at:.0f}s ago (limit {limit:.0f}s)")
+            reload_errors = tuple(str(error) for error in self._reload_errors)
+        # A rejected reload is reported but does not make the controller unready: the last good set still runs.
+        return Readiness(not reasons, tuple(reasons), reload_errors, last)
+
+    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]:
+        with self._lock:
+            if not self._journal_open:
+                return []
+        return self._journal.recent_decisions(limit)
+
+
+def _log_evaluation(policy: Policy, trigger: str, state: PolicyState, source_errors: Sequence[str]) -> None:
+    """One human-readable line per evaluation: every target's value and phase, per condition."""
+    parts: list[str] = []
+    for (condition, target), condition_state in sorted(state.conditions.items()):
+        value = "no-data" if condition_state.last_value is None else f"{condition_state.last_value:.4g}"
+        marks = (" stale" if condition_state.stale else "") + (" errored" if condition_state.errored else "")
+        parts.append(f"{condition} {format_target(target)}={value} {condition_state.phase.value}{marks}")
+    shown = parts[:LOG_TARGETS]
+    if len(parts) > LOG_TARGETS:
+        shown.append(f"... and {len(parts) - LOG_TARGETS} more")
+    firing = sum(1 for s in state.conditions.values() if s.phase is Phase.FIRING)
+    logger.info(
+        "evaluated %s (%s): %s%s",
+        policy.name, trigger, "; ".join(shown) or "no targets",
+        f" | source errors: {'; '.join(source_errors)}" if source_errors else "",
+        extra={"fields": {"event": "evaluation", "policy": policy.name, "trigger": trigger,
+                          "targets": len(parts), "firing": firing, "source_errors": list(source_errors)}},
+    )
+
+
+def _log_decision(decision: Decision) -> None:
+    value = "no-data" if decision.value is None else f"{decision.value:.4g}"
+    logger.info(
+        "decision %s %s/%s %s value=%s threshold=%s%s: %s [%s]",
+        decision.kind.value, decision.policy, decision.condition, format_target(decision.target), value,
+        f"{decision.threshold:.4g}", " (dry run)" if decision.dry_run else "", decision.reason, decision.id,
+        extra={"fields": {"event": "decision", **decision.to_json()}},
+    )
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line; structured fields passed as extra={"fields": {...}} are merged in."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            entry.update({key: value for key, value in fields.items() if key not in entry})
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str, sort_keys=False)
+
+
+def configure_logging(log_format: str = "text", level: str = "INFO") -> None:
+    handler = logging.StreamHandler()
+    if log_format == "json":
+        handler.setFormatter(JsonLogFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # APScheduler logs every job run at INFO; the controller logs its own evaluation line instead.
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
