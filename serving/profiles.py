@@ -1,0 +1,154 @@
+"""Engine profiles: versioned YAML files of vLLM engine arguments plus the simulator's hardware model.
+
+A profile is what a rollout ships. `engineArgs` uses vLLM's own argument names
+(snake_case, as on the `vllm serve` command line); `hardware` describes the
+simulated accelerator and the cost model the simulator derives latency from;
+`faults` injects failures so error-rate policies can be exercised.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from serving.yamlfile import ConfigFileError, load_yaml_model, validate
+
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+GIB = 1024**3
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineArgs(_Strict):
+    """The subset of vLLM engine arguments the simulator models (defaults as in vLLM 0.32)."""
+
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(2048, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    enable_prefix_caching: bool = True
+    max_model_len: int = Field(8192, ge=1)
+    block_size: int = Field(16, ge=1)
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"] = "auto"
+    tensor_parallel_size: int = Field(1, ge=1)
+    quantization: str | None = None
+    enable_lora: bool = False
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    num_gpu_blocks_override: int | None = Field(None, ge=1)
+
+
+class Hardware(_Strict):
+    """The simulated GPU and the step-time cost model.
+
+    One engine step (one forward pass of the continuous batch) takes
+    `decode_step_base_s + decode_per_seq_s * running + prefill_tokens / prefill_tokens_per_s`.
+    """
+
+    gpu_model: str = "NVIDIA H100 80GB HBM3"
+    hbm_gib: float = Field(80.0, gt=0)
+    weight_gib: float = Field(16.0, ge=0)
+    # CUDA context, activations and graphs: memory that is neither weights nor KV cache.
+    overhead_gib: float = Field(2.0, ge=0)
+    # bytes of KV cache per token at 16-bit precision (Llama-3-8B: 2 * 32 layers * 8 heads * 128 * 2 B).
+    kv_bytes_per_token: int = Field(131072, ge=1)
+    hbm_bandwidth_gbps: float = Field(3350.0, gt=0)
+    decode_step_base_s: float = Field(0.007, gt=0)
+    decode_per_seq_s: float = Field(0.00015, ge=0)
+    prefill_tokens_per_s: float = Field(60000.0, gt=0)
+    # Fraction of prompt tokens found in the prefix cache when enable_prefix_caching is on.
+    prefix_cache_hit_ratio: float = Field(0.12, ge=0.0, lt=1.0)
+
+
+class Faults(_Strict):
+    """Injected failures: a fraction of requests finishes with finished_reason="error" (HTTP 500)."""
+
+    error_ratio: float = Field(0.0, ge=0.0, le=1.0)
+
+
+class EngineProfile(_Strict):
+    name: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+    description: str | None = None
+    engineArgs: EngineArgs = Field(default_factory=EngineArgs)
+    hardware: Hardware = Field(default_factory=Hardware)
+    faults: Faults = Field(default_factory=Faults)
+
+    def kv_bytes_per_token(self) -> float:
+        fp8 = self.engineArgs.kv_cache_dtype.startswith("fp8")
+        per_gpu = self.hardware.kv_bytes_per_token / self.engineArgs.tensor_parallel_size
+        return per_gpu / 2 if fp8 else per_gpu
+
+    def weight_gib_per_gpu(self) -> float:
+        factor = 0.5 if self.engineArgs.quantization in ("fp8", "int8") else 1.0
+        if self.engineArgs.quantization in ("awq", "gptq", "int4"):
+            factor = 0.28
+        return self.hardware.weight_gib * factor / self.engineArgs.tensor_parallel_size
+
+    def kv_cache_bytes(self) -> float:
+        """The KV pool vLLM preallocates: HBM * gpu_memory_utilization - weights - overhead."""
+        budget = self.hardware.hbm_gib * self.engineArgs.gpu_memory_utilization
+        return max(0.0, (budget - self.weight_gib_per_gpu() - self.hardware.overhead_gib) * GIB)
+
+    def num_gpu_blocks(self) -> int:
+        if self.engineArgs.num_gpu_blocks_override is not None:
+            return self.engineArgs.num_gpu_blocks_override
+        return int(self.kv_cache_bytes() // (self.kv_bytes_per_token() * self.engineArgs.block_size))
+
+
+def load_profile(path: str | Path) -> EngineProfile:
+    """Load a profile file; raises ConfigFileError naming file, line and field."""
+    return load_yaml_model(EngineProfile, path)
+
+
+def profile_from_dict(data: Any, source: str = "<profile>") -> EngineProfile:
+    if not isinstance(data, dict):
+        raise ConfigFileError(source, 1, "", "expected a profile mapping")
+    return validate(EngineProfile, data, None, source)
+
+
+def builtin_profile_names() -> list[str]:
+    return sorted(path.stem for path in PROFILES_DIR.glob("*.yaml"))
+
+
+def resolve_profile(name_or_path: str, search_dirs: list[Path] | None = None) -> EngineProfile:
+    """A profile by file path, or by name in `search_dirs` then the shipped serving/profiles/."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+        return load_profile(candidate)
+    for directory in [*(search_dirs or []), PROFILES_DIR]:
+        for suffix in (".yaml", ".yml"):
+            path = directory / f"{name_or_path}{suffix}"
+            if path.is_file():
+                return load_profile(path)
+    raise ConfigFileError(
+        name_or_path, 0, "", f"no such profile; expected a file or one of {builtin_profile_names()}"
+    )
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _flatten(f"{prefix}.{key}" if prefix else str(key), item, out)
+    else:
+        out[prefix] = value
+
+
+def profile_diff(a: EngineProfile, b: EngineProfile) -> dict[str, dict[str, Any]]:
+    """Engine arguments that differ from `a` to `b`: {arg: {"from": old, "to": new}} (rollout annotations).
+
+    Hardware and fault settings are included as `hardware.<field>` / `faults.<field>` when they differ,
+    as is `model`.
+    """
+    left: dict[str, Any] = {}
+    right: dict[str, Any] = {}
+    _flatten("", a.engineArgs.model_dump(), left)
+    _flatten("", b.engineArgs.model_dump(), right)
+    for section in ("hardware", "faults"):
+        _flatten(section, getattr(a, section).model_dump(), left)
+        _flatten(section, getattr(b, section).model_dump(), right)
+    left["model"], right["model"] = a.model, b.model
+    return {key: {"from": left.get(key), "to": right.get(key)}
+            for key in sorted(set(left) | set(right)) if left.get(key) != right.get(key)}
