@@ -1,0 +1,1 @@
+"""Actuators: the thin edges that change the world (serving tier, annotations, notifications)."""
