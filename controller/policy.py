@@ -22,12 +22,22 @@ from pydantic import (
     WithJsonSchema,
     model_validator,
 )
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import core_schema
 
 from controller.durations import format_duration, parse_duration
 from controller.templating import LABEL_NAME, QUERY_BUILTINS, variables_in
 
 API_VERSION = "tailguard.io/v1alpha1"
 DURATION_PATTERN = r"^(\d+(\.\d+)?(ms|s|m|h|d))+$"
+
+
+class PolicyReferenceError(ValueError):
+    """A cross-reference error that knows where it is (policy_files maps `loc` to a file line)."""
+
+    def __init__(self, message: str, loc: tuple[str | int, ...]):
+        super().__init__(message)
+        self.loc = loc
 
 
 class StrictModel(BaseModel):
@@ -47,8 +57,15 @@ Duration = Annotated[
     BeforeValidator(_seconds),
     Field(ge=0),
     PlainSerializer(format_duration, return_type=str),
+    # A bare number is accepted as seconds by the validator, so the schema accepts it too.
     WithJsonSchema(
-        {"type": "string", "pattern": DURATION_PATTERN, "description": "A duration such as 15s, 5m or 1h30m"}
+        {
+            "anyOf": [
+                {"type": "string", "pattern": DURATION_PATTERN},
+                {"type": "number", "minimum": 0, "description": "seconds"},
+            ],
+            "description": "A duration such as 15s, 5m or 1h30m",
+        }
     ),
 ]
 
@@ -115,7 +132,12 @@ def _label_name(value: str) -> str:
     return value
 
 
-LabelName = Annotated[str, BeforeValidator(lambda v: _label_name(v) if isinstance(v, str) else v)]
+LABEL_NAME_PATTERN = LABEL_NAME.pattern
+LabelName = Annotated[
+    str,
+    BeforeValidator(lambda v: _label_name(v) if isinstance(v, str) else v),
+    WithJsonSchema({"type": "string", "pattern": LABEL_NAME_PATTERN}),
+]
 Identifier = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")]
 
 
@@ -278,37 +300,48 @@ class Policy(StrictModel):
     @model_validator(mode="after")
     def _cross_references(self) -> "Policy":
         if self.interval <= 0:
-            raise ValueError("interval must be positive")
+            raise PolicyReferenceError("interval must be positive", ("interval",))
         signal_names = [s.name for s in self.signals]
-        duplicates = sorted({n for n in signal_names if signal_names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"signal names must be unique; repeated: {', '.join(duplicates)}")
+        for index, name in enumerate(signal_names):
+            if name in signal_names[:index]:
+                raise PolicyReferenceError(f"signal names must be unique; {name!r} is repeated",
+                                           ("signals", index, "name"))
         condition_names = [c.name for c in self.conditions]
-        duplicates = sorted({n for n in condition_names if condition_names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"condition names must be unique; repeated: {', '.join(duplicates)}")
+        for index, name in enumerate(condition_names):
+            if name in condition_names[:index]:
+                raise PolicyReferenceError(f"condition names must be unique; {name!r} is repeated",
+                                           ("conditions", index, "name"))
         query_vars = set(self.targets.match) | set(self.vars) | QUERY_BUILTINS
-        for signal in self.signals:
+        for index, signal in enumerate(self.signals):
             unknown = sorted(set(variables_in(signal.query)) - query_vars)
             if unknown:
-                raise ValueError(
-                    f"signal {signal.name!r} uses undefined template variable(s) {', '.join(unknown)}; "
-                    f"expected one of {', '.join(sorted(query_vars))}"
+                raise PolicyReferenceError(
+                    f"undefined template variable(s) {', '.join(unknown)}; "
+                    f"expected one of {', '.join(sorted(query_vars))}",
+                    ("signals", index, "query"),
                 )
         action_vars = self.action_variables()
-        for condition in self.conditions:
+        for index, condition in enumerate(self.conditions):
             if condition.signal not in signal_names:
-                raise ValueError(
-                    f"condition {condition.name!r} refers to signal {condition.signal!r}, "
-                    f"expected one of {', '.join(signal_names)}"
+                raise PolicyReferenceError(
+                    f"undefined signal {condition.signal!r}; expected one of {', '.join(signal_names)}",
+                    ("conditions", index, "signal"),
                 )
-            for action in [*condition.actions, *condition.recovery.actions]:
-                for text in _template_fields(action):
+            located: list[tuple[tuple[str | int, ...], BaseModel]] = [
+                *((("conditions", index, "actions", i), a) for i, a in enumerate(condition.actions)),
+                *(
+                    (("conditions", index, "recovery", "actions", i), a)
+                    for i, a in enumerate(condition.recovery.actions)
+                ),
+            ]
+            for where, action in located:
+                for field_loc, text in _template_fields(action):
                     unknown = sorted(set(variables_in(text)) - action_vars)
                     if unknown:
-                        raise ValueError(
-                            f"condition {condition.name!r}: {action.type} action uses undefined template "
-                            f"variable(s) {', '.join(unknown)}; expected one of {', '.join(sorted(action_vars))}"
+                        raise PolicyReferenceError(
+                            f"undefined template variable(s) {', '.join(unknown)}; "
+                            f"expected one of {', '.join(sorted(action_vars))}",
+                            (*where, *field_loc),
                         )
         return self
 
@@ -319,12 +352,53 @@ class Policy(StrictModel):
         return next(s for s in self.signals if s.name == name)
 
 
-def _template_fields(action: BaseModel) -> list[str]:
-    return [value for name, value in action if isinstance(value, str) and name != "type"]
+def _template_fields(action: BaseModel) -> list[tuple[tuple[str | int, ...], str]]:
+    """(location, text) of every string the engine renders, list items included (e.g. annotate tags)."""
+    found: list[tuple[tuple[str | int, ...], str]] = []
+    for name, value in action:
+        if name == "type":
+            continue
+        if isinstance(value, str):
+            found.append(((name,), value))
+        elif isinstance(value, list):
+            found.extend(((name, i), item) for i, item in enumerate(value) if isinstance(item, str))
+    return found
+
+
+class _PolicySchemaGenerator(GenerateJsonSchema):
+    """Pydantic's generator, corrected so the schema accepts exactly what policy authors write.
+
+    Without this, defaults of durations and `for` are shown as the engine's values (300.0,
+    {"count": 1, ...}) which the schema itself rejects, and label-name dict keys are only
+    `patternProperties`, which still lets `bad-label` through.
+    """
+
+    def default_schema(self, schema: core_schema.WithDefaultSchema) -> JsonSchemaValue:
+        json_schema = super().default_schema(schema)
+        default = schema.get("default")
+        if isinstance(default, ForSpec):
+            json_schema["default"] = _for_serialize(default)
+        elif (
+            any(branch.get("pattern") == DURATION_PATTERN for branch in json_schema.get("anyOf", []))
+            and isinstance(default, (int, float))
+            and not isinstance(default, bool)
+        ):
+            json_schema["default"] = format_duration(float(default))
+        return json_schema
+
+    def dict_schema(self, schema: core_schema.DictSchema) -> JsonSchemaValue:
+        json_schema = super().dict_schema(schema)
+        patterns = json_schema.get("patternProperties")
+        if isinstance(patterns, dict) and len(patterns) == 1:
+            ((pattern, values),) = patterns.items()
+            del json_schema["patternProperties"]
+            json_schema["propertyNames"] = {"pattern": pattern}
+            json_schema["additionalProperties"] = values
+        return json_schema
 
 
 def policy_json_schema() -> dict[str, Any]:
-    schema = Policy.model_json_schema(by_alias=True)
+    schema = Policy.model_json_schema(by_alias=True, schema_generator=_PolicySchemaGenerator)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["$id"] = "https://tailguard.io/schemas/policy-v1alpha1.json"
     schema["title"] = "tailguard Policy"

@@ -14,7 +14,7 @@ from typing import Any, Iterable
 import yaml
 from pydantic import ValidationError
 
-from controller.policy import Policy
+from controller.policy import Policy, PolicyReferenceError
 
 POLICY_SUFFIXES = (".yaml", ".yml")
 
@@ -58,7 +58,13 @@ class _DuplicateKey(Exception):
         self.line = line
 
 
-def _construct(node: yaml.Node, loader: yaml.SafeLoader) -> _Located:
+def _join(path: str, part: Any) -> str:
+    if isinstance(part, int):
+        return f"{path}[{part}]"
+    return f"{path}.{part}" if path else str(part)
+
+
+def _construct(node: yaml.Node, loader: yaml.SafeLoader, path: str = "") -> _Located:
     if isinstance(node, yaml.MappingNode):
         loader.flatten_mapping(node)
         value: dict[Any, Any] = {}
@@ -66,13 +72,14 @@ def _construct(node: yaml.Node, loader: yaml.SafeLoader) -> _Located:
         for key_node, value_node in node.value:
             key = loader.construct_object(key_node, deep=True)
             if key in value:
-                raise _DuplicateKey(str(key), key_node.start_mark.line + 1)
-            child = _construct(value_node, loader)
+                # Reported with its full path (conditions[0].noData), like validation errors.
+                raise _DuplicateKey(_join(path, key), key_node.start_mark.line + 1)
+            child = _construct(value_node, loader, _join(path, key))
             value[key] = child.value
             children[key] = child
         return _Located(node, value, children)
     if isinstance(node, yaml.SequenceNode):
-        items = [_construct(item, loader) for item in node.value]
+        items = [_construct(item, loader, _join(path, index)) for index, item in enumerate(node.value)]
         return _Located(node, [item.value for item in items], dict(enumerate(items)))
     return _Located(node, loader.construct_object(node, deep=True), {})
 
@@ -97,8 +104,14 @@ def _field_path(loc: tuple[int | str, ...], root: _Located) -> str:
         if child is None and isinstance(part, str) and part.endswith("_") and current is not None:
             child = current.children.get(part.rstrip("_"))
             part = part.rstrip("_")
-        if child is None and isinstance(part, str) and current is not None and isinstance(current.value, list):
-            continue  # a discriminated-union tag such as 'rollback', not a key in the file
+        if (
+            child is None
+            and isinstance(part, str)
+            and current is not None
+            and isinstance(current.value, dict)
+            and current.value.get("type") == part
+        ):
+            continue  # a discriminated-union tag such as 'scale', not a key in the file
         if isinstance(part, int):
             parts.append(f"[{part}]")
         else:
@@ -152,6 +165,9 @@ def parse_policy_text(text: str, file: str) -> tuple[list[LoadedPolicy], list[Po
             except ValidationError as invalid:
                 for error in invalid.errors():
                     loc = tuple(error["loc"])
+                    cause = error.get("ctx", {}).get("error")
+                    if isinstance(cause, PolicyReferenceError):
+                        loc = (*loc, *cause.loc)
                     errors.append(
                         PolicyError(file, _line_for(located, loc), _field_path(loc, located), _message(dict(error)))
                     )
