@@ -1,0 +1,379 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.actuators.fakes import (
+    FakeAnnotator,
+    FakeDeployer,
+    FakeNotifier,
+    FakeRouter,
+    make_decision,
+    permanent_failure,
+    transient_failure,
+)
+from controller.actuators.local_tier import TierError
+from controller.clock import ManualClock
+from controller.dispatcher import Actuators, Dispatcher, GlobalLimits, ScaleError, desired_replicas
+from controller.engine import PolicyState
+from controller.journal import ActionRecord, ActionStatus, Journal
+from controller.model import Decision
+
+
+class SimulatedCrash(BaseException):
+    """Raised by a crash hook: unwinds like a killed process would stop (nothing after it runs)."""
+
+
+class Rig:
+    def __init__(self, path: Path, limits: GlobalLimits | None = None) -> None:
+        self.path = path
+        self.clock = ManualClock()
+        self.deployer = FakeDeployer(replicas={"chat": 2}, revisions={"chat": 3})
+        self.router = FakeRouter()
+        self.annotator = FakeAnnotator()
+        self.notifier = FakeNotifier()
+        self.limits = limits or GlobalLimits()
+        self.seen: list[ActionRecord] = []
+        self.journal = Journal(path)
+
+    def actuators(self) -> Actuators:
+        return Actuators(self.deployer, self.router, self.annotator, self.notifier)
+
+    def dispatcher(self, crash_at: str | None = None, crash_type: str = "rollback", **kwargs: Any) -> Dispatcher:
+        def hook(point: str, record: ActionRecord) -> None:
+            if point == crash_at and record.type.value == crash_type:
+                raise SimulatedCrash(point)
+
+        return Dispatcher(self.journal, kwargs.pop("actuators", self.actuators()), self.clock, self.limits,
+                          on_action=self.seen.append, crash_hook=hook, **kwargs)
+
+    def commit(self, decision: Decision) -> None:
+        self.journal.commit_evaluation(decision.policy, PolicyState(), [decision], self.clock.now())
+
+    def reopen(self) -> None:
+        self.journal.close()
+        self.journal = Journal(self.path)
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    rig = Rig(tmp_path / "journal.db")
+    yield rig
+    rig.journal.close()
+
+
+ROLLBACK = ("rollback", {"service": "chat"})
+ANNOTATE = ("annotate", {"text": "p99 high on chat", "tags": ["regression"]})
+
+
+def test_dispatch_runs_actions_in_order_and_records_results(rig: Rig) -> None:
+    decision = make_decision([ANNOTATE, ROLLBACK, ("notify", {"receiver": "oncall", "message": "m"})])
+    rig.commit(decision)
+    records = rig.dispatcher().dispatch(decision)
+    assert [(r.type.value, r.status, r.attempts) for r in records] == [
+        ("annotate", ActionStatus.SUCCEEDED, 1), ("rollback", ActionStatus.SUCCEEDED, 1),
+        ("notify", ActionStatus.SUCCEEDED, 1)]
+    assert rig.deployer.active_revision["chat"] == 2
+    assert records[1].result is not None and records[1].result["detail"]["to_revision"] == 2
+    assert [r.idempotency_key for r in rig.seen] == [r.idempotency_key for r in records]
+    annotation = rig.annotator.annotations[0]
+    assert annotation.decision_id == decision.id and annotation.labels == {"service": "chat"}
+    assert "regression" in annotation.tags and annotation.time == decision.at
+    receiver, payload = rig.notifier.sent[0]
+    assert receiver == "oncall" and payload["decision"]["id"] == decision.id
+    assert payload["evidence"] == [[t, v] for t, v in decision.evidence]
+    assert [a["type"] for a in payload["actions"]] == ["annotate", "rollback", "notify"]
+
+
+def test_dispatch_twice_is_idempotent(rig: Rig) -> None:
+    decision = make_decision([ANNOTATE, ROLLBACK])
+    rig.commit(decision)
+    dispatcher = rig.dispatcher()
+    dispatcher.dispatch(decision)
+    again = dispatcher.dispatch(decision)
+    assert [r.attempts for r in again] == [1, 1]
+    assert len(rig.deployer.calls) == 1 and len(rig.annotator.calls) == 1
+    assert rig.deployer.active_revision["chat"] == 2
+
+
+def test_dispatch_journals_an_uncommitted_decision_first(rig: Rig) -> None:
+    decision = make_decision([ROLLBACK])
+    records = rig.dispatcher().dispatch(decision)
+    assert records[0].status is ActionStatus.SUCCEEDED
+    assert rig.journal.recent_decisions()[0]["id"] == decision.id
+
+
+def test_dry_run_is_recorded_never_executed(rig: Rig) -> None:
+    decision = make_decision([ANNOTATE, ROLLBACK], dry_run=True)
+    rig.commit(decision)
+    records = rig.dispatcher().dispatch(decision)
+    assert [r.status for r in records] == [ActionStatus.DRY_RUN, ActionStatus.DRY_RUN]
+    assert [r.attempts for r in records] == [0, 0]
+    assert rig.deployer.calls == [] and rig.annotator.calls == []
+    assert records[1].result == {"would": {"type": "rollback", "params": {"service": "chat"},
+                                           "idempotency_key": decision.actions[1].idempotency_key}}
+
+
+def test_an_annotate_failure_does_not_block_the_rollback(rig: Rig) -> None:
+    rig.annotator.script(permanent_failure("annotation log is read-only"))
+    decision = make_decision([ANNOTATE, ROLLBACK])
+    rig.commit(decision)
+    records = rig.dispatcher().dispatch(decision)
+    assert [r.status for r in records] == [ActionStatus.FAILED, ActionStatus.SUCCEEDED]
+    assert records[0].error == "annotation log is read-only"
+    assert rig.deployer.active_revision["chat"] == 2
+
+
+def test_an_actuator_that_raises_is_a_failed_action_not_a_crash(rig: Rig) -> None:
+    rig.annotator.script(RuntimeError("disk on fire"))
+    decision = make_decision([ANNOTATE, ROLLBACK])
+    records = rig.dispatcher().dispatch(decision)
+    assert records[0].status is ActionStatus.FAILED and records[0].error == "RuntimeError: disk on fire"
+    assert records[1].status is ActionStatus.SUCCEEDED
+
+
+def test_transient_failures_are_retried_with_backoff_through_the_clock(rig: Rig) -> None:
+    rig.deployer.script(transient_failure("HTTP 503"), transient_failure("HTTP 503"))
+    decision = make_decision([ROLLBACK])
+    start = rig.clock.now()
+    records = rig.dispatcher(attempts=3, backoff=2.0).dispatch(decision)
+    assert records[0].status is ActionStatus.SUCCEEDED and records[0].attempts == 3
+    assert rig.clock.now() - start == pytest.approx(2.0 + 4.0)
+    assert len(rig.deployer.calls) == 3
+
+
+def test_transient_failures_stop_after_the_bound(rig: Rig) -> None:
+    rig.deployer.script(*(transient_failure("HTTP 503") for _ in range(5)))
+    records = rig.dispatcher(attempts=3, backoff=1.0).dispatch(make_decision([ROLLBACK]))
+    assert records[0].status is ActionStatus.FAILED and records[0].attempts == 3
+    assert records[0].error == "HTTP 503"
+    assert records[0].result is not None and records[0].result["transient"] is True
+    assert len(rig.deployer.calls) == 3
+
+
+def test_permanent_failure_is_not_retried(rig: Rig) -> None:
+    rig.deployer.script(permanent_failure("no earlier good revision"))
+    start = rig.clock.now()
+    records = rig.dispatcher(attempts=3).dispatch(make_decision([ROLLBACK]))
+    assert records[0].status is ActionStatus.FAILED and records[0].attempts == 1
+    assert records[0].error == "no earlier good revision"
+    assert rig.clock.now() == start
+    assert len(rig.deployer.calls) == 1
+
+
+def test_missing_actuator_fails_with_a_clear_error(rig: Rig) -> None:
+    decision = make_decision([ROLLBACK, ANNOTATE])
+    records = rig.dispatcher(actuators=Actuators(annotator=rig.annotator)).dispatch(decision)
+    assert records[0].status is ActionStatus.FAILED
+    assert records[0].error == "no deployer configured: a rollback action needs Actuators.deployer"
+    assert records[1].status is ActionStatus.SUCCEEDED
+
+
+@pytest.mark.parametrize("crash_at, expected_attempts, expected_replayed", [
+    ("after-start", 2, False), ("after-execute", 2, True)])
+def test_resume_after_a_crash_finishes_without_repeating(
+    rig: Rig, crash_at: str, expected_attempts: int, expected_replayed: bool
+) -> None:
+    decision = make_decision([ANNOTATE, ROLLBACK])
+    rig.commit(decision)
+    # The annotate runs fine; the process dies in the middle of the rollback.
+    with pytest.raises(SimulatedCrash):
+        rig.dispatcher(crash_at=crash_at).dispatch(decision)
+    rig.reopen()
+    [pending] = rig.journal.pending_actions()
+    assert (pending.type.value, pending.status, pending.attempts) == ("rollback", ActionStatus.STARTED, 1)
+    [record] = rig.dispatcher().resume()
+    assert record.status is ActionStatus.SUCCEEDED and record.attempts == expected_attempts
+    assert record.result is not None and record.result["detail"]["replayed"] is expected_replayed
+    assert rig.deployer.active_revision["chat"] == 2  # exactly one rollback performed
+    assert len(rig.deployer.performed("rollback")) == 1
+    assert len(rig.annotator.performed("annotate")) == 1
+    assert [r.status for r in rig.journal.actions_for(decision.id)] == [ActionStatus.SUCCEEDED] * 2
+    assert rig.dispatcher().resume() == []  # a further resume is a no-op
+
+
+def test_resume_of_a_started_rollback_replays_the_same_key(rig: Rig) -> None:
+    decision = make_decision([ROLLBACK])
+    rig.commit(decision)
+    with pytest.raises(SimulatedCrash):
+        rig.dispatcher(crash_at="after-execute").dispatch(decision)
+    rig.reopen()
+    [pending] = rig.journal.pending_actions()
+    assert pending.status is ActionStatus.STARTED and pending.attempts == 1
+    [record] = rig.dispatcher().resume()
+    assert record.status is ActionStatus.SUCCEEDED and record.attempts == 2
+    assert record.result is not None and record.result["detail"]["replayed"] is True
+    assert [c.idempotency_key for c in rig.deployer.calls] == [decision.actions[0].idempotency_key] * 2
+    assert len(rig.deployer.performed("rollback")) == 1 and rig.deployer.active_revision["chat"] == 2
+
+
+def test_resume_runs_planned_actions_left_by_a_crash_before_dispatch(rig: Rig) -> None:
+    decision = make_decision([ROLLBACK])
+    rig.commit(decision)
+    rig.reopen()
+    [record] = rig.dispatcher().resume()
+    assert record.status is ActionStatus.SUCCEEDED and record.attempts == 1
+    assert rig.dispatcher().resume() == []
+
+
+# -- global limits ------------------------------------------------------------------------------------------
+
+def _shift(policy: str, onset: float, weight: int = 10) -> Decision:
+    return make_decision([("shift_traffic", {"service": "chat", "version": "r2", "weight": weight})],
+                         policy=policy, onset=onset)
+
+
+def test_global_cooldown_across_policies(tmp_path: Path) -> None:
+    rig = Rig(tmp_path / "j.db", GlobalLimits(cooldown=300.0))
+    try:
+        first = rig.dispatcher().dispatch(make_decision([ROLLBACK], policy="p99-rollback"))
+        rig.clock.advance(60)
+        second = rig.dispatcher().dispatch(_shift("error-rate-shift", onset=1.0))
+        assert first[0].status is ActionStatus.SUCCEEDED
+        assert second[0].status is ActionStatus.SUPPRESSED and second[0].attempts == 0
+        assert second[0].error is not None and second[0].error.startswith(
+            "global cooldown: rollback on chat by policy 'p99-rollback' 60s ago, 240s left")
+        assert rig.router.calls == []
+        # Another service is not limited by chat's cooldown.
+        other = rig.dispatcher().dispatch(make_decision([("rollback", {"service": "code"})], service="code"))
+        assert other[0].status is ActionStatus.SUCCEEDED
+        rig.clock.advance(241)
+        third = rig.dispatcher().dispatch(_shift("error-rate-shift", onset=2.0))
+        assert third[0].status is ActionStatus.SUCCEEDED
+    finally:
+        rig.journal.close()
+
+
+def test_non_mutating_actions_are_never_limited(tmp_path: Path) -> None:
+    rig = Rig(tmp_path / "j.db", GlobalLimits(cooldown=300.0, maxActionsPerHour=0))
+    try:
+        records = rig.dispatcher().dispatch(make_decision([ANNOTATE, ("notify", {"receiver": "r"}), ROLLBACK]))
+        assert [r.status for r in records] == [ActionStatus.SUCCEEDED, ActionStatus.SUCCEEDED,
+                                               ActionStatus.SUPPRESSED]
+        assert records[2].error == "global budget: 0 mutating action(s) on chat in the last hour across all " \
+                                   "policies (max 0)"
+    finally:
+        rig.journal.close()
+
+
+def test_global_budget_counts_all_policies_and_survives_reopening(tmp_path: Path) -> None:
+    rig = Rig(tmp_path / "j.db", GlobalLimits(maxActionsPerHour=2))
+    try:
+        assert rig.dispatcher().dispatch(_shift("a", 1.0))[0].status is ActionStatus.SUCCEEDED
+        rig.clock.advance(10)
+        assert rig.dispatcher().dispatch(_shift("b", 2.0))[0].status is ActionStatus.SUCCEEDED
+        rig.reopen()  # a restarted controller counts from the journal, not from memory
+        rig.clock.advance(10)
+        blocked = rig.dispatcher().dispatch(_shift("c", 3.0))[0]
+        assert blocked.status is ActionStatus.SUPPRESSED
+        assert blocked.error == "global budget: 2 mutating action(s) on chat in the last hour across all policies " \
+                                "(max 2)"
+        rig.clock.advance(3600 - 10)  # the first action leaves the hour window
+        assert rig.dispatcher().dispatch(_shift("d", 4.0))[0].status is ActionStatus.SUCCEEDED
+    finally:
+        rig.journal.close()
+
+
+def test_failed_actions_do_not_use_up_the_budget(tmp_path: Path) -> None:
+    rig = Rig(tmp_path / "j.db", GlobalLimits(maxActionsPerHour=1, cooldown=60.0))
+    try:
+        rig.router.script(permanent_failure("HTTP 400"))
+        assert rig.dispatcher().dispatch(_shift("a", 1.0))[0].status is ActionStatus.FAILED
+        assert rig.dispatcher().dispatch(_shift("b", 2.0))[0].status is ActionStatus.SUCCEEDED
+    finally:
+        rig.journal.close()
+
+
+def test_actions_of_one_decision_do_not_cool_each_other_down(tmp_path: Path) -> None:
+    rig = Rig(tmp_path / "j.db", GlobalLimits(cooldown=300.0))
+    try:
+        decision = make_decision([("shift_traffic", {"service": "chat", "version": "r2", "weight": 10}),
+                                  ("scale", {"service": "chat", "delta": 1, "min": 1, "max": 4})])
+        records = rig.dispatcher().dispatch(decision)
+        assert [r.status for r in records] == [ActionStatus.SUCCEEDED, ActionStatus.SUCCEEDED]
+    finally:
+        rig.journal.close()
+
+
+# -- scale --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("params, current, expected", [
+    ({"replicas": 4, "max": 8}, 2, 4),
+    ({"replicas": 20, "max": 8}, 2, 8),
+    ({"replicas": 0, "min": 1, "max": 8}, 2, 1),
+    ({"delta": 2, "max": 8}, 3, 5),
+    ({"delta": -5, "min": 1, "max": 8}, 3, 1),
+    ({"targetPerReplica": 20, "observed": 45.0, "max": 8}, 2, 5),  # ceil(2 * 45 / 20) = ceil(4.5)
+    ({"targetPerReplica": 20, "observed": 20.0, "max": 8}, 3, 3),  # exactly on target: no float-noise step
+    ({"targetPerReplica": 20, "observed": 200.0, "min": 1, "max": 8}, 4, 8),
+    ({"targetPerReplica": 20, "observed": 1.0, "min": 2, "max": 8}, 4, 2),
+    ({"targetPerReplica": 20, "observed": 50.0, "min": 1, "max": 8}, 0, 1),
+    ({"replicas": None, "delta": None, "targetPerReplica": 20.0, "observed": 30.0, "min": 1, "max": 8}, 2, 3),
+])
+def test_desired_replicas(params: dict[str, Any], current: int, expected: int) -> None:
+    assert desired_replicas(params, current) == expected
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"max": 8}, "exactly one of replicas, delta or targetPerReplica"),
+    ({"replicas": 2, "delta": 1, "max": 8}, "exactly one of replicas, delta or targetPerReplica"),
+    ({"targetPerReplica": 20, "observed": None, "max": 8}, "needs the observed value"),
+    ({"replicas": 2, "min": 5, "max": 3}, r"min \(5\) is above max \(3\)"),
+    ({"replicas": 2}, "needs 'max'"),
+])
+def test_desired_replicas_rejects_bad_params(params: dict[str, Any], message: str) -> None:
+    with pytest.raises(ScaleError, match=message):
+        desired_replicas(params, 2)
+
+
+def test_scale_reads_current_count_and_sets_the_desired_one(rig: Rig) -> None:
+    decision = make_decision([("scale", {"service": "chat", "targetPerReplica": 20, "observed": 45.0, "min": 1,
+                                         "max": 8})])
+    [record] = rig.dispatcher().dispatch(decision)
+    assert record.status is ActionStatus.SUCCEEDED
+    assert record.plan == {"service": "chat", "current": 2, "desired": 5}
+    assert rig.deployer.replica_counts["chat"] == 5
+
+
+def test_scale_to_the_current_count_is_skipped(rig: Rig) -> None:
+    [record] = rig.dispatcher().dispatch(make_decision([("scale", {"service": "chat", "replicas": 2, "max": 8})]))
+    assert record.status is ActionStatus.SKIPPED and record.attempts == 0
+    assert rig.deployer.performed("set_replicas") == []
+
+
+def test_scale_resume_uses_the_journaled_plan(rig: Rig) -> None:
+    decision = make_decision([("scale", {"service": "chat", "delta": 2, "max": 8})])
+    with pytest.raises(SimulatedCrash):
+        rig.dispatcher(crash_at="after-execute", crash_type="scale").dispatch(decision)
+    assert rig.deployer.replica_counts["chat"] == 4
+    rig.reopen()
+    [record] = rig.dispatcher().resume()
+    # Recomputing delta from the new count would ask for 6; the plan asks for 4 again, with the same key.
+    assert record.status is ActionStatus.SUCCEEDED and rig.deployer.replica_counts["chat"] == 4
+    assert [c.args["replicas"] for c in rig.deployer.calls] == [4, 4]
+
+
+def test_scale_with_unreadable_replicas_retries_then_fails(rig: Rig) -> None:
+    rig.deployer.replicas_error = TierError("GET /api/v1/services/chat: timed out", transient=True)
+    [record] = rig.dispatcher(attempts=2).dispatch(make_decision([("scale", {"service": "chat", "delta": 1,
+                                                                             "max": 8})]))
+    assert record.status is ActionStatus.FAILED and record.attempts == 0
+    assert record.error == "reading the replicas of 'chat': GET /api/v1/services/chat: timed out"
+
+
+def test_scale_with_bad_params_fails_clearly(rig: Rig) -> None:
+    [record] = rig.dispatcher().dispatch(make_decision([("scale", {"service": "chat", "targetPerReplica": 20,
+                                                                   "observed": None, "max": 8})]))
+    assert record.status is ActionStatus.FAILED
+    assert record.error == ("scale of 'chat': targetPerReplica scaling needs the observed value, "
+                            "and the decision has none")
+
+
+def test_resolve_annotation_is_a_region(rig: Rig) -> None:
+    decision = make_decision([ANNOTATE], kind="resolve", onset=1000.0, at=1200.0)
+    rig.dispatcher().dispatch(decision)
+    annotation = rig.annotator.annotations[0]
+    assert (annotation.time, annotation.time_end) == (1000.0, 1200.0)
