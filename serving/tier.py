@@ -1,0 +1,556 @@
+"""The local serving tier: simulated vLLM replicas, the router and the control API in one process.
+
+    python -m serving.tier --config tier.yaml --state-dir DIR [--port N]
+
+The control API is the contract in docs/architecture.md. It is the local
+implementation of the actuator protocols (Deployer: rollback / replicas /
+scale; TrafficRouter: weights). Semantics:
+- Revisions are numbered per service from 1 (version label "r<N>"); the first
+  comes from the config's profile. A rollout creates a new revision: full
+  replacement (the new version alone, weight 100, same replica count) or, with
+  `canary_weight`, next to the current primary version at that weight.
+- The *active* revision is the newest live one (what a rollback leaves); the
+  *primary* version is the live one with the highest weight: `scale` changes
+  its replica count and `replicas` in a Service is its count.
+- A rollback marks the active revision bad (with the reason) and makes the
+  requested revision, or the newest earlier good one, the only live version;
+  409 when there is none.
+- `weights` sets one live version's share; the other live versions share the
+  rest in proportion to their current weights.
+- Every mutation carries an idempotency key. The first answer is stored with the
+  new state in one atomic write of `state.json` in the state dir, so a replayed
+  key returns that answer with "replayed": true, across restarts too. Failed
+  requests (4xx/5xx) are not recorded: they changed nothing.
+On start the tier prints one JSON line, `{"event": "ready", "control_url", "router_url", ...}`,
+and it stops cleanly on SIGTERM / SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import signal
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from serving.profiles import EngineProfile, profile_from_dict, resolve_profile
+from serving.router import ReplicaTarget, Router, VersionTarget
+from serving.simulator import ReplicaEngine, make_replica_app
+from serving.yamlfile import ConfigFileError, load_yaml_model
+
+STATE_FILE = "state.json"
+MAX_REPLICAS = 32
+DRAIN_TIMEOUT_S = 5.0
+
+
+# -- configuration -------------------------------------------------------------------------------
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServiceConfig(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    namespace: str = "llm"
+    model: str = Field(min_length=1)
+    profile: str = Field("stable", description="a profile name (serving/profiles or profiles_dir) or a path")
+    replicas: int = Field(1, ge=0, le=MAX_REPLICAS)
+
+
+class PortsConfig(_Strict):
+    control: int = Field(0, ge=0, le=65535)
+    router: int = Field(0, ge=0, le=65535)
+
+
+class TierConfig(_Strict):
+    services: list[ServiceConfig] = Field(min_length=1)
+    ports: PortsConfig = Field(default_factory=PortsConfig)
+    profiles_dir: str | None = None
+
+
+def load_tier_config(path: str | Path) -> TierConfig:
+    config = load_yaml_model(TierConfig, path)
+    names = [s.name for s in config.services]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigFileError(str(path), 1, "services", f"duplicate service names {duplicates}")
+    return config
+
+
+# -- state ---------------------------------------------------------------------------------------
+
+@dataclass
+class Revision:
+    revision: int
+    profile: dict[str, Any]
+    created_at: float
+    bad: bool = False
+    reason: str | None = None
+
+    @property
+    def version(self) -> str:
+        return f"r{self.revision}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"revision": self.revision, "version": self.version, "profile": self.profile,
+                "created_at": self.created_at, "bad": self.bad, "reason": self.reason}
+
+
+@dataclass
+class ServiceState:
+    name: str
+    namespace: str
+    model: str
+    revisions: list[Revision]
+    weights: dict[str, int]  # live versions -> weight
+    replicas: dict[str, int]  # live versions -> replica count
+
+    def revision(self, number: int) -> Revision | None:
+        return next((r for r in self.revisions if r.revision == number), None)
+
+    @property
+    def active_revision(self) -> int:
+        return max(int(version[1:]) for version in self.weights)
+
+    @property
+    def primary_version(self) -> str:
+        return max(self.weights, key=lambda v: (self.weights[v], int(v[1:])))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "namespace": self.namespace, "model": self.model,
+                "revisions": [r.to_json() for r in self.revisions], "weights": self.weights,
+                "replicas": self.replicas}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> ServiceState:
+        revisions = [Revision(r["revision"], r["profile"], r["created_at"], r["bad"], r["reason"])
+                     for r in data["revisions"]]
+        return ServiceState(data["name"], data["namespace"], data["model"], revisions,
+                            {k: int(v) for k, v in data["weights"].items()},
+                            {k: int(v) for k, v in data["replicas"].items()})
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write-then-rename with fsync: a crash leaves the old file or the new one, never half of one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=1, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with_suppressed_unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def with_suppressed_unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def split_weights(weights: dict[str, int], version: str, weight: int) -> dict[str, int]:
+    """`version` gets `weight`; the others share 100 - weight in proportion to their current weights."""
+    others = [v for v in weights if v != version]
+    result = {version: weight}
+    rest = 100 - weight
+    if not others:
+        return result
+    current = sum(weights[v] for v in others)
+    shares = {v: (rest * weights[v] / current if current else rest / len(others)) for v in others}
+    floors = {v: math.floor(s) for v, s in shares.items()}
+    leftover = rest - sum(floors.values())
+    for v in sorted(others, key=lambda v: (shares[v] - floors[v], weights[v]), reverse=True)[:leftover]:
+        floors[v] += 1
+    result.update(floors)
+    return result
+
+
+# -- runtime -------------------------------------------------------------------------------------
+
+@dataclass
+class RunningReplica:
+    id: str
+    service: str
+    version: str
+    engine: ReplicaEngine
+    runner: web.AppRunner
+    url: str
+    port: int
+    draining: bool = False
+
+
+@dataclass
+class Tier:
+    config: TierConfig
+    state_dir: Path
+    config_dir: Path
+    now: Callable[[], float] = time.time
+    services: dict[str, ServiceState] = field(default_factory=dict)
+    idempotency: dict[str, dict[str, Any]] = field(default_factory=dict)
+    replicas: dict[str, RunningReplica] = field(default_factory=dict)
+    router: Router = field(default_factory=Router)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _background: set[asyncio.Task[None]] = field(default_factory=set)
+
+    # -- persistence ---
+    def load_state(self) -> None:
+        path = self.state_dir / STATE_FILE
+        if path.exists():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                self.services = {name: ServiceState.from_json(s) for name, s in data["services"].items()}
+                self.idempotency = dict(data["idempotency"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ConfigFileError(str(path), 1, "", f"unreadable tier state ({exc!r}); "
+                                      "expected the JSON the tier writes") from None
+        for service in self.config.services:
+            if service.name in self.services:
+                continue  # the state dir wins: it holds rollouts made since the config was written
+            profile = self._resolve(service.profile)
+            self.services[service.name] = ServiceState(
+                service.name, service.namespace, service.model,
+                [Revision(1, profile.model_dump(mode="json"), self.now())], {"r1": 100}, {"r1": service.replicas})
+        self.save()
+
+    def save(self) -> None:
+        write_json_atomic(self.state_dir / STATE_FILE, {
+            "services": {name: s.to_json() for name, s in self.services.items()},
+            "idempotency": self.idempotency})
+
+    def _resolve(self, name: str) -> EngineProfile:
+        dirs = [self.config_dir]
+        if self.config.profiles_dir:
+            dirs.insert(0, (self.config_dir / self.config.profiles_dir).resolve())
+        path = Path(name)
+        if not path.is_absolute() and (self.config_dir / path).is_file():
+            return resolve_profile(str(self.config_dir / path))
+        return resolve_profile(name, dirs)
+
+    # -- replicas ---
+    async def _start_replica(self, service: ServiceState, version: str, index: int) -> None:
+        revision = service.revision(int(version[1:]))
+        assert revision is not None
+        replica_id = f"{service.name}-{version}-{index}"
+        profile = profile_from_dict(revision.profile, f"{service.name} {version}")
+        engine = ReplicaEngine(profile, service.model, hostname=replica_id, seed=zlib.crc32(replica_id.encode()))
+        runner = web.AppRunner(make_replica_app(engine, (service.model, service.name)), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        self.replicas[replica_id] = RunningReplica(replica_id, service.name, version, engine, runner,
+                                                   f"http://127.0.0.1:{port}", port)
+
+    async def _stop_replica(self, replica: RunningReplica) -> None:
+        replica.draining = True
+        deadline = asyncio.get_running_loop().time() + DRAIN_TIMEOUT_S
+        while (replica.engine.in_flight or self.router.in_flight(replica.id)) and \
+                asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        await replica.runner.cleanup()
+        self.replicas.pop(replica.id, None)
+
+    def _drain_in_background(self, replica: RunningReplica) -> None:
+        replica.draining = True
+        task = asyncio.get_running_loop().create_task(self._stop_replica(replica))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _live(self, service: str, version: str) -> list[RunningReplica]:
+        found = [r for r in self.replicas.values() if r.service == service and r.version == version
+                 and not r.draining]
+        return sorted(found, key=lambda r: int(r.id.rsplit("-", 1)[1]))
+
+    async def reconcile(self, name: str) -> None:
+        """Start and stop replicas until the running ones match the service state; then update the router."""
+        service = self.services[name]
+        for replica in list(self.replicas.values()):
+            if replica.service == name and replica.version not in service.weights and not replica.draining:
+                self._drain_in_background(replica)
+        for version, count in service.replicas.items():
+            live = self._live(name, version)
+            for replica in live[count:]:
+                self._drain_in_background(replica)
+            used = {int(r.id.rsplit("-", 1)[1]) for r in self.replicas.values()
+                    if r.service == name and r.version == version}
+            index = 0
+            for _ in range(count - len(live)):
+                while index in used:
+                    index += 1
+                used.add(index)
+                await self._start_replica(service, version, index)
+        self.router.set_service(name, service.model, [
+            VersionTarget(version, weight, tuple(ReplicaTarget(r.id, r.url) for r in self._live(name, version)))
+            for version, weight in sorted(service.weights.items(), key=lambda item: int(item[0][1:]))])
+
+    # -- views ---
+    def service_json(self, service: ServiceState) -> dict[str, Any]:
+        versions = [{"version": version, "revision": int(version[1:]), "weight": weight,
+                     "replicas": [{"id": r.id, "url": r.url, "healthy": True}
+                                  for r in self._live(service.name, version)]}
+                    for version, weight in sorted(service.weights.items(), key=lambda item: int(item[0][1:]))]
+        return {"name": service.name, "namespace": service.namespace, "model": service.model,
+                "active_revision": service.active_revision,
+                "replicas": service.replicas[service.primary_version], "versions": versions}
+
+    def sd_json(self) -> list[dict[str, Any]]:
+        return [{"targets": [f"127.0.0.1:{r.port}"],
+                 "labels": {"service": r.service, "version": r.version, "replica": r.id,
+                            "namespace": self.services[r.service].namespace}}
+                for r in sorted(self.replicas.values(), key=lambda r: r.id) if not r.draining]
+
+    # -- mutations (called under the lock; return the answer without "replayed") ---
+    def _service(self, name: str) -> ServiceState:
+        service = self.services.get(name)
+        if service is None:
+            raise ApiError(404, f"unknown service {name!r}")
+        return service
+
+    def rollout(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        service = self._service(name)
+        if "profile" in body and body["profile"] is not None:
+            try:
+                profile = profile_from_dict(body["profile"], "rollout body: profile")
+            except ConfigFileError as exc:
+                raise ApiError(400, f"invalid profile: {exc.field}: {exc.message}") from None
+        elif isinstance(body.get("profile_name"), str):
+            try:
+                profile = self._resolve(body["profile_name"])
+            except ConfigFileError as exc:
+                raise ApiError(400, str(exc)) from None
+        else:
+            raise ApiError(400, "the body needs 'profile' (an object) or 'profile_name' (a string)")
+        canary = body.get("canary_weight")
+        if canary is not None and (isinstance(canary, bool) or not isinstance(canary, int) or not 0 < canary < 100):
+            raise ApiError(400, f"'canary_weight' must be an integer from 1 to 99 or null, got {canary!r}")
+        number = max(r.revision for r in service.revisions) + 1
+        revision = Revision(number, profile.model_dump(mode="json"), self.now())
+        service.revisions.append(revision)
+        primary = service.primary_version
+        count = service.replicas[primary]
+        if canary is None:
+            service.weights = {revision.version: 100}
+            service.replicas = {revision.version: count}
+        else:
+            service.weights = {primary: 100 - canary, revision.version: canary}
+            service.replicas = {primary: count, revision.version: max(1, math.ceil(count * canary / 100))}
+        return {"revision": number, "version": revision.version}
+
+    def rollback(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        service = self._service(name)
+        leaving = service.active_revision
+        wanted = body.get("to_revision")
+        if wanted is not None:
+            target = service.revision(wanted) if isinstance(wanted, int) and not isinstance(wanted, bool) else None
+            if target is None:
+                raise ApiError(404, f"service {name!r} has no revision {wanted!r}")
+            if target.bad or target.revision == leaving:
+                raise ApiError(409, f"revision {wanted} is {'bad' if target.bad else 'the active one'}")
+        else:
+            earlier = [r for r in service.revisions if r.revision < leaving and not r.bad]
+            if not earlier:
+                raise ApiError(409, f"service {name!r} has no good revision earlier than r{leaving}")
+            target = max(earlier, key=lambda r: r.revision)
+        reason = body.get("reason")
+        left = service.revision(leaving)
+        assert left is not None
+        left.bad = True
+        left.reason = str(reason) if reason is not None else "rolled back"
+        count = max(service.replicas.values())
+        service.weights = {target.version: 100}
+        service.replicas = {target.version: count}
+        return {"from_revision": leaving, "to_revision": target.revision}
+
+    def scale(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        service = self._service(name)
+        replicas = body.get("replicas")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or not 0 <= replicas <= MAX_REPLICAS:
+            raise ApiError(400, f"'replicas' must be an integer from 0 to {MAX_REPLICAS}, got {replicas!r}")
+        primary = service.primary_version
+        before = service.replicas[primary]
+        service.replicas[primary] = replicas
+        return {"from": before, "to": replicas}
+
+    def set_weight(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        service = self._service(name)
+        version, weight = body.get("version"), body.get("weight")
+        if not isinstance(version, str) or version not in service.weights:
+            raise ApiError(409 if isinstance(version, str) else 400,
+                           f"'version' must be one of the live versions {sorted(service.weights)}, got {version!r}")
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 0 <= weight <= 100:
+            raise ApiError(400, f"'weight' must be an integer from 0 to 100, got {weight!r}")
+        service.weights = split_weights(service.weights, version, weight)
+        return {"weights": dict(service.weights)}
+
+    # -- HTTP ---
+    def control_app(self) -> web.Application:
+        app = web.Application()
+
+        def mutation(operation: Callable[[str, dict[str, Any]], dict[str, Any]]) -> Callable[
+                [web.Request], Awaitable[web.Response]]:
+            async def handler(request: web.Request) -> web.Response:
+                try:
+                    body = await request.json()
+                except ValueError:
+                    return _error(400, "the request body is not valid JSON")
+                if not isinstance(body, dict):
+                    return _error(400, "the request body must be a JSON object")
+                key = body.get("idempotency_key")
+                if not isinstance(key, str) or not key:
+                    return _error(400, "'idempotency_key' (a non-empty string) is required")
+                name = request.match_info["service"]
+                async with self.lock:
+                    if key in self.idempotency:
+                        return web.json_response({**self.idempotency[key]["answer"], "replayed": True})
+                    if name not in self.services:
+                        return _error(404, f"unknown service {name!r}")
+                    snapshot = json.dumps(self.services[name].to_json())
+                    try:
+                        answer = operation(name, body)
+                        self.idempotency[key] = {"answer": answer, "service": name, "at": self.now()}
+                        self.save()
+                    except ApiError as exc:
+                        self.services[name] = ServiceState.from_json(json.loads(snapshot))
+                        return _error(exc.status, exc.message)
+                    except BaseException:
+                        # Never leave memory ahead of the state file.
+                        self.services[name] = ServiceState.from_json(json.loads(snapshot))
+                        self.idempotency.pop(key, None)
+                        raise
+                    await self.reconcile(name)
+                return web.json_response({**answer, "replayed": False})
+            return handler
+
+        async def healthz(_: web.Request) -> web.Response:
+            return web.json_response({"status": "ok"})
+
+        async def list_services(_: web.Request) -> web.Response:
+            return web.json_response([self.service_json(s) for s in self.services.values()])
+
+        async def get_service(request: web.Request) -> web.Response:
+            service = self.services.get(request.match_info["service"])
+            if service is None:
+                return _error(404, f"unknown service {request.match_info['service']!r}")
+            return web.json_response(self.service_json(service))
+
+        async def revisions(request: web.Request) -> web.Response:
+            service = self.services.get(request.match_info["service"])
+            if service is None:
+                return _error(404, f"unknown service {request.match_info['service']!r}")
+            return web.json_response([r.to_json() for r in service.revisions])
+
+        async def sd(_: web.Request) -> web.Response:
+            return web.json_response(self.sd_json())
+
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/api/v1/services", list_services)
+        app.router.add_get("/api/v1/services/{service}", get_service)
+        app.router.add_get("/api/v1/services/{service}/revisions", revisions)
+        app.router.add_post("/api/v1/services/{service}/rollout", mutation(self.rollout))
+        app.router.add_post("/api/v1/services/{service}/rollback", mutation(self.rollback))
+        app.router.add_post("/api/v1/services/{service}/scale", mutation(self.scale))
+        app.router.add_post("/api/v1/services/{service}/weights", mutation(self.set_weight))
+        app.router.add_get("/api/v1/sd", sd)
+        return app
+
+    async def stop(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        for replica in list(self.replicas.values()):
+            await replica.runner.cleanup()
+        self.replicas.clear()
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+async def serve(config: TierConfig, config_dir: Path, state_dir: Path, control_port: int,
+                ready: Callable[[dict[str, Any]], None], stop: asyncio.Event) -> None:
+    tier = Tier(config, state_dir, config_dir)
+    tier.load_state()
+    runners: list[web.AppRunner] = []
+    try:
+        for name in tier.services:
+            await tier.reconcile(name)
+        urls = []
+        for app, port in ((tier.router.app(), config.ports.router), (tier.control_app(), control_port)):
+            runner = web.AppRunner(app, access_log=None)
+            runners.append(runner)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
+        ready({"event": "ready", "control_url": urls[1], "router_url": urls[0], "pid": os.getpid(),
+               "services": sorted(tier.services), "sd_url": urls[1] + "/api/v1/sd"})
+        await stop.wait()
+    finally:
+        for runner in reversed(runners):
+            await runner.cleanup()
+        await tier.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m serving.tier", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", required=True, help="tier config YAML (services, ports, profiles_dir)")
+    parser.add_argument("--state-dir", required=True, help="directory for state.json (revisions, idempotency)")
+    parser.add_argument("--port", type=int, default=None, help="control API port (0 = any free port)")
+    args = parser.parse_args(argv)
+    try:
+        config = load_tier_config(args.config)
+        state_dir = Path(args.state_dir)
+        state_dir.mkdir(parents=True, exist_ok=True)
+    except (ConfigFileError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    def ready(event: dict[str, Any]) -> None:
+        print(json.dumps(event), flush=True)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        port = args.port if args.port is not None else config.ports.control
+        await serve(config, Path(args.config).resolve().parent, state_dir, port, ready, stop)
+
+    try:
+        asyncio.run(run())
+    except ConfigFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: cannot listen: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
