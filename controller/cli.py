@@ -1,0 +1,222 @@
+"""`tailguard`: validate rules, print the schema, run the controller, backtest, load, demo.
+
+Exit codes: 0 success; 1 `rules validate` found errors (or a delegated command
+failed); 2 the configuration or the policies are unusable, or the command line
+is wrong. Bad input is reported as `file:line: field: message`, never as a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType
+
+from controller.policy import policy_json_schema
+from controller.policy_files import PolicyError, load_policies, policy_paths
+
+EXIT_OK = 0
+EXIT_INVALID = 1
+EXIT_CONFIG = 2
+
+# Subcommands whose arguments belong to another module's own parser.
+DELEGATED = {
+    "backtest": ("controller.backtest", "backtest_main", "replay policies over Prometheus history"),
+    "load": ("serving.load", "main", "generate load against the serving tier"),
+    "demo": ("controller.demo", "main", "run the end-to-end demo"),
+}
+
+logger = logging.getLogger("tailguard.cli")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tailguard", description="Closed-loop SRE controller for LLM serving.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    rules = commands.add_parser("rules", help="validate policies, print their JSON Schema")
+    rules_commands = rules.add_subparsers(dest="rules_command", required=True, metavar="SUBCOMMAND")
+    validate = rules_commands.add_parser("validate", help="check policy files; every error as file:line: field")
+    validate.add_argument("paths", nargs="+", metavar="PATH", help="policy files or directories")
+    schema = rules_commands.add_parser("schema", help="print the policy JSON Schema")
+    schema.add_argument("--output", "-o", type=Path, help="write it to this file instead of stdout")
+
+    run = commands.add_parser("run", help="run the controller until SIGTERM/SIGINT")
+    run.add_argument("--config", "-c", type=Path, required=True, help="controller configuration (YAML)")
+
+    for name, (_module, _function, summary) in DELEGATED.items():
+        commands.add_parser(name, help=summary, add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] in DELEGATED:
+        return _delegate(args_list[0], args_list[1:])
+    args = _parser().parse_args(args_list)
+    if args.command == "rules" and args.rules_command == "validate":
+        return validate_rules(args.paths)
+    if args.command == "rules" and args.rules_command == "schema":
+        return write_schema(args.output)
+    if args.command == "run":
+        return run_controller(args.config)
+    raise AssertionError(f"unhandled command {args.command}")  # argparse only accepts the commands above
+
+
+def _delegate(command: str, argv: list[str]) -> int:
+    module_name, function_name, _summary = DELEGATED[command]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as missing:
+        if missing.name is not None and module_name.startswith(missing.name):
+            print(f"tailguard {command}: not available in this installation ({module_name} is missing)",
+                  file=sys.stderr)
+            return EXIT_CONFIG
+        raise
+    entry: Callable[[list[str]], int] = getattr(module, function_name)
+    return int(entry(argv) or 0)
+
+
+def validate_rules(paths: Sequence[str]) -> int:
+    files = policy_paths(paths)
+    if not files:
+        print(f"no policy files (*.yaml, *.yml) under {', '.join(paths)}", file=sys.stderr)
+        return EXIT_INVALID
+    loaded, errors = load_policies(paths)
+    for error in errors:
+        print(error, file=sys.stderr)
+    if errors:
+        print(f"{len(errors)} error(s) in {len({e.file for e in errors})} of {len(files)} file(s)", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"ok: {len(loaded)} policies in {len(files)} file(s)")
+    return EXIT_OK
+
+
+def write_schema(output: Path | None) -> int:
+    text = json.dumps(policy_json_schema(), indent=2, sort_keys=True) + "\n"
+    if output is None:
+        sys.stdout.write(text)
+        return EXIT_OK
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+    except OSError as unwritable:
+        print(f"{output}: cannot write the schema: {unwritable.strerror or unwritable}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"wrote {output}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _unknown_receivers(settings_receivers: Sequence[str], paths: Sequence[Path]) -> list[PolicyError]:
+    """A notify action naming a receiver the configuration does not define would fail at 3 a.m.: refuse now."""
+    loaded, _errors = load_policies(paths)
+    problems: list[PolicyError] = []
+    for entry in loaded:
+        for index, condition in enumerate(entry.policy.conditions):
+            for kind, actions in (("actions", condition.actions), ("recovery.actions", condition.recovery.actions)):
+                for position, action in enumerate(actions):
+                    receiver = getattr(action, "receiver", None)
+                    if action.type == "notify" and receiver not in settings_receivers:
+                        known = ", ".join(sorted(settings_receivers)) or "none configured"
+                        problems.append(PolicyError(
+                            entry.file, entry.line, f"conditions[{index}].{kind}[{position}].receiver",
+                            f"unknown receiver {receiver!r} in policy {entry.policy.name}; expected one of: {known}",
+                        ))
+    return problems
+
+
+def run_controller(config: Path) -> int:
+    """Build the controller from its configuration, serve until SIGTERM/SIGINT, stop cleanly."""
+    from prometheus_client import CollectorRegistry
+
+    from controller.actuators.annotations import JsonlAnnotator
+    from controller.actuators.local_tier import LocalTierClient
+    from controller.actuators.webhook import WebhookNotifier
+    from controller.api import ControllerAPI
+    from controller.clock import SystemClock
+    from controller.dispatcher import Actuators, Dispatcher
+    from controller.journal import Journal, JournalError
+    from controller.metrics import ControllerMetrics
+    from controller.runtime import Controller, PolicyLoadError, configure_logging
+    from controller.settings import SettingsError, load_settings
+    from controller.sources.prometheus import PrometheusSource, SourceConfigError
+
+    try:
+        settings = load_settings(config)
+    except SettingsError as invalid:
+        for error in invalid.errors:
+            print(error, file=sys.stderr)
+        return EXIT_CONFIG
+    configure_logging(settings.logFormat, settings.logLevel)
+    paths = settings.policy_paths()
+    _loaded, policy_errors = load_policies(paths)
+    policy_errors = policy_errors or _unknown_receivers(list(settings.receivers), paths)
+    if policy_errors:
+        for error in policy_errors:
+            print(error, file=sys.stderr)
+        return EXIT_CONFIG
+
+    clock = SystemClock()
+    metrics = ControllerMetrics(CollectorRegistry())
+    try:
+        settings.state_path().mkdir(parents=True, exist_ok=True)
+        source = PrometheusSource(settings.prometheus, clock)
+        journal = Journal(settings.journal_path())
+    except (OSError, SourceConfigError, JournalError) as unusable:
+        print(f"{config}: {unusable}", file=sys.stderr)
+        return EXIT_CONFIG
+    tier = (
+        LocalTierClient(settings.tier.url, timeout=settings.tier.timeout, retries=settings.tier.retries, clock=clock)
+        if settings.tier is not None else None
+    )
+    annotations_path = settings.annotations_path()
+    actuators = Actuators(
+        deployer=tier,
+        router=tier,
+        annotator=JsonlAnnotator(annotations_path) if annotations_path is not None else None,
+        notifier=WebhookNotifier(settings.receivers, clock) if settings.receivers else None,
+    )
+    dispatcher = Dispatcher(journal, actuators, clock, settings.limits)
+    controller = Controller(
+        policy_paths=paths, source=source, journal=journal, dispatcher=dispatcher, clock=clock, metrics=metrics,
+        dry_run=settings.dryRun, reload_interval=settings.reloadInterval,
+    )
+    try:
+        api = ControllerAPI(controller, settings.listen.host, settings.listen.port)
+    except OSError as unbound:
+        print(f"{config}: cannot listen on {settings.listen.host}:{settings.listen.port}: {unbound.strerror}",
+              file=sys.stderr)
+        journal.close()
+        return EXIT_CONFIG
+
+    stop = threading.Event()
+
+    def on_signal(number: int, _frame: FrameType | None) -> None:
+        logger.info("received %s: stopping", signal.Signals(number).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        try:
+            controller.start()
+        except PolicyLoadError as invalid:  # the files changed between the check above and the start
+            for error in invalid.errors:
+                print(error, file=sys.stderr)
+            return EXIT_CONFIG
+        api.start()
+        logger.info("tailguard controller serving on %s (dry run: %s)", api.url,
+                    "forced" if settings.dryRun else "per policy")
+        while not stop.wait(1.0):
+            pass
+    finally:
+        api.stop()
+        controller.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return EXIT_OK
