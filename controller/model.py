@@ -154,5 +154,6 @@ class Decision:
 
 def decision_id(policy: str, condition: str, target: TargetKey, onset: float) -> str:
     """Deterministic, so a replayed evaluation (restart, backtest) names the same incident the same way."""
-    material = json.dumps([policy, condition, list(target), round(onset, 3)], separators=(",", ":"))
+    # float(): an int onset (e.g. a Prometheus timestamp) must name the same incident as the same float.
+    material = json.dumps([policy, condition, list(target), round(float(onset), 3)], separators=(",", ":"))
     return hashlib.sha256(material.encode()).hexdigest()[:16]
