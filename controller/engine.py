@@ -180,11 +180,17 @@ def render_actions(
     return tuple(rendered)
 
 
+def _retention(policy: Policy) -> float:
+    """How long action times must be kept: the budget window, or the cooldown when it is longer."""
+    return max(BUDGET_WINDOW_SECONDS, policy.limits.cooldown)
+
+
 def _limits_block(policy: Policy, state: PolicyState, target: TargetKey, now: float) -> str | None:
-    times = [t for t in state.actions_at.get(target, ()) if now - t < BUDGET_WINDOW_SECONDS]
-    if times and now - max(times) < policy.limits.cooldown:
-        remaining = policy.limits.cooldown - (now - max(times))
-        return f"cooldown: last mutating action {now - max(times):.0f}s ago, {remaining:.0f}s left"
+    all_times = state.actions_at.get(target, ())
+    if all_times and now - max(all_times) < policy.limits.cooldown:
+        remaining = policy.limits.cooldown - (now - max(all_times))
+        return f"cooldown: last mutating action {now - max(all_times):.0f}s ago, {remaining:.0f}s left"
+    times = [t for t in all_times if now - t < BUDGET_WINDOW_SECONDS]
     if len(times) >= policy.limits.maxActionsPerHour:
         return f"budget: {len(times)} mutating actions in the last hour (max {policy.limits.maxActionsPerHour})"
     return None
@@ -203,8 +209,10 @@ class _Step:
         self.policy = policy
         self.now = now
         self.conditions: dict[StateKey, ConditionState] = dict(state.conditions)
+        # Pruned to the budget window, or to the cooldown when that is longer (a 2h cooldown must
+        # still see an action taken 61 minutes ago).
         self.actions_at: dict[TargetKey, tuple[float, ...]] = {
-            target: tuple(t for t in times if now - t < BUDGET_WINDOW_SECONDS)
+            target: tuple(t for t in times if now - t < _retention(policy))
             for target, times in state.actions_at.items()
         }
         self.decisions: list[Decision] = []
