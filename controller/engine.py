@@ -310,10 +310,11 @@ def _on_breach(
         state = replace(state, evidence=_with_evidence(state, now, value))
     else:
         state = replace(state, breach_count=state.breach_count + 1, evidence=_with_evidence(state, now, value))
-    assert state.onset is not None
-    if not condition.for_.satisfied(state.breach_count, state.onset, now):
+    onset = state.onset
+    assert onset is not None
+    if not condition.for_.satisfied(state.breach_count, onset, now):
         return state
-    incident = decision_id(step.policy.name, condition.name, target, state.onset)
+    incident = decision_id(step.policy.name, condition.name, target, onset)
     block = step.limits_block(target) if _needs_limits(condition.actions) else None
     if block is not None:
         if not state.suppression_reported:
@@ -322,7 +323,7 @@ def _on_breach(
             state = replace(state, suppression_reported=True)
         return state
     actions = render_actions(step.policy, condition, condition.actions, target, kind=DecisionKind.FIRE,
-                             incident=incident, value=value, threshold=condition.when.value, onset=state.onset)
+                             incident=incident, value=value, threshold=condition.when.value, onset=onset)
     step.record_actions(target, actions)
     state = replace(state, phase=Phase.FIRING, fired_at=now, decision_id=incident, recover_count=0, recover_since=None)
     step.decide(DecisionKind.FIRE, condition, target, state, incident=incident, value=value, actions=actions,
@@ -414,7 +415,13 @@ def transition(
             elif effective is ObservationKind.BREACH:
                 step.conditions[key] = _on_breach(step, condition, target, current, value)
             else:
-                step.conditions[key] = _on_ok(step, condition, target, current, value)
+                updated = _on_ok(step, condition, target, current, value)
+                if kind is ObservationKind.NO_DATA and updated.phase is Phase.OK:
+                    # Absent and healthy under `noData: ok` is exactly "no state": forget the target,
+                    # so state does not grow with every version that ever existed.
+                    step.conditions.pop(key, None)
+                else:
+                    step.conditions[key] = updated
     new_state = PolicyState(
         conditions=step.conditions,
         actions_at={target: times for target, times in step.actions_at.items() if times},
