@@ -301,6 +301,15 @@ class Policy(StrictModel):
     def _cross_references(self) -> "Policy":
         if self.interval <= 0:
             raise PolicyReferenceError("interval must be positive", ("interval",))
+        reserved = QUERY_BUILTINS | TEXT_VARIABLES
+        for section, names in (("targets", list(self.targets.match)), ("vars", list(self.vars))):
+            for name in names:
+                if name in reserved:
+                    # The built-in would silently win over the author's value.
+                    raise PolicyReferenceError(
+                        f"{name!r} is a reserved template variable ({', '.join(sorted(reserved))})",
+                        ("targets", "match", name) if section == "targets" else ("vars", name),
+                    )
         signal_names = [s.name for s in self.signals]
         for index, name in enumerate(signal_names):
             if name in signal_names[:index]:
