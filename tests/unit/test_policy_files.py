@@ -213,3 +213,28 @@ def test_empty_documents_are_skipped_and_unreadable_files_reported(tmp_path: Pat
     assert len(errors) == 1
     assert (errors[0].file, errors[0].line, errors[0].field) == (str(missing), 1, "")
     assert errors[0].message.startswith("cannot read policy file:")
+
+
+@pytest.mark.parametrize(
+    ("section", "line", "field"),
+    [("vars:\n  by: service\n", 18, "vars.by"), ("vars:\n  value: x\n", 18, "vars.value")],
+)
+def test_reserved_variable_names_are_rejected(section: str, line: int, field: str) -> None:
+    _, errors = parse_policy_text(BASE + "      - type: rollback\n" + section, "v.yaml")
+    name = field.split(".")[-1]
+    assert errors == [
+        PolicyError(
+            "v.yaml",
+            line,
+            field,
+            f"{name!r} is a reserved template variable "
+            "(by, condition, decision_id, onset, policy, selector, target, threshold, value)",
+        )
+    ]
+
+
+def test_reserved_match_label_is_rejected() -> None:
+    text = BASE.replace("groupBy: [service]", "groupBy: [service]\n  match: {selector: x}")
+    text += "      - type: rollback\n"
+    _, errors = parse_policy_text(text, "m.yaml")
+    assert [(e.line, e.field) for e in errors] == [(6, "targets.match.selector")]
