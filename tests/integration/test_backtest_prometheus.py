@@ -1,0 +1,100 @@
+"""Backtest against a real Prometheus backfilled with promtool (tests/support/scenarios.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.backtest import BacktestReport, backtest_main, run_backtest
+from controller.clock import ManualClock
+from controller.policy import Policy
+from controller.policy_files import load_policies
+from controller.sources.prometheus import PrometheusSettings, PrometheusSource
+from tests.conftest import BackfilledPrometheus
+from tests.support.scenarios import T0
+
+pytestmark = pytest.mark.integration
+
+RULES = Path(__file__).resolve().parents[2] / "rules" / "examples" / "p99-rollback.yaml"
+
+
+def _policy() -> Policy:
+    loaded, errors = load_policies([RULES])
+    assert not errors
+    return loaded[0].policy
+
+
+@pytest.fixture(scope="module")
+def report(backfilled_prometheus: BackfilledPrometheus) -> BacktestReport:
+    with PrometheusSource(PrometheusSettings(url=backfilled_prometheus.url), ManualClock()) as source:
+        return run_backtest(source, [_policy()], T0 + 60, T0 + 3600, None)
+
+
+def _entries(report: BacktestReport, service: str) -> list[dict[str, Any]]:
+    return [entry.to_json() for entry in report.decisions if entry.to_json()["target"] == {"service": service}]
+
+
+def test_regression_fires_after_three_breaching_evaluations_and_resolves_after_two_healthy(
+        report: BacktestReport) -> None:
+    (entry,) = _entries(report, "regress")
+    # Slow requests start at T0+1200: the first 1m-rate window that holds them is evaluated at T0+1200.
+    assert entry["onset"] == T0 + 1200
+    assert entry["fired_at"] == T0 + 1230  # `for: 3` at a 15 s interval
+    # Last slow step T0+1800; the window [t-60s, t] is clean from T0+1860, and recovery needs 2 evaluations.
+    assert entry["resolved_at"] == T0 + 1875
+    assert entry["kinds"] == ["fire", "resolve"]
+    assert entry["peak"] is not None and 1.0 < entry["peak"] <= 1.5  # P99 inside the (1.0, 1.5] bucket
+    fire_actions = [a for a in entry["actions"] if a["on"] == "fire"]
+    assert [a["type"] for a in fire_actions] == ["annotate", "rollback"]
+    assert fire_actions[1]["params"]["service"] == "regress"
+    assert all(a["executed"] is False for a in entry["actions"])
+    assert [a["type"] for a in entry["actions"] if a["on"] == "resolve"] == ["annotate"]
+
+
+def test_noisy_but_healthy_series_never_fires(report: BacktestReport) -> None:
+    assert _entries(report, "noisy") == []
+
+
+def test_gap_in_data_neither_resolves_nor_refires_a_firing_regression(report: BacktestReport) -> None:
+    (entry,) = _entries(report, "gap")
+    assert entry["onset"] == T0 + 1200
+    assert entry["fired_at"] == T0 + 1230
+    # No samples from T0+1515 to T0+1755: absence is not recovery. Healthy data returns at T0+1770,
+    # the first rate over two healthy samples is at T0+1785, and recovery needs two evaluations.
+    assert entry["resolved_at"] == T0 + 1800
+    assert entry["kinds"] == ["fire", "resolve"]
+
+
+def test_evaluation_count_and_no_signal_errors(report: BacktestReport) -> None:
+    assert report.evaluations == (3600 - 60) // 15 + 1
+    assert report.signal_errors == []
+
+
+def test_cli_prints_the_decisions_as_json(backfilled_prometheus: BackfilledPrometheus,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    code = backtest_main(["--prometheus", backfilled_prometheus.url, "--rules", str(RULES),
+                          "--start", str(T0 + 60), "--end", "2023-11-14T23:13:20Z", "--step", "15s",
+                          "--output", "json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) >= {"decisions", "evaluations"}
+    assert out["evaluations"] == (3600 - 60) // 15 + 1
+    assert {tuple(sorted(d["target"].items())) for d in out["decisions"]} == {
+        (("service", "gap"),), (("service", "regress"),)}
+    for decision in out["decisions"]:
+        assert set(decision) >= {"policy", "condition", "target", "onset", "fired_at", "resolved_at", "actions"}
+        assert decision["policy"] == "p99-rollback"
+        assert decision["condition"] == "p99-above-800ms"
+        assert isinstance(decision["onset"], float)
+        assert all(action["executed"] is False for action in decision["actions"])
+
+
+def test_cli_markdown_table(backfilled_prometheus: BackfilledPrometheus, capsys: pytest.CaptureFixture[str]) -> None:
+    code = backtest_main(["--prometheus", backfilled_prometheus.url, "--rules", str(RULES),
+                          "--start", str(T0 + 60), "--end", str(T0 + 3600), "--output", "markdown"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "| p99-rollback | p99-above-800ms | {service=\"regress\"} | 2023-11-14T22:33:20Z |" in out

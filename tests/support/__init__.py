@@ -1,0 +1,1 @@
+"""Helpers shared by the integration tests and the benchmark (not collected as tests)."""
