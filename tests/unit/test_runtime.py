@@ -318,3 +318,47 @@ def test_json_log_formatter_merges_structured_fields() -> None:
     record.fields = {"policy": "p", "trigger": "alert"}
     line = json.loads(JsonLogFormatter().format(record))
     assert line["msg"] == "evaluated p" and line["policy"] == "p" and line["trigger"] == "alert"
+
+
+def test_actions_run_by_the_real_dispatcher_are_counted(rules: Path, tmp_path: Path) -> None:
+    from controller.actuators.fakes import FakeAnnotator
+    from controller.dispatcher import Actuators, Dispatcher, GlobalLimits
+
+    clock = ManualClock()
+    registry = CollectorRegistry()
+    journal = Journal(tmp_path / "journal.db")
+    annotator = FakeAnnotator()
+    source = FakeSource(instant_answers={query_of(rules / "a.yaml"): SignalResult({target_key({"service": "x"}): 2.0})})
+    controller = Controller(
+        policy_paths=[rules], source=source, journal=journal,
+        dispatcher=Dispatcher(journal, Actuators(annotator=annotator), clock, GlobalLimits()),
+        clock=clock, metrics=ControllerMetrics(registry), schedule=False,
+    )
+    controller.start()
+    try:
+        controller.evaluate("lat-a")
+        clock.advance(15)
+        controller.evaluate("lat-a")
+    finally:
+        controller.stop()
+    assert len(annotator.calls) == 1
+    assert sample("tailguard_actions_total", registry, type="annotate", status="succeeded") == 1
+
+
+def test_the_reload_job_picks_up_edits_on_its_own(rules: Path, tmp_path: Path) -> None:
+    controller = Controller(
+        policy_paths=[rules], source=FakeSource(default=SignalResult({})), journal=Journal(tmp_path / "j.db"),
+        dispatcher=RecordingDispatcher(), clock=ManualClock(), metrics=ControllerMetrics(CollectorRegistry()),
+        schedule=True, reload_interval=0.2,
+    )
+    controller.start()
+    try:
+        (rules / "a.yaml").write_text(policy_yaml("lat-a").replace("noData: hold", "noData: sometimes"))
+        for _ in range(300):
+            if controller.reload_errors():
+                break
+            threading.Event().wait(0.1)
+        assert [e.field for e in controller.reload_errors()] == ["conditions[0].noData"]
+        assert list(controller.policies()) == ["lat-a"]
+    finally:
+        controller.stop()
