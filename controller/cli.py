@@ -211,7 +211,7 @@ def run_controller(config: Path) -> int:
             return EXIT_CONFIG
         api.start()
         logger.info("tailguard controller serving on %s (dry run: %s)", api.url,
-                    "forced" if settings.dryRun else "per policy")
+                    {None: "per policy", True: "forced on", False: "forced off"}[settings.dryRun])
         while not stop.wait(1.0):
             pass
     finally:
