@@ -107,6 +107,11 @@ class VllmMetrics:
         for family in (self.running, self.waiting, self.kv_usage, self.prefix_queries, self.prefix_hits,
                        self.preemptions, self.prompt_tokens, self.prompt_tokens_cached, self.generation_tokens):
             family.labels(**self.labels)
+        for histogram in (self.request_prompt_tokens, self.request_generation_tokens, self.iteration_tokens,
+                          self.max_generation_tokens, self.params_n, self.params_max_tokens, self.ttft, self.itl,
+                          self.tpot, self.e2e, self.queue, self.inference, self.prefill, self.decode,
+                          self.request_preemptions, self.prefill_kv_computed):
+            histogram.labels(**self.labels)
         for reason in FINISHED_REASONS:
             self.success.labels(**self.labels, finished_reason=reason)
         for waiting_reason in ("capacity", "deferred"):
