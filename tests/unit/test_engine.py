@@ -206,7 +206,8 @@ TABLES: dict[str, tuple[dict[str, Any], list[Step]]] = {
     ),
     "recovery needs its own streak; a breach in between restarts it": (
         {"for_": 1, "recovery": {"for": 2}},
-        [(0, 0.9, F, ["fire"]), (15, 0.5, F, []), (30, 0.9, F, []), (45, 0.5, F, []), (60, 0.5, OK, ["resolve"]),
+        [(0, 0.9, F, ["fire"]), (15, 0.5, F, []), (30, 0.9, F, []), (45, 0.5, F, []),
+         (60, 0.5, OK, ["resolve"]),
          (75, 0.9, F, ["fire"])],
     ),
     "cooldown suppresses once, then fires when it has passed": (
@@ -221,7 +222,8 @@ TABLES: dict[str, tuple[dict[str, Any], list[Step]]] = {
     ),
     "budget: at most N mutating actions per hour per target": (
         {"for_": 1, "budget": 2},
-        [(0, 0.9, F, ["fire"]), (15, 0.5, OK, ["resolve"]), (30, 0.9, F, ["fire"]), (45, 0.5, OK, ["resolve"]),
+        [(0, 0.9, F, ["fire"]), (15, 0.5, OK, ["resolve"]), (30, 0.9, F, ["fire"]),
+         (45, 0.5, OK, ["resolve"]),
          (60, 0.9, P, ["suppressed"]), (3599, 0.9, P, []), (3600, 0.9, F, ["fire"])],
     ),
     "budget 0 never acts": (
@@ -268,7 +270,8 @@ def test_state_json_is_plain_json_and_restores_equal() -> None:
     assert restored.condition("slow", A).phase is Phase.FIRING
     assert restored.condition("slow", A).evidence == ((0.0, 0.9), (15.0, 0.9))
     assert restored.actions_at == {A: (15.0,)}
-    assert ConditionState.from_json(run.state.condition("slow", A).to_json()) == run.state.condition("slow", A)
+    condition = run.state.condition("slow", A)
+    assert ConditionState.from_json(condition.to_json()) == condition
 
 
 ERROR_RATE: list[Step] = [
@@ -323,7 +326,8 @@ def test_dry_run_decisions_are_flagged() -> None:
 
 
 def test_decision_ids_are_deterministic_and_shared_by_an_incident() -> None:
-    steps: list[Step] = [(100, 0.9, P, []), (115, 0.9, P, []), (130, 0.9, F, ["fire"]), (145, 0.1, OK, ["resolve"]),
+    steps: list[Step] = [(100, 0.9, P, []), (115, 0.9, P, []), (130, 0.9, F, ["fire"]),
+                         (145, 0.1, OK, ["resolve"]),
                          (160, 0.9, P, [])]
     first = drive(make_policy(), steps).decisions or []
     second = drive(make_policy(), steps).decisions or []
@@ -348,7 +352,8 @@ def test_suppressed_and_later_fire_share_the_incident_id() -> None:
 
 
 def test_errored_decision_explains_the_source_error() -> None:
-    run = drive(make_policy(max_source_errors=1), [(0, 0.9, P, []), (15, ERR, P, []), (30, ERR, OK, ["errored"])])
+    steps: list[Step] = [(0, 0.9, P, []), (15, ERR, P, []), (30, ERR, OK, ["errored"])]
+    run = drive(make_policy(max_source_errors=1), steps)
     errored = (run.decisions or [])[0]
     assert errored.reason == "2 consecutive source errors (limit 1): connection refused"
     assert errored.actions == () and errored.value is None

@@ -27,10 +27,10 @@ def test_valid_policies_exit_0() -> None:
 
 
 def test_each_error_is_one_line_and_the_exit_code_is_1() -> None:
-    done = validate("tests/fixtures/policies/invalid/for-zero.yaml", "tests/fixtures/policies/invalid/bad-op.yaml")
+    prefix = "tests/fixtures/policies/invalid/"
+    done = validate(f"{prefix}for-zero.yaml", f"{prefix}bad-op.yaml")
     assert done.returncode == 1
     assert done.stdout == ""
-    prefix = "tests/fixtures/policies/invalid/"
     assert done.stderr.splitlines() == [
         f"{prefix}for-zero.yaml:13: conditions[0].for: a count of evaluations must be at least 1",
         f"{prefix}bad-op.yaml:12: conditions[0].when.op: Input should be '>', '>=', '<' or '<=', got '=>'",

@@ -12,6 +12,7 @@ from controller.policy_files import PolicyError, load_policies, parse_policy_tex
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "policies"
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "rules" / "examples"
 
+ACTION_TYPES = "'rollback', 'scale', 'shift_traffic', 'annotate', 'notify'"
 ACTION_VARS = "condition, decision_id, onset, policy, service, target, threshold, value"
 
 # file name -> (line, field, message)
@@ -42,7 +43,7 @@ INVALID = {
     "unknown-action-type.yaml": (
         16,
         "conditions[0].actions[0]",
-        "unknown action type 'reboot'; expected one of 'rollback', 'scale', 'shift_traffic', 'annotate', 'notify'",
+        "unknown action type 'reboot'; expected one of " + ACTION_TYPES,
     ),
     "scale-two-modes.yaml": (
         16,
@@ -115,7 +116,8 @@ def test_valid_fixtures_load_with_their_values() -> None:
 def test_shipped_examples_load() -> None:
     policies, errors = load_policies([EXAMPLES])
     assert errors == []
-    assert sorted(loaded.policy.name for loaded in policies) == ["error-rate-shift", "p99-rollback", "queue-scale"]
+    names = sorted(loaded.policy.name for loaded in policies)
+    assert names == ["error-rate-shift", "p99-rollback", "queue-scale"]
 
 
 BASE = """\
@@ -203,7 +205,8 @@ def test_default_template_needing_an_absent_label_is_rejected() -> None:
 def test_repeated_condition_name_points_at_the_repeat() -> None:
     text = BASE + "      - type: rollback\n" + BASE.split("conditions:\n", 1)[1] + "      - type: rollback\n"
     _, errors = parse_policy_text(text, "n.yaml")
-    assert errors == [PolicyError("n.yaml", 17, "conditions[1].name", "condition names must be unique; 'c' is repeated")]
+    message = "condition names must be unique; 'c' is repeated"
+    assert errors == [PolicyError("n.yaml", 17, "conditions[1].name", message)]
 
 
 def test_empty_documents_are_skipped_and_unreadable_files_reported(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ def test_selector_and_by_rendering() -> None:
 
 
 def test_match_labels_are_query_variables() -> None:
-    query = render_query("x{ns={{ namespace }}}", match={"namespace": "llm"}, group_by=["service"], variables={})
+    query = render_query("x{ns={{ namespace }}}", match={"namespace": "llm"}, group_by=["s"], variables={})
     assert query == 'x{ns="llm"}'
 
 
