@@ -32,4 +32,4 @@ def format_duration(seconds: float) -> str:
     """Render seconds compactly for PromQL (step, range) and logs."""
     if seconds >= 1 and float(seconds).is_integer():
         return f"{int(seconds)}s"
-    return f"{int(round(seconds * 1000))}ms"
+    return f"{round(seconds * 1000)}ms"

@@ -26,9 +26,10 @@ Per (condition, target) the engine keeps a small state machine:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, Mapping
+from typing import Any
 
 from controller.model import (
     ActionRequest,
@@ -81,7 +82,7 @@ class ConditionState:
         return data
 
     @staticmethod
-    def from_json(data: Mapping[str, Any]) -> "ConditionState":
+    def from_json(data: Mapping[str, Any]) -> ConditionState:
         values = dict(data)
         values["phase"] = Phase(values["phase"])
         values["evidence"] = tuple((float(t), float(v)) for t, v in values.get("evidence", []))
@@ -117,7 +118,7 @@ class PolicyState:
         }
 
     @staticmethod
-    def from_json(data: Mapping[str, Any]) -> "PolicyState":
+    def from_json(data: Mapping[str, Any]) -> PolicyState:
         def key(raw: list[list[str]]) -> TargetKey:
             return tuple((str(name), str(value)) for name, value in raw)
 
@@ -171,7 +172,9 @@ def render_actions(
             if isinstance(raw, str):
                 params[name] = render_text(raw, variables)
             elif isinstance(raw, list):
-                params[name] = [render_text(item, variables) if isinstance(item, str) else item for item in raw]
+                params[name] = [
+                    render_text(item, variables) if isinstance(item, str) else item for item in raw
+                ]
             else:
                 params[name] = raw
         if action.type == ActionType.SCALE:
@@ -192,7 +195,9 @@ def _limits_block(policy: Policy, state: PolicyState, target: TargetKey, now: fl
         return f"cooldown: last mutating action {now - max(all_times):.0f}s ago, {remaining:.0f}s left"
     times = [t for t in all_times if now - t < BUDGET_WINDOW_SECONDS]
     if len(times) >= policy.limits.maxActionsPerHour:
-        return f"budget: {len(times)} mutating actions in the last hour (max {policy.limits.maxActionsPerHour})"
+        return (
+            f"budget: {len(times)} mutating actions in the last hour (max {policy.limits.maxActionsPerHour})"
+        )
     return None
 
 
@@ -260,11 +265,15 @@ class _Step:
 
 
 def _needs_limits(actions: list[Any]) -> bool:
-    return any(ActionType(action.type) in (ActionType.ROLLBACK, ActionType.SCALE, ActionType.SHIFT_TRAFFIC)
-               for action in actions)
+    return any(
+        ActionType(action.type) in (ActionType.ROLLBACK, ActionType.SCALE, ActionType.SHIFT_TRAFFIC)
+        for action in actions
+    )
 
 
-def _on_error(step: _Step, condition: Condition, target: TargetKey, state: ConditionState, error: str) -> ConditionState:
+def _on_error(
+    step: _Step, condition: Condition, target: TargetKey, state: ConditionState, error: str
+) -> ConditionState:
     state = replace(
         state,
         error_count=state.error_count + 1,
@@ -279,12 +288,15 @@ def _on_error(step: _Step, condition: Condition, target: TargetKey, state: Condi
             state,
             incident=incident,
             value=None,
-            reason=f"{state.error_count} consecutive source errors (limit {condition.maxSourceErrors}): {error}",
+            reason=(
+                f"{state.error_count} consecutive source errors (limit {condition.maxSourceErrors}): {error}"
+            ),
         )
         state = replace(state, errored=True)
         if state.phase is Phase.PENDING:
-            state = replace(state, phase=Phase.OK, breach_count=0, onset=None, evidence=(),
-                            suppression_reported=False)
+            state = replace(
+                state, phase=Phase.OK, breach_count=0, onset=None, evidence=(), suppression_reported=False
+            )
     return state
 
 
@@ -306,10 +318,14 @@ def _on_breach(
     if state.phase is Phase.FIRING:
         return replace(state, recover_count=0, recover_since=None, evidence=_with_evidence(state, now, value))
     if state.phase is Phase.OK:
-        state = replace(state, phase=Phase.PENDING, breach_count=1, onset=now, evidence=(), suppression_reported=False)
+        state = replace(
+            state, phase=Phase.PENDING, breach_count=1, onset=now, evidence=(), suppression_reported=False
+        )
         state = replace(state, evidence=_with_evidence(state, now, value))
     else:
-        state = replace(state, breach_count=state.breach_count + 1, evidence=_with_evidence(state, now, value))
+        state = replace(
+            state, breach_count=state.breach_count + 1, evidence=_with_evidence(state, now, value)
+        )
     onset = state.onset
     assert onset is not None
     if not condition.for_.satisfied(state.breach_count, onset, now):
@@ -318,24 +334,55 @@ def _on_breach(
     block = step.limits_block(target) if _needs_limits(condition.actions) else None
     if block is not None:
         if not state.suppression_reported:
-            step.decide(DecisionKind.SUPPRESSED, condition, target, state, incident=incident, value=value,
-                        reason=f"breach held for {condition.for_.describe()} but {block}")
+            step.decide(
+                DecisionKind.SUPPRESSED,
+                condition,
+                target,
+                state,
+                incident=incident,
+                value=value,
+                reason=f"breach held for {condition.for_.describe()} but {block}",
+            )
             state = replace(state, suppression_reported=True)
         return state
-    actions = render_actions(step.policy, condition, condition.actions, target, kind=DecisionKind.FIRE,
-                             incident=incident, value=value, threshold=condition.when.value, onset=onset)
+    actions = render_actions(
+        step.policy,
+        condition,
+        condition.actions,
+        target,
+        kind=DecisionKind.FIRE,
+        incident=incident,
+        value=value,
+        threshold=condition.when.value,
+        onset=onset,
+    )
     step.record_actions(target, actions)
-    state = replace(state, phase=Phase.FIRING, fired_at=now, decision_id=incident, recover_count=0, recover_since=None)
-    step.decide(DecisionKind.FIRE, condition, target, state, incident=incident, value=value, actions=actions,
-                fired_at=now, reason=f"{condition.when.op.value} {condition.when.value} for {condition.for_.describe()}")
+    state = replace(
+        state, phase=Phase.FIRING, fired_at=now, decision_id=incident, recover_count=0, recover_since=None
+    )
+    step.decide(
+        DecisionKind.FIRE,
+        condition,
+        target,
+        state,
+        incident=incident,
+        value=value,
+        actions=actions,
+        fired_at=now,
+        reason=f"{condition.when.op.value} {condition.when.value} for {condition.for_.describe()}",
+    )
     return state
 
 
-def _on_ok(step: _Step, condition: Condition, target: TargetKey, state: ConditionState, value: float | None) -> ConditionState:
+def _on_ok(
+    step: _Step, condition: Condition, target: TargetKey, state: ConditionState, value: float | None
+) -> ConditionState:
     now = step.now
     state = replace(state, last_data_at=now, last_value=value, stale=False)
     if state.phase is Phase.PENDING:
-        return replace(state, phase=Phase.OK, breach_count=0, onset=None, evidence=(), suppression_reported=False)
+        return replace(
+            state, phase=Phase.OK, breach_count=0, onset=None, evidence=(), suppression_reported=False
+        )
     if state.phase is Phase.OK:
         return state
     healthy = True
@@ -356,13 +403,30 @@ def _on_ok(step: _Step, condition: Condition, target: TargetKey, state: Conditio
     block = step.limits_block(target) if _needs_limits(condition.recovery.actions) else None
     if block is not None:
         return state  # recovery actions wait for the limits; the condition stays firing until then
-    actions = render_actions(step.policy, condition, condition.recovery.actions, target, kind=DecisionKind.RESOLVE,
-                             incident=state.decision_id, value=value, threshold=condition.when.value,
-                             onset=state.onset)
+    actions = render_actions(
+        step.policy,
+        condition,
+        condition.recovery.actions,
+        target,
+        kind=DecisionKind.RESOLVE,
+        incident=state.decision_id,
+        value=value,
+        threshold=condition.when.value,
+        onset=state.onset,
+    )
     step.record_actions(target, actions)
-    step.decide(DecisionKind.RESOLVE, condition, target, state, incident=state.decision_id, value=value,
-                actions=actions, fired_at=state.fired_at, resolved_at=now,
-                reason=f"recovered for {condition.recovery.for_.describe()}")
+    step.decide(
+        DecisionKind.RESOLVE,
+        condition,
+        target,
+        state,
+        incident=state.decision_id,
+        value=value,
+        actions=actions,
+        fired_at=state.fired_at,
+        resolved_at=now,
+        reason=f"recovered for {condition.recovery.for_.describe()}",
+    )
     return ConditionState(last_data_at=now, last_value=value)
 
 
@@ -381,7 +445,7 @@ def _effective(condition: Condition, kind: ObservationKind, value: float | None)
 def observe(
     policy: Policy, condition: Condition, result: SignalResult | None, target: TargetKey, now: float
 ) -> tuple[ObservationKind, float | None, str | None]:
-    """The observation of one condition for one target: ok / breach / no-data / error (before noData mapping)."""
+    """One condition's observation for one target: ok / breach / no-data / error (before noData mapping)."""
     kind, value, error = classify(result, target, now)
     if kind is ObservationKind.OK and value is not None and condition.when.holds(value):
         return ObservationKind.BREACH, value, None

@@ -11,9 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Mapping
+from typing import Any
 
 # A target is identified by the values of the policy's `targets.groupBy` labels,
 # kept as a sorted tuple so it is hashable and has one canonical order.
@@ -51,7 +52,7 @@ class SignalResult:
     error: str | None = None
 
     @staticmethod
-    def failed(message: str) -> "SignalResult":
+    def failed(message: str) -> SignalResult:
         return SignalResult(values={}, error=message)
 
     @property
@@ -67,7 +68,9 @@ class Observation:
     error: str | None = None
 
 
-def classify(result: SignalResult | None, target: TargetKey, at: float) -> tuple[ObservationKind, float | None, str | None]:
+def classify(
+    result: SignalResult | None, target: TargetKey, at: float
+) -> tuple[ObservationKind, float | None, str | None]:
     """The raw classification of a signal result for one target, before any threshold."""
     if result is None:
         return ObservationKind.ERROR, None, "signal was not queried"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -48,7 +48,8 @@ def _seconds(value: Any) -> Any:
     if isinstance(value, str):
         return parse_duration(value)
     if isinstance(value, bool):
-        raise ValueError("expected a duration such as '15s', '5m' or '1h30m'")
+        # ValueError, not TypeError: pydantic turns only ValueError into a located validation error.
+        raise ValueError("expected a duration such as '15s', '5m' or '1h30m'")  # noqa: TRY004
     return value
 
 
@@ -94,7 +95,7 @@ def _for_spec(value: Any) -> ForSpec:
     if isinstance(value, ForSpec):
         return value
     if isinstance(value, bool):
-        raise ValueError("expected a count of evaluations (integer >= 1) or a duration such as '60s'")
+        raise ValueError("expected a count of evaluations (integer >= 1) or a duration such as '60s'")  # noqa: TRY004
     if isinstance(value, int):
         if value < 1:
             raise ValueError("a count of evaluations must be at least 1")
@@ -119,7 +120,11 @@ For = Annotated[
         {
             "oneOf": [
                 {"type": "integer", "minimum": 1, "description": "consecutive breaching evaluations"},
-                {"type": "string", "pattern": DURATION_PATTERN, "description": "breaching for at least this long"},
+                {
+                    "type": "string",
+                    "pattern": DURATION_PATTERN,
+                    "description": "breaching for at least this long",
+                },
             ]
         }
     ),
@@ -168,7 +173,7 @@ class Threshold(StrictModel):
     value: float = Field(description="threshold in the signal's unit (seconds, ratio, count)")
 
     @model_validator(mode="after")
-    def _finite(self) -> "Threshold":
+    def _finite(self) -> Threshold:
         if not math.isfinite(self.value):
             raise ValueError("threshold value must be a finite number")
         return self
@@ -203,7 +208,9 @@ class _ActionBase(StrictModel):
 
 class RollbackAction(_ActionBase):
     type: Literal["rollback"]
-    service: str = Field(default="{{ service }}", description="service to roll back to its last good revision")
+    service: str = Field(
+        default="{{ service }}", description="service to roll back to its last good revision"
+    )
 
 
 class ScaleAction(_ActionBase):
@@ -218,7 +225,7 @@ class ScaleAction(_ActionBase):
     max: int = Field(ge=1)
 
     @model_validator(mode="after")
-    def _one_mode(self) -> "ScaleAction":
+    def _one_mode(self) -> ScaleAction:
         modes = [m for m in (self.replicas, self.delta, self.targetPerReplica) if m is not None]
         if len(modes) != 1:
             raise ValueError("scale needs exactly one of replicas, delta or targetPerReplica")
@@ -247,7 +254,7 @@ class NotifyAction(_ActionBase):
 
 
 Action = Annotated[
-    Union[RollbackAction, ScaleAction, ShiftTrafficAction, AnnotateAction, NotifyAction],
+    RollbackAction | ScaleAction | ShiftTrafficAction | AnnotateAction | NotifyAction,
     Field(discriminator="type"),
 ]
 
@@ -265,9 +272,12 @@ class Condition(StrictModel):
     signal: Identifier
     when: Threshold = Field(description="a breach is an observation for which this holds")
     for_: For = Field(alias="for")
-    noData: NoDataPolicy = Field(description="what an absent or NaN value means; there is no default on purpose")
+    noData: NoDataPolicy = Field(
+        description="what an absent or NaN value means; there is no default on purpose"
+    )
     staleAfter: Duration = Field(
-        default=300.0, description="held state older than this is dropped: stale data never completes a breach"
+        default=300.0,
+        description="held state older than this is dropped: stale data never completes a breach",
     )
     maxSourceErrors: int = Field(
         default=4, ge=1, description="consecutive source errors tolerated before the condition is 'errored'"
@@ -277,7 +287,9 @@ class Condition(StrictModel):
 
 
 class Limits(StrictModel):
-    cooldown: Duration = Field(default=300.0, description="minimum time between mutating actions on one target")
+    cooldown: Duration = Field(
+        default=300.0, description="minimum time between mutating actions on one target"
+    )
     maxActionsPerHour: int = Field(default=6, ge=0, description="mutating actions per target in any hour")
 
 
@@ -298,7 +310,7 @@ class Policy(StrictModel):
     limits: Limits = Field(default_factory=Limits)
 
     @model_validator(mode="after")
-    def _cross_references(self) -> "Policy":
+    def _cross_references(self) -> Policy:
         if self.interval <= 0:
             raise PolicyReferenceError("interval must be positive", ("interval",))
         reserved = QUERY_BUILTINS | TEXT_VARIABLES
@@ -313,13 +325,15 @@ class Policy(StrictModel):
         signal_names = [s.name for s in self.signals]
         for index, name in enumerate(signal_names):
             if name in signal_names[:index]:
-                raise PolicyReferenceError(f"signal names must be unique; {name!r} is repeated",
-                                           ("signals", index, "name"))
+                raise PolicyReferenceError(
+                    f"signal names must be unique; {name!r} is repeated", ("signals", index, "name")
+                )
         condition_names = [c.name for c in self.conditions]
         for index, name in enumerate(condition_names):
             if name in condition_names[:index]:
-                raise PolicyReferenceError(f"condition names must be unique; {name!r} is repeated",
-                                           ("conditions", index, "name"))
+                raise PolicyReferenceError(
+                    f"condition names must be unique; {name!r} is repeated", ("conditions", index, "name")
+                )
         query_vars = set(self.targets.match) | set(self.vars) | QUERY_BUILTINS
         for index, signal in enumerate(self.signals):
             unknown = sorted(set(variables_in(signal.query)) - query_vars)

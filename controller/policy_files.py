@@ -7,9 +7,10 @@ PyYAML would silently collapse, are errors too.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -41,7 +42,7 @@ class LoadedPolicy:
 class _Located:
     """A plain Python value with the YAML node it came from (for line lookups)."""
 
-    def __init__(self, node: yaml.Node, value: Any, children: dict[Any, "_Located"]):
+    def __init__(self, node: yaml.Node, value: Any, children: dict[Any, _Located]):
         self.node = node
         self.value = value
         self.children = children
@@ -134,8 +135,7 @@ def _message(error: dict[str, Any]) -> str:
         return "an action needs a 'type' (rollback, scale, shift_traffic, annotate or notify)"
     message = str(error["msg"])
     for prefix in ("Value error, ", "Assertion failed, "):
-        if message.startswith(prefix):
-            message = message[len(prefix) :]
+        message = message.removeprefix(prefix)
     if "input" in error and kind not in ("value_error",) and not isinstance(error["input"], (dict, list)):
         message = f"{message}, got {error['input']!r}"
     return message
@@ -169,7 +169,9 @@ def parse_policy_text(text: str, file: str) -> tuple[list[LoadedPolicy], list[Po
                     if isinstance(cause, PolicyReferenceError):
                         loc = (*loc, *cause.loc)
                     errors.append(
-                        PolicyError(file, _line_for(located, loc), _field_path(loc, located), _message(dict(error)))
+                        PolicyError(
+                            file, _line_for(located, loc), _field_path(loc, located), _message(dict(error))
+                        )
                     )
                 continue
             policies.append(LoadedPolicy(policy, file, located.line))
@@ -195,7 +197,7 @@ def policy_paths(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def load_policies(paths: Iterable[str | Path]) -> tuple[list[LoadedPolicy], list[PolicyError]]:
-    """Load every policy under `paths`. Returns all policies and all errors; callers decide what errors mean."""
+    """Load every policy under `paths`. Returns all policies and all errors; callers decide what they mean."""
     policies: list[LoadedPolicy] = []
     errors: list[PolicyError] = []
     for path in policy_paths(paths):

@@ -11,7 +11,7 @@ Actions: `{{ name }}` expands to the raw value (they are not PromQL).
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 TEMPLATE_VARIABLE = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -44,7 +44,9 @@ def variables_in(template: str) -> list[str]:
     return TEMPLATE_VARIABLE.findall(template)
 
 
-def render_query(template: str, *, match: Mapping[str, str], group_by: list[str], variables: Mapping[str, str]) -> str:
+def render_query(
+    template: str, *, match: Mapping[str, str], group_by: list[str], variables: Mapping[str, str]
+) -> str:
     by = ",".join(group_by)
     selector = promql_selector(match)
     values = {**match, **variables}
