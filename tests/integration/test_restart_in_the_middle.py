@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import signal
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +25,7 @@ import pytest
 import requests
 
 from controller.journal import ActionStatus, Journal
+from tests.support.fake_tier import running_serving_tier
 
 pytestmark = pytest.mark.integration
 
@@ -82,44 +80,8 @@ DRIVER = textwrap.dedent(
 
 @contextmanager
 def running_tier(tmp: Path) -> Iterator[str]:
-    """The real tier on a free loopback port; yields its control URL. The process is always stopped."""
-    config = tmp / "tier.yaml"
-    config.write_text(TIER_CONFIG)
-    # stderr to a file: an unread pipe could fill up and block the tier.
-    stderr = (tmp / "tier.stderr").open("w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "serving.tier", "--config", str(config), "--state-dir", str(tmp / "tier-state"),
-         "--port", "0"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    lines: queue.Queue[str] = queue.Queue()
-
-    def read_stdout() -> None:
-        assert process.stdout is not None
-        for line in iter(process.stdout.readline, ""):
-            lines.put(line)
-
-    threading.Thread(target=read_stdout, daemon=True).start()
-    try:
-        try:
-            ready = json.loads(lines.get(timeout=60))
-        except queue.Empty:
-            raise AssertionError("the serving tier did not report ready within 60 s: "
-                                 + (tmp / "tier.stderr").read_text()[-2000:]) from None
-        assert ready["event"] == "ready", ready
-        yield str(ready["control_url"])
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=15)
-        if process.stdout is not None:
-            process.stdout.close()
-        stderr.close()
+    with running_serving_tier(tmp, TIER_CONFIG) as url:
+        yield url
 
 
 def run_driver(tmp: Path, tier_url: str, mode: str, onset: float = 1_700_000_000.0) -> subprocess.CompletedProcess[str]:

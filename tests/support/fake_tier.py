@@ -1,4 +1,8 @@
-"""A minimal in-memory stand-in for the serving tier's control API (docs/architecture.md), in-process.
+"""Serving-tier helpers for tests.
+
+`running_serving_tier` starts the real tier process (integration tests).
+`running_fake_tier` serves a minimal in-memory stand-in for the control API
+(docs/architecture.md), in-process.
 
 For the LocalTierClient unit tests: unlike the real tier (serving/tier.py, used by
 the integration tests) it can be told to fail (`fail_next(503, 503)`), to be slow
@@ -9,6 +13,11 @@ records every request it saw.
 from __future__ import annotations
 
 import json
+import os
+import queue
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -16,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 
@@ -192,3 +202,51 @@ def running_fake_tier(*services: str) -> Iterator[tuple[str, FakeTierState]]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def running_serving_tier(tmp: Path, config_text: str) -> Iterator[str]:
+    """The REAL tier (`python -m serving.tier`) on a free loopback port; yields its control URL.
+
+    For integration tests. The process (and its process group) is always stopped, even on failure.
+    """
+    config = tmp / "tier.yaml"
+    config.write_text(config_text)
+    # stderr to a file: an unread pipe could fill up and block the tier.
+    stderr = (tmp / "tier.stderr").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "serving.tier", "--config", str(config), "--state-dir", str(tmp / "tier-state"),
+         "--port", "0"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read_stdout() -> None:
+        assert process.stdout is not None
+        for line in iter(process.stdout.readline, ""):
+            lines.put(line)
+
+    threading.Thread(target=read_stdout, daemon=True).start()
+    try:
+        try:
+            ready = json.loads(lines.get(timeout=60))
+        except queue.Empty:
+            raise AssertionError("the serving tier did not report ready within 60 s: "
+                                 + (tmp / "tier.stderr").read_text()[-2000:]) from None
+        assert ready["event"] == "ready", ready
+        yield str(ready["control_url"])
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=15)
+        if process.stdout is not None:
+            process.stdout.close()
+        stderr.close()
