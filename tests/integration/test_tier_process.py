@@ -1,4 +1,4 @@
-"""The tier as a real process on loopback: control API, router, replicas, restart."""
+"""The tier as a real process on loopback: control API, router, replicas, restart, trace replay."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
+
+from serving.load import main as load_main
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,3 +176,16 @@ def test_bad_config_is_reported_without_a_traceback(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert f"{config}:4: services[0].replica: unknown field" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_replay_through_the_router(tier: TierProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_csv, out_json = tmp_path / "r.csv", tmp_path / "s.json"
+    code = load_main(["--url", tier.router, "--model", "llama-test", "--trace", "conv", "--speedup", "20",
+                      "--max-requests", "30", "--csv", str(out_csv), "--summary-json", str(out_json),
+                      "--no-progress"])
+    assert code == 0
+    summary = json.loads(out_json.read_text())
+    assert (summary["count"], summary["ok"], summary["errors"]) == (30, 30, 0)
+    assert 0 < summary["p50"] <= summary["p99"]
+    assert len(out_csv.read_text().splitlines()) == 31
+    assert "requests 30  ok 30  errors 0" in capsys.readouterr().out
