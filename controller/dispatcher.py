@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +51,9 @@ class GlobalLimits(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    cooldown: Duration = Field(default=0.0, description="minimum time between mutating actions on one service")
+    cooldown: Duration = Field(
+        default=0.0, description="minimum time between mutating actions on one service"
+    )
     maxActionsPerHour: int | None = Field(
         default=None, ge=0, description="mutating actions per service in any hour, all policies together"
     )
@@ -76,10 +79,15 @@ def desired_replicas(params: Mapping[str, Any], current: int) -> int:
     `observed` being the decision's value, e.g. waiting requests per replica).
     """
     replicas, delta, per_replica = params.get("replicas"), params.get("delta"), params.get("targetPerReplica")
-    modes = [name for name, value in (("replicas", replicas), ("delta", delta), ("targetPerReplica", per_replica))
-             if value is not None]
+    modes = [
+        name
+        for name, value in (("replicas", replicas), ("delta", delta), ("targetPerReplica", per_replica))
+        if value is not None
+    ]
     if len(modes) != 1:
-        raise ScaleError(f"scale needs exactly one of replicas, delta or targetPerReplica, got {modes or 'none'}")
+        raise ScaleError(
+            f"scale needs exactly one of replicas, delta or targetPerReplica, got {modes or 'none'}"
+        )
     low = int(params.get("min", 1) if params.get("min") is not None else 1)
     high_raw = params.get("max")
     if high_raw is None:
@@ -128,6 +136,7 @@ class Dispatcher:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.links_for = links_for
+        self._mutation_lock = threading.Lock()
 
     # -- public ---------------------------------------------------------------------------------------------
 
@@ -152,6 +161,16 @@ class Dispatcher:
         record = self.journal.get_action(key)
         if record is None:
             raise KeyError(f"action {key!r} is not in the journal")
+        if record.mutating and not record.dry_run and not record.terminal:
+            # One lock across all policies (they evaluate on separate threads): the limits check and the
+            # start of a mutating action are atomic, and two changes to the serving tier never interleave.
+            with self._mutation_lock:
+                return self._run_unlocked(key)
+        return self._run_unlocked(key)
+
+    def _run_unlocked(self, key: str) -> ActionRecord:
+        record = self.journal.get_action(key)
+        assert record is not None
         if record.terminal:
             return record
         if record.dry_run:
@@ -186,11 +205,22 @@ class Dispatcher:
                 outcome = self._call(record)
                 self._hook("after-execute", record)
             assert outcome is not None
-            if outcome.status is not OutcomeStatus.FAILED or not outcome.transient or attempt >= self.attempts:
+            if (
+                outcome.status is not OutcomeStatus.FAILED
+                or not outcome.transient
+                or attempt >= self.attempts
+            ):
                 break
             delay = self._delay(attempt)
-            log.info("%s %s failed transiently (%s); attempt %d of %d, retrying in %.1fs", record.type.value,
-                     record.idempotency_key, outcome.error, attempt, self.attempts, delay)
+            log.info(
+                "%s %s failed transiently (%s); attempt %d of %d, retrying in %.1fs",
+                record.type.value,
+                record.idempotency_key,
+                outcome.error,
+                attempt,
+                self.attempts,
+                delay,
+            )
             self.clock.sleep(delay)
         assert outcome is not None
         status = {
@@ -207,14 +237,25 @@ class Dispatcher:
         if self.crash_hook is not None:
             self.crash_hook(point, record)
 
-    def _finish(self, record: ActionRecord, status: ActionStatus, result: Mapping[str, Any] | None,
-                error: str | None) -> ActionRecord:
-        finished = self.journal.finish(record.idempotency_key, status, self.clock.now(), result=result, error=error)
+    def _finish(
+        self, record: ActionRecord, status: ActionStatus, result: Mapping[str, Any] | None, error: str | None
+    ) -> ActionRecord:
+        finished = self.journal.finish(
+            record.idempotency_key, status, self.clock.now(), result=result, error=error
+        )
         if status in (ActionStatus.FAILED, ActionStatus.SUPPRESSED):
-            log.warning("%s %s on %s: %s (%s)", record.type.value, status.value, record.resource, error,
-                        record.idempotency_key)
+            log.warning(
+                "%s %s on %s: %s (%s)",
+                record.type.value,
+                status.value,
+                record.resource,
+                error,
+                record.idempotency_key,
+            )
         else:
-            log.info("%s %s on %s (%s)", record.type.value, status.value, record.resource, record.idempotency_key)
+            log.info(
+                "%s %s on %s (%s)", record.type.value, status.value, record.resource, record.idempotency_key
+            )
         if self.on_action is not None:
             try:
                 self.on_action(finished)
@@ -228,25 +269,33 @@ class Dispatcher:
         now = self.clock.now()
         window = max(BUDGET_WINDOW_SECONDS, self.limits.cooldown)
         previous = [
-            other for other in self.journal.actions_since(record.resource, now - window)
+            other
+            for other in self.journal.actions_since(record.resource, now - window)
             if other.idempotency_key != record.idempotency_key and other.status in LIMITED_STATUSES
         ]
-        # Actions of the same decision are one intervention (e.g. shift traffic and scale): no cooldown between.
-        others = [other for other in previous
-                  if (other.decision_id, other.decision_kind) != (record.decision_id, record.decision_kind)]
+        # Actions of one decision are one intervention (e.g. shift traffic and scale): no cooldown between.
+        others = [
+            other
+            for other in previous
+            if (other.decision_id, other.decision_kind) != (record.decision_id, record.decision_kind)
+        ]
         if others and self.limits.cooldown > 0:
             last = max(other.started_at or 0.0 for other in others)
             if now - last < self.limits.cooldown:
                 latest = max(others, key=lambda other: other.started_at or 0.0)
-                return (f"global cooldown: {latest.type.value} on {record.resource} by policy {latest.policy!r} "
-                        f"{now - last:.0f}s ago, {self.limits.cooldown - (now - last):.0f}s left "
-                        f"(cooldown {self.limits.cooldown:.0f}s)")
+                return (
+                    f"global cooldown: {latest.type.value} on {record.resource} by policy {latest.policy!r} "
+                    f"{now - last:.0f}s ago, {self.limits.cooldown - (now - last):.0f}s left "
+                    f"(cooldown {self.limits.cooldown:.0f}s)"
+                )
         budget = self.limits.maxActionsPerHour
         if budget is not None:
             in_hour = [other for other in previous if (other.started_at or 0.0) > now - BUDGET_WINDOW_SECONDS]
             if len(in_hour) >= budget:
-                return (f"global budget: {len(in_hour)} mutating action(s) on {record.resource} in the last hour "
-                        f"across all policies (max {budget})")
+                return (
+                    f"global budget: {len(in_hour)} mutating action(s) on {record.resource} in the last hour "
+                    f"across all policies (max {budget})"
+                )
         return None
 
     # -- actuators ------------------------------------------------------------------------------------------
@@ -272,14 +321,17 @@ class Dispatcher:
             current = deployer.replicas(service)
         except Exception as exc:  # noqa: BLE001 - a failed read is an outcome, not a crash of the controller
             transient = bool(getattr(exc, "transient", isinstance(exc, (ConnectionError, TimeoutError))))
-            return ActionOutcome(OutcomeStatus.FAILED, {}, f"reading the replicas of {service!r}: {exc}", transient)
+            return ActionOutcome(
+                OutcomeStatus.FAILED, {}, f"reading the replicas of {service!r}: {exc}", transient
+            )
         try:
             desired = desired_replicas(record.params, current)
         except (ScaleError, TypeError, ValueError) as exc:
-            return ActionOutcome(OutcomeStatus.FAILED, {"current": current}, f"scale of {service!r}: {exc}", False)
+            return ActionOutcome(
+                OutcomeStatus.FAILED, {"current": current}, f"scale of {service!r}: {exc}", False
+            )
         if desired == current:
-            return ActionOutcome(OutcomeStatus.SKIPPED, {"current": current, "desired": desired},
-                                 None)
+            return ActionOutcome(OutcomeStatus.SKIPPED, {"current": current, "desired": desired}, None)
         return {"service": service, "current": current, "desired": desired}
 
     def _call(self, record: ActionRecord) -> ActionOutcome:
@@ -291,20 +343,25 @@ class Dispatcher:
                 return self.actuators.deployer.rollback(str(params["service"]), idempotency_key=key)
             if record.type is ActionType.SCALE:
                 assert self.actuators.deployer is not None and record.plan is not None
-                return self.actuators.deployer.set_replicas(str(record.plan["service"]), int(record.plan["desired"]),
-                                                            idempotency_key=key)
+                return self.actuators.deployer.set_replicas(
+                    str(record.plan["service"]), int(record.plan["desired"]), idempotency_key=key
+                )
             if record.type is ActionType.SHIFT_TRAFFIC:
                 assert self.actuators.router is not None
-                return self.actuators.router.set_weight(str(params["service"]), str(params["version"]),
-                                                        int(params["weight"]), idempotency_key=key)
+                return self.actuators.router.set_weight(
+                    str(params["service"]), str(params["version"]), int(params["weight"]), idempotency_key=key
+                )
             if record.type is ActionType.ANNOTATE:
                 assert self.actuators.annotator is not None
                 return self.actuators.annotator.annotate(self._annotation(record), idempotency_key=key)
             assert self.actuators.notifier is not None
-            return self.actuators.notifier.notify(str(params["receiver"]), self._payload(record),
-                                                  idempotency_key=key)
+            return self.actuators.notifier.notify(
+                str(params["receiver"]), self._payload(record), idempotency_key=key
+            )
         except KeyError as exc:
-            return ActionOutcome(OutcomeStatus.FAILED, {}, f"{record.type.value} action lacks parameter {exc}", False)
+            return ActionOutcome(
+                OutcomeStatus.FAILED, {}, f"{record.type.value} action lacks parameter {exc}", False
+            )
         except Exception as exc:  # noqa: BLE001
             # Actuators return outcomes for expected failures; anything raised is a bug or an outage.
             transient = bool(getattr(exc, "transient", isinstance(exc, (ConnectionError, TimeoutError))))
@@ -312,7 +369,9 @@ class Dispatcher:
 
     def _decision(self, record: ActionRecord) -> dict[str, Any]:
         return self.journal.decision(record.decision_id, record.decision_kind) or {
-            "id": record.decision_id, "kind": record.decision_kind, "policy": record.policy,
+            "id": record.decision_id,
+            "kind": record.decision_kind,
+            "policy": record.policy,
         }
 
     def _annotation(self, record: ActionRecord) -> Annotation:
@@ -326,13 +385,22 @@ class Dispatcher:
         labels = {str(k): str(v) for k, v in (decision.get("target") or {}).items()}
         tags = [str(tag) for tag in record.params.get("tags", [])]
         extra = [f"policy:{record.policy}", f"decision:{record.decision_kind}"]
-        return Annotation(time=start, time_end=end, text=str(record.params["text"]), tags=[*tags, *extra],
-                          decision_id=record.decision_id, labels=labels)
+        return Annotation(
+            time=start,
+            time_end=end,
+            text=str(record.params["text"]),
+            tags=[*tags, *extra],
+            decision_id=record.decision_id,
+            labels=labels,
+        )
 
     def _payload(self, record: ActionRecord) -> dict[str, Any]:
         decision = self._decision(record)
-        actions = [other.to_json() for other in self.journal.actions_for(record.decision_id)
-                   if other.decision_kind == record.decision_kind]
+        actions = [
+            other.to_json()
+            for other in self.journal.actions_for(record.decision_id)
+            if other.decision_kind == record.decision_kind
+        ]
         return {
             "message": str(record.params.get("message", "")),
             "decision": decision,

@@ -39,14 +39,19 @@ class ActionStatus(StrEnum):
 
 
 TERMINAL_STATUSES = frozenset(
-    {ActionStatus.SUCCEEDED, ActionStatus.FAILED, ActionStatus.SKIPPED, ActionStatus.SUPPRESSED,
-     ActionStatus.DRY_RUN}
+    {
+        ActionStatus.SUCCEEDED,
+        ActionStatus.FAILED,
+        ActionStatus.SKIPPED,
+        ActionStatus.SUPPRESSED,
+        ActionStatus.DRY_RUN,
+    }
 )
 PENDING_STATUSES = frozenset({ActionStatus.PLANNED, ActionStatus.STARTED})
 
 
 class JournalError(Exception):
-    """The journal file cannot be used (not a database, a newer schema, ...). The message says which and why."""
+    """The journal file cannot be used (not a database, a newer schema, ...); the message says why."""
 
 
 @dataclass(frozen=True)
@@ -200,8 +205,9 @@ class Journal:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
-            self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
-                                       timeout=30.0)
+            self._db = sqlite3.connect(
+                str(self.path), isolation_level=None, check_same_thread=False, timeout=30.0
+            )
         except (OSError, sqlite3.Error) as exc:
             raise JournalError(f"journal {self.path}: cannot open: {exc}") from exc
         self._db.row_factory = sqlite3.Row
@@ -238,7 +244,8 @@ class Journal:
             for statement in _SCHEMA[1:]:
                 db.execute(statement)
             db.execute(
-                "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
             )
 
     def schema_version(self) -> int:
@@ -266,7 +273,9 @@ class Journal:
             return None
         return PolicyState.from_json(json.loads(row["state"]))
 
-    def commit_evaluation(self, policy: str, state: PolicyState, decisions: Sequence[Decision], now: float) -> None:
+    def commit_evaluation(
+        self, policy: str, state: PolicyState, decisions: Sequence[Decision], now: float
+    ) -> None:
         """ONE transaction: the new engine state, the decisions and their actions as `planned`."""
         with self._transaction() as db:
             db.execute(
@@ -284,26 +293,44 @@ class Journal:
 
     def _insert_decision(self, db: sqlite3.Connection, decision: Decision, now: float) -> None:
         db.execute(
-            "INSERT OR IGNORE INTO decisions (id, kind, policy, condition, target, at, value, threshold, evidence, "
-            "reason, dry_run, body, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR IGNORE INTO decisions (id, kind, policy, condition, target, at, value, threshold, "
+            "evidence, reason, dry_run, body, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
-                decision.id, decision.kind.value, decision.policy, decision.condition,
-                _dumps(target_labels(decision.target)), decision.at, _json_value(decision.value),
-                decision.threshold, _dumps([[t, v] for t, v in decision.evidence if math.isfinite(v)]),
-                decision.reason, int(decision.dry_run), _dumps(_decision_body(decision)), now,
+                decision.id,
+                decision.kind.value,
+                decision.policy,
+                decision.condition,
+                _dumps(target_labels(decision.target)),
+                decision.at,
+                _json_value(decision.value),
+                decision.threshold,
+                _dumps([[t, v] for t, v in decision.evidence if math.isfinite(v)]),
+                decision.reason,
+                int(decision.dry_run),
+                _dumps(_decision_body(decision)),
+                now,
             ),
         )
         seq = db.execute("SELECT COALESCE(MAX(seq), 0) FROM actions").fetchone()[0]
         for action in decision.actions:
             seq += 1
             db.execute(
-                "INSERT OR IGNORE INTO actions (idempotency_key, decision_id, decision_kind, policy, resource, type, "
-                "params, dry_run, status, attempts, created_at, updated_at, seq) "
+                "INSERT OR IGNORE INTO actions (idempotency_key, decision_id, decision_kind, policy, "
+                "resource, type, params, dry_run, status, attempts, created_at, updated_at, seq) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
                 (
-                    action.idempotency_key, decision.id, decision.kind.value, decision.policy,
-                    action_resource(action, decision), action.type.value, _dumps(dict(action.params)),
-                    int(decision.dry_run), ActionStatus.PLANNED.value, now, now, seq,
+                    action.idempotency_key,
+                    decision.id,
+                    decision.kind.value,
+                    decision.policy,
+                    action_resource(action, decision),
+                    action.type.value,
+                    _dumps(dict(action.params)),
+                    int(decision.dry_run),
+                    ActionStatus.PLANNED.value,
+                    now,
+                    now,
+                    seq,
                 ),
             )
 
@@ -311,7 +338,9 @@ class Journal:
 
     def get_action(self, idempotency_key: str) -> ActionRecord | None:
         with self._lock:
-            row = self._db.execute("SELECT * FROM actions WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
+            row = self._db.execute(
+                "SELECT * FROM actions WHERE idempotency_key = ?", (idempotency_key,)
+            ).fetchone()
         return _record(row) if row is not None else None
 
     def pending_actions(self) -> list[ActionRecord]:
@@ -346,17 +375,29 @@ class Journal:
             rows = self._db.execute("SELECT * FROM actions ORDER BY seq").fetchall()
         return [_record(row) for row in rows]
 
-    def mark_started(self, idempotency_key: str, now: float, plan: Mapping[str, Any] | None = None) -> ActionRecord:
+    def mark_started(
+        self, idempotency_key: str, now: float, plan: Mapping[str, Any] | None = None
+    ) -> ActionRecord:
         """Committed BEFORE the actuator is called: attempts+1, status started (first start time is kept)."""
         with self._transaction() as db:
             cursor = db.execute(
-                "UPDATE actions SET status = ?, attempts = attempts + 1, started_at = COALESCE(started_at, ?), "
+                "UPDATE actions SET status = ?, attempts = attempts + 1, "
+                "started_at = COALESCE(started_at, ?), "
                 "plan = COALESCE(?, plan), updated_at = ? WHERE idempotency_key = ? AND status IN (?, ?)",
-                (ActionStatus.STARTED.value, now, _dumps(dict(plan)) if plan is not None else None, now,
-                 idempotency_key, ActionStatus.PLANNED.value, ActionStatus.STARTED.value),
+                (
+                    ActionStatus.STARTED.value,
+                    now,
+                    _dumps(dict(plan)) if plan is not None else None,
+                    now,
+                    idempotency_key,
+                    ActionStatus.PLANNED.value,
+                    ActionStatus.STARTED.value,
+                ),
             )
             if cursor.rowcount != 1:
-                raise JournalError(f"journal {self.path}: action {idempotency_key!r} is not planned or started")
+                raise JournalError(
+                    f"journal {self.path}: action {idempotency_key!r} is not planned or started"
+                )
             row = db.execute("SELECT * FROM actions WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
         return _record(row)
 
@@ -376,8 +417,16 @@ class Journal:
             db.execute(
                 "UPDATE actions SET status = ?, result = ?, error = ?, finished_at = ?, updated_at = ? "
                 "WHERE idempotency_key = ? AND status IN (?, ?)",
-                (status.value, _dumps(dict(result)) if result is not None else None, error, now, now,
-                 idempotency_key, ActionStatus.PLANNED.value, ActionStatus.STARTED.value),
+                (
+                    status.value,
+                    _dumps(dict(result)) if result is not None else None,
+                    error,
+                    now,
+                    now,
+                    idempotency_key,
+                    ActionStatus.PLANNED.value,
+                    ActionStatus.STARTED.value,
+                ),
             )
             row = db.execute("SELECT * FROM actions WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
         if row is None:

@@ -86,8 +86,12 @@ class JsonlAnnotator:
                     handle.flush()
                     os.fsync(handle.fileno())
             except OSError as exc:
-                return ActionOutcome(OutcomeStatus.FAILED, {"path": str(self.path)},
-                                     f"annotation log {self.path}: {exc.strerror or exc}", False)
+                return ActionOutcome(
+                    OutcomeStatus.FAILED,
+                    {"path": str(self.path)},
+                    f"annotation log {self.path}: {exc.strerror or exc}",
+                    False,
+                )
             self._keys.add(idempotency_key)
         return ActionOutcome(OutcomeStatus.SUCCEEDED, {"path": str(self.path), "deduplicated": False})
 

@@ -42,11 +42,13 @@ class _Recorder:
 
     def performed(self, method: str | None = None) -> list[Call]:
         """Calls that had an effect: not scripted failures, not replays of a key already answered."""
-        return [c for c in self.calls if not c.replayed and (method is None or c.method == method)
-                and c.args.get("_effective", True)]
+        return [
+            c
+            for c in self.calls
+            if not c.replayed and (method is None or c.method == method) and c.args.get("_effective", True)
+        ]
 
-    def _handle(self, method: str, args: dict[str, Any], key: str | None,
-                act: Any) -> ActionOutcome:
+    def _handle(self, method: str, args: dict[str, Any], key: str | None, act: Any) -> ActionOutcome:
         with self._lock:
             if self._script:
                 scripted = self._script.popleft()
@@ -59,7 +61,9 @@ class _Recorder:
             if key is not None and key in self._answers:
                 self.calls.append(Call(method, args, key, replayed=True))
                 first = self._answers[key]
-                return ActionOutcome(first.status, {**first.detail, "replayed": True}, first.error, first.transient)
+                return ActionOutcome(
+                    first.status, {**first.detail, "replayed": True}, first.error, first.transient
+                )
             outcome: ActionOutcome = act()
             self.calls.append(Call(method, args, key))
             if key is not None and outcome.status is not OutcomeStatus.FAILED:
@@ -68,7 +72,9 @@ class _Recorder:
 
 
 class FakeDeployer(_Recorder):
-    def __init__(self, replicas: Mapping[str, int] | None = None, revisions: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self, replicas: Mapping[str, int] | None = None, revisions: Mapping[str, int] | None = None
+    ) -> None:
         super().__init__()
         self.replica_counts: dict[str, int] = dict(replicas or {})
         self.active_revision: dict[str, int] = dict(revisions or {})
@@ -80,8 +86,10 @@ class FakeDeployer(_Recorder):
             if current <= 1:
                 return ActionOutcome(OutcomeStatus.FAILED, {}, "no earlier good revision", False)
             self.active_revision[service] = current - 1
-            return ActionOutcome(OutcomeStatus.SUCCEEDED,
-                                 {"from_revision": current, "to_revision": current - 1, "replayed": False})
+            return ActionOutcome(
+                OutcomeStatus.SUCCEEDED,
+                {"from_revision": current, "to_revision": current - 1, "replayed": False},
+            )
 
         return self._handle("rollback", {"service": service}, idempotency_key, act)
 
@@ -107,10 +115,13 @@ class FakeRouter(_Recorder):
     def set_weight(self, service: str, version: str, weight: int, *, idempotency_key: str) -> ActionOutcome:
         def act() -> ActionOutcome:
             self.weights[(service, version)] = weight
-            return ActionOutcome(OutcomeStatus.SUCCEEDED, {"weight": weight, "verified": True, "replayed": False})
+            return ActionOutcome(
+                OutcomeStatus.SUCCEEDED, {"weight": weight, "verified": True, "replayed": False}
+            )
 
-        return self._handle("set_weight", {"service": service, "version": version, "weight": weight},
-                            idempotency_key, act)
+        return self._handle(
+            "set_weight", {"service": service, "version": version, "weight": weight}, idempotency_key, act
+        )
 
 
 class FakeAnnotator(_Recorder):
@@ -161,9 +172,19 @@ def make_decision(
     )
     when = at if at is not None else onset + 30.0
     return Decision(
-        id=incident, kind=decision_kind, policy=policy, condition=condition, target=target, onset=onset, at=when,
+        id=incident,
+        kind=decision_kind,
+        policy=policy,
+        condition=condition,
+        target=target,
+        onset=onset,
+        at=when,
         fired_at=when if decision_kind is DecisionKind.FIRE else onset + 30.0,
         resolved_at=when if decision_kind is DecisionKind.RESOLVE else None,
-        value=value, threshold=0.8, evidence=((onset, 1.0), (onset + 15.0, 1.1), (when, value or 0.0)),
-        actions=requests, dry_run=dry_run, reason="> 0.8 for 3 consecutive evaluations",
+        value=value,
+        threshold=0.8,
+        evidence=((onset, 1.0), (onset + 15.0, 1.1), (when, value or 0.0)),
+        actions=requests,
+        dry_run=dry_run,
+        reason="> 0.8 for 3 consecutive evaluations",
     )

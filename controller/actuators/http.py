@@ -79,13 +79,28 @@ def request_with_retry(
     attempts = max(1, retry.attempts)
     answer: HttpAnswer | None = None
     for attempt in range(1, attempts + 1):
-        answer = _once(session, method, url, shown, timeout=timeout, json_body=json_body, data=data,
-                       headers=headers, attempt=attempt)
+        answer = _once(
+            session,
+            method,
+            url,
+            shown,
+            timeout=timeout,
+            json_body=json_body,
+            data=data,
+            headers=headers,
+            attempt=attempt,
+        )
         if answer.ok or not answer.transient or attempt == attempts:
             return answer
         delay = retry.delay(attempt)
-        log.info("%s failed (%s), attempt %d of %d; retrying in %.2fs", shown, answer.error, attempt, attempts,
-                 delay)
+        log.info(
+            "%s failed (%s), attempt %d of %d; retrying in %.2fs",
+            shown,
+            answer.error,
+            attempt,
+            attempts,
+            delay,
+        )
         clock.sleep(delay)
     assert answer is not None
     return answer
@@ -104,8 +119,15 @@ def _once(
     attempt: int,
 ) -> HttpAnswer:
     try:
-        response = session.request(method, url, json=json_body, data=data, headers=dict(headers or {}),
-                                   timeout=timeout, allow_redirects=False)
+        response = session.request(
+            method,
+            url,
+            json=json_body,
+            data=data,
+            headers=dict(headers or {}),
+            timeout=timeout,
+            allow_redirects=False,
+        )
     except requests.Timeout:
         return HttpAnswer(None, None, "", f"{shown}: timed out after {timeout:g}s", True, attempt)
     except requests.ConnectionError as exc:
@@ -121,6 +143,8 @@ def _once(
             body = None
     if 200 <= response.status_code < 300:
         return HttpAnswer(response.status_code, body, text, None, False, attempt)
-    answer = HttpAnswer(response.status_code, body, text, None, response.status_code in TRANSIENT_STATUSES, attempt)
+    answer = HttpAnswer(
+        response.status_code, body, text, None, response.status_code in TRANSIENT_STATUSES, attempt
+    )
     error = f"{shown}: HTTP {response.status_code}: {answer.server_message()}"
     return HttpAnswer(response.status_code, body, text, error, answer.transient, attempt)

@@ -52,14 +52,22 @@ class LocalTierClient:
     def _url(self, *parts: str) -> str:
         return self.base_url + "/api/v1/" + "/".join(quote(part, safe="") for part in parts)
 
-    def _call(self, method: str, url: str, body: Mapping[str, Any] | None = None,
-              idempotency_key: str | None = None) -> HttpAnswer:
+    def _call(
+        self, method: str, url: str, body: Mapping[str, Any] | None = None, idempotency_key: str | None = None
+    ) -> HttpAnswer:
         headers = {"Accept": "application/json"}
         if idempotency_key is not None:
             headers["Idempotency-Key"] = idempotency_key
-        return request_with_retry(self.session, method, url, clock=self.clock, timeout=self.timeout,
-                                  retry=self.retry, json_body=dict(body) if body is not None else None,
-                                  headers=headers)
+        return request_with_retry(
+            self.session,
+            method,
+            url,
+            clock=self.clock,
+            timeout=self.timeout,
+            retry=self.retry,
+            json_body=dict(body) if body is not None else None,
+            headers=headers,
+        )
 
     def _read(self, *parts: str) -> Any:
         answer = self._call("GET", self._url(*parts))
@@ -72,7 +80,9 @@ class LocalTierClient:
         detail: dict[str, Any] = {"http_status": answer.status, "attempts": answer.attempts}
         if answer.status == 409:
             # e.g. "no earlier good revision": the tier refused on purpose; retrying cannot help.
-            return ActionOutcome(OutcomeStatus.FAILED, detail, f"{what} refused: {answer.server_message()}", False)
+            return ActionOutcome(
+                OutcomeStatus.FAILED, detail, f"{what} refused: {answer.server_message()}", False
+            )
         return ActionOutcome(OutcomeStatus.FAILED, detail, f"{what} failed: {answer.error}", answer.transient)
 
     @staticmethod
@@ -85,8 +95,14 @@ class LocalTierClient:
     # -- reads --------------------------------------------------------------------------------------------
 
     def healthy(self) -> bool:
-        answer = request_with_retry(self.session, "GET", self.base_url + "/healthz", clock=self.clock,
-                                    timeout=self.timeout, retry=RetryPolicy(attempts=1))
+        answer = request_with_retry(
+            self.session,
+            "GET",
+            self.base_url + "/healthz",
+            clock=self.clock,
+            timeout=self.timeout,
+            retry=RetryPolicy(attempts=1),
+        )
         return answer.ok
 
     def services(self) -> list[dict[str, Any]]:
@@ -96,8 +112,9 @@ class LocalTierClient:
     def service(self, service: str) -> dict[str, Any]:
         body = self._read("services", service)
         if not isinstance(body, Mapping):
-            raise TierError(f"GET {redact_url(self._url('services', service))}: expected a JSON object",
-                            transient=False)
+            raise TierError(
+                f"GET {redact_url(self._url('services', service))}: expected a JSON object", transient=False
+            )
         return dict(body)
 
     def revisions(self, service: str) -> list[dict[str, Any]]:
@@ -108,13 +125,16 @@ class LocalTierClient:
         body = self.service(service)
         replicas = body.get("replicas")
         if not isinstance(replicas, int) or isinstance(replicas, bool):
-            raise TierError(f"service {service!r}: 'replicas' is {replicas!r}, expected an integer",
-                            transient=False)
+            raise TierError(
+                f"service {service!r}: 'replicas' is {replicas!r}, expected an integer", transient=False
+            )
         return replicas
 
     def weights(self, service: str) -> dict[str, int]:
         body = self.service(service)
-        return {str(v["version"]): int(v.get("weight", 0)) for v in body.get("versions", []) if "version" in v}
+        return {
+            str(v["version"]): int(v.get("weight", 0)) for v in body.get("versions", []) if "version" in v
+        }
 
     # -- Deployer -----------------------------------------------------------------------------------------
 
@@ -124,8 +144,13 @@ class LocalTierClient:
         if not answer.ok:
             return self._failed(answer, f"rollback of {service!r}")
         detail = self._answer_detail(answer)
-        log.info("rolled back %s: revision %s -> %s (replayed=%s)", service, detail.get("from_revision"),
-                 detail.get("to_revision"), detail["replayed"])
+        log.info(
+            "rolled back %s: revision %s -> %s (replayed=%s)",
+            service,
+            detail.get("from_revision"),
+            detail.get("to_revision"),
+            detail["replayed"],
+        )
         return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
 
     def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome:
@@ -146,8 +171,12 @@ class LocalTierClient:
         try:
             current = self.weights(service).get(version)
         except TierError as exc:
-            return ActionOutcome(OutcomeStatus.FAILED, detail,
-                                 f"weight of {service!r} {version!r} set but not verified: {exc}", exc.transient)
+            return ActionOutcome(
+                OutcomeStatus.FAILED,
+                detail,
+                f"weight of {service!r} {version!r} set but not verified: {exc}",
+                exc.transient,
+            )
         detail["verified_weight"] = current
         if current != weight:
             if detail["replayed"]:
@@ -155,8 +184,10 @@ class LocalTierClient:
                 detail["verified"] = False
                 return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
             return ActionOutcome(
-                OutcomeStatus.FAILED, detail,
-                f"weight of {service!r} {version!r}: asked for {weight}%, the tier reports {current}%", False,
+                OutcomeStatus.FAILED,
+                detail,
+                f"weight of {service!r} {version!r}: asked for {weight}%, the tier reports {current}%",
+                False,
             )
         detail["verified"] = True
         return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)

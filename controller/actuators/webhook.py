@@ -41,11 +41,16 @@ class WebhookReceiver(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str = Field(description="http(s) URL the notification is POSTed to")
-    secretEnv: str | None = Field(default=None, description="name of the environment variable holding the secret")
-    secretFile: Path | None = Field(default=None, description="file holding the secret (surrounding whitespace "
-                                                               "is stripped)")
+    secretEnv: str | None = Field(
+        default=None, description="name of the environment variable holding the secret"
+    )
+    secretFile: Path | None = Field(
+        default=None, description="file holding the secret (surrounding whitespace is stripped)"
+    )
     timeout: float = Field(default=5.0, gt=0, description="seconds per attempt")
-    retries: int = Field(default=3, ge=1, description="attempts in all, on connection errors, 429 and 5xx only")
+    retries: int = Field(
+        default=3, ge=1, description="attempts in all, on connection errors, 429 and 5xx only"
+    )
 
     @field_validator("url")
     @classmethod
@@ -57,7 +62,9 @@ class WebhookReceiver(BaseModel):
     @model_validator(mode="after")
     def _one_secret(self) -> WebhookReceiver:
         if (self.secretEnv is None) == (self.secretFile is None):
-            raise ValueError("set exactly one of secretEnv (an environment variable name) or secretFile (a path)")
+            raise ValueError(
+                "set exactly one of secretEnv (an environment variable name) or secretFile (a path)"
+            )
         return self
 
     def secret(self) -> bytes:
@@ -70,7 +77,9 @@ class WebhookReceiver(BaseModel):
         try:
             text = self.secretFile.read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise WebhookSecretError(f"secret file {self.secretFile}: {exc.strerror or type(exc).__name__}") from None
+            raise WebhookSecretError(
+                f"secret file {self.secretFile}: {exc.strerror or type(exc).__name__}"
+            ) from None
         if not text:
             raise WebhookSecretError(f"secret file {self.secretFile} is empty")
         return text.encode("utf-8")
@@ -87,16 +96,23 @@ def sign(secret: str | bytes, timestamp: str, body: str | bytes) -> str:
 
 
 def verify_signature(secret: str | bytes, timestamp: str, body: str | bytes, header: str) -> bool:
-    """For receivers: does `header` (X-Tailguard-Signature) match the raw body and timestamp? Constant time."""
+    """For receivers: does `header` (X-Tailguard-Signature) match the raw body and timestamp?"""
     if not header.startswith("sha256="):
         return False
-    return hmac.compare_digest(sign(secret, timestamp, body).encode("ascii"), header.strip().encode("ascii",
-                                                                                                  "replace"))
+    return hmac.compare_digest(
+        sign(secret, timestamp, body).encode("ascii"), header.strip().encode("ascii", "replace")
+    )
 
 
 class WebhookNotifier:
-    def __init__(self, receivers: Mapping[str, WebhookReceiver], clock: Clock, *, backoff: float = 0.5,
-                 session: requests.Session | None = None) -> None:
+    def __init__(
+        self,
+        receivers: Mapping[str, WebhookReceiver],
+        clock: Clock,
+        *,
+        backoff: float = 0.5,
+        session: requests.Session | None = None,
+    ) -> None:
         self.receivers = dict(receivers)
         self.clock = clock
         self.backoff = backoff
@@ -106,15 +122,24 @@ class WebhookNotifier:
         settings = self.receivers.get(receiver)
         if settings is None:
             known = ", ".join(sorted(self.receivers)) or "none"
-            return ActionOutcome(OutcomeStatus.FAILED, {"receiver": receiver},
-                                 f"unknown receiver {receiver!r}; configured: {known}", False)
+            return ActionOutcome(
+                OutcomeStatus.FAILED,
+                {"receiver": receiver},
+                f"unknown receiver {receiver!r}; configured: {known}",
+                False,
+            )
         try:
             secret = settings.secret()
         except WebhookSecretError as exc:
-            return ActionOutcome(OutcomeStatus.FAILED, {"receiver": receiver},
-                                 f"receiver {receiver!r}: {exc}", False)
-        body = json.dumps({**payload, "receiver": receiver, "idempotency_key": idempotency_key},
-                          sort_keys=True, separators=(",", ":"), default=str).encode("utf-8")
+            return ActionOutcome(
+                OutcomeStatus.FAILED, {"receiver": receiver}, f"receiver {receiver!r}: {exc}", False
+            )
+        body = json.dumps(
+            {**payload, "receiver": receiver, "idempotency_key": idempotency_key},
+            sort_keys=True,
+            separators=(",", ":"),
+            default=str,
+        ).encode("utf-8")
         # One timestamp for every attempt: a retry is the same message, the receiver dedups by key.
         timestamp = str(int(self.clock.now()))
         headers = {
@@ -123,14 +148,28 @@ class WebhookNotifier:
             SIGNATURE_HEADER: sign(secret, timestamp, body),
             IDEMPOTENCY_HEADER: idempotency_key,
         }
-        answer = request_with_retry(self.session, "POST", settings.url, clock=self.clock, timeout=settings.timeout,
-                                    retry=RetryPolicy(attempts=settings.retries, backoff=self.backoff),
-                                    data=body, headers=headers)
-        detail = {"receiver": receiver, "url": redact_url(settings.url), "http_status": answer.status,
-                  "attempts": answer.attempts}
+        answer = request_with_retry(
+            self.session,
+            "POST",
+            settings.url,
+            clock=self.clock,
+            timeout=settings.timeout,
+            retry=RetryPolicy(attempts=settings.retries, backoff=self.backoff),
+            data=body,
+            headers=headers,
+        )
+        detail = {
+            "receiver": receiver,
+            "url": redact_url(settings.url),
+            "http_status": answer.status,
+            "attempts": answer.attempts,
+        }
         if not answer.ok:
-            log.warning("notification to %s failed after %d attempt(s): %s", receiver, answer.attempts, answer.error)
-            return ActionOutcome(OutcomeStatus.FAILED, detail, f"receiver {receiver!r}: {answer.error}",
-                                 answer.transient)
+            log.warning(
+                "notification to %s failed after %d attempt(s): %s", receiver, answer.attempts, answer.error
+            )
+            return ActionOutcome(
+                OutcomeStatus.FAILED, detail, f"receiver {receiver!r}: {answer.error}", answer.transient
+            )
         log.info("notified %s (%s, HTTP %s)", receiver, redact_url(settings.url), answer.status)
         return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)

@@ -36,9 +36,11 @@ def client(tier_url: str) -> LocalTierClient:
 
 
 def _roll_out(tier_url: str, key: str, canary_weight: int | None = None) -> int:
-    answer = requests.post(f"{tier_url}/api/v1/services/chat/rollout",
-                           json={"profile_name": "stable", "idempotency_key": key, "canary_weight": canary_weight},
-                           timeout=30)
+    answer = requests.post(
+        f"{tier_url}/api/v1/services/chat/rollout",
+        json={"profile_name": "stable", "idempotency_key": key, "canary_weight": canary_weight},
+        timeout=30,
+    )
     assert answer.status_code == 200, answer.text
     return int(answer.json()["revision"])
 
@@ -48,7 +50,11 @@ def test_scale_and_read_back(client: LocalTierClient) -> None:
     before = client.replicas("chat")
     outcome = client.set_replicas("chat", before + 1, idempotency_key="it-scale-1")
     assert outcome.status is OutcomeStatus.SUCCEEDED
-    assert (outcome.detail["from"], outcome.detail["to"], outcome.detail["replayed"]) == (before, before + 1, False)
+    assert (outcome.detail["from"], outcome.detail["to"], outcome.detail["replayed"]) == (
+        before,
+        before + 1,
+        False,
+    )
     assert client.replicas("chat") == before + 1
     replay = client.set_replicas("chat", before + 5, idempotency_key="it-scale-1")
     assert replay.status is OutcomeStatus.SUCCEEDED and replay.detail["replayed"] is True

@@ -84,13 +84,26 @@ def running_tier(tmp: Path) -> Iterator[str]:
         yield url
 
 
-def run_driver(tmp: Path, tier_url: str, mode: str, onset: float = 1_700_000_000.0) -> subprocess.CompletedProcess[str]:
+def run_driver(
+    tmp: Path, tier_url: str, mode: str, onset: float = 1_700_000_000.0
+) -> subprocess.CompletedProcess[str]:
     script = tmp / "driver.py"
     script.write_text(DRIVER)
     return subprocess.run(
-        [sys.executable, str(script), str(tmp / "journal.db"), str(tmp / "annotations.jsonl"), tier_url, mode,
-         str(onset)],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(script),
+            str(tmp / "journal.db"),
+            str(tmp / "annotations.jsonl"),
+            tier_url,
+            mode,
+            str(onset),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
         check=False,
     )
 
@@ -102,8 +115,11 @@ def tier_history(tier_url: str) -> tuple[int, list[dict[str, Any]]]:
 
 
 def roll_out(tier_url: str, key: str) -> None:
-    answer = requests.post(f"{tier_url}/api/v1/services/chat/rollout",
-                           json={"profile_name": "stable", "idempotency_key": key}, timeout=30)
+    answer = requests.post(
+        f"{tier_url}/api/v1/services/chat/rollout",
+        json={"profile_name": "stable", "idempotency_key": key},
+        timeout=30,
+    )
     assert answer.status_code == 200, answer.text
 
 
@@ -121,7 +137,11 @@ def test_restart_in_the_middle_of_a_rollback(tmp_path: Path, crash_point: str) -
         assert active == (3 if crash_point == "after-start" else 2)
         with Journal(tmp_path / "journal.db") as journal:
             [pending] = journal.pending_actions()
-            assert (pending.type.value, pending.status, pending.attempts) == ("rollback", ActionStatus.STARTED, 1)
+            assert (pending.type.value, pending.status, pending.attempts) == (
+                "rollback",
+                ActionStatus.STARTED,
+                1,
+            )
 
         resumed = run_driver(tmp_path, tier_url, "resume")
         assert resumed.returncode == 0, resumed.stderr
@@ -152,7 +172,7 @@ def test_restart_in_the_middle_of_a_rollback(tmp_path: Path, crash_point: str) -
 
 
 def test_a_replayed_decision_after_restart_does_not_roll_back_again(tmp_path: Path) -> None:
-    """A crash before the results were journaled re-derives the same decision: dispatching it again is a no-op."""
+    """A crash before the results were journaled re-derives the same decision: dispatching it is a no-op."""
     with running_tier(tmp_path) as tier_url:
         roll_out(tier_url, "setup-r2")
         roll_out(tier_url, "setup-r3")

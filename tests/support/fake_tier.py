@@ -50,10 +50,15 @@ class FakeService:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "name": self.name, "namespace": "llm", "model": "tiny", "active_revision": self.active,
+            "name": self.name,
+            "namespace": "llm",
+            "model": "tiny",
+            "active_revision": self.active,
             "replicas": self.replicas,
-            "versions": [{"version": v, "revision": int(v[1:]), "weight": w, "replicas": []}
-                         for v, w in sorted(self.weights.items())],
+            "versions": [
+                {"version": v, "revision": int(v[1:]), "weight": w, "replicas": []}
+                for v, w in sorted(self.weights.items())
+            ],
         }
 
 
@@ -70,8 +75,17 @@ class FakeTierState:
     def add_service(self, name: str, revisions: int = 3, replicas: int = 2) -> None:
         self.services[name] = FakeService(
             name,
-            [{"revision": n, "version": f"r{n}", "profile": {}, "created_at": float(n), "bad": False,
-              "reason": None} for n in range(1, revisions + 1)],
+            [
+                {
+                    "revision": n,
+                    "version": f"r{n}",
+                    "profile": {},
+                    "created_at": float(n),
+                    "bad": False,
+                    "reason": None,
+                }
+                for n in range(1, revisions + 1)
+            ],
             {f"r{revisions}": 100},
             replicas,
         )
@@ -124,7 +138,9 @@ class FakeTierState:
             leaving = service.active
             earlier = [r for r in service.revisions if r["revision"] < leaving and not r["bad"]]
             if not earlier:
-                return 409, {"error": f"service {service.name!r} has no good revision earlier than r{leaving}"}
+                return 409, {
+                    "error": f"service {service.name!r} has no good revision earlier than r{leaving}"
+                }
             target = max(earlier, key=lambda r: r["revision"])
             service.revisions[leaving - 1].update(bad=True, reason=body.get("reason") or "rolled back")
             service.weights = {target["version"]: 100}
@@ -218,9 +234,22 @@ def running_serving_tier(tmp: Path, config_text: str) -> Iterator[str]:
     # stderr to a file: an unread pipe could fill up and block the tier.
     stderr = (tmp / "tier.stderr").open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "serving.tier", "--config", str(config), "--state-dir", str(tmp / "tier-state"),
-         "--port", "0"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "serving.tier",
+            "--config",
+            str(config),
+            "--state-dir",
+            str(tmp / "tier-state"),
+            "--port",
+            "0",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        start_new_session=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     lines: queue.Queue[str] = queue.Queue()
@@ -235,8 +264,10 @@ def running_serving_tier(tmp: Path, config_text: str) -> Iterator[str]:
         try:
             ready = json.loads(lines.get(timeout=60))
         except queue.Empty:
-            raise AssertionError("the serving tier did not report ready within 60 s: "
-                                 + (tmp / "tier.stderr").read_text()[-2000:]) from None
+            raise AssertionError(
+                "the serving tier did not report ready within 60 s: "
+                + (tmp / "tier.stderr").read_text()[-2000:]
+            ) from None
         assert ready["event"] == "ready", ready
         yield str(ready["control_url"])
     finally:

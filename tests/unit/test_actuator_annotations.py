@@ -7,8 +7,14 @@ from controller.actuators.annotations import FanoutAnnotator, JsonlAnnotator
 from controller.actuators.fakes import FakeAnnotator, permanent_failure, transient_failure
 from controller.protocols import Annotation, OutcomeStatus
 
-ANNOTATION = Annotation(time=100.0, time_end=160.0, text="P99 1.2s > 0.8s on chat: rolling back",
-                        tags=["regression"], decision_id="d1", labels={"service": "chat"})
+ANNOTATION = Annotation(
+    time=100.0,
+    time_end=160.0,
+    text="P99 1.2s > 0.8s on chat: rolling back",
+    tags=["regression"],
+    decision_id="d1",
+    labels={"service": "chat"},
+)
 
 
 def test_appends_one_json_object_per_line(tmp_path: Path) -> None:
@@ -19,8 +25,13 @@ def test_appends_one_json_object_per_line(tmp_path: Path) -> None:
     lines = path.read_text().splitlines()
     assert len(lines) == 2
     assert json.loads(lines[0]) == {
-        "idempotency_key": "d1:fire:0", "time": 100.0, "time_end": 160.0, "text": ANNOTATION.text,
-        "tags": ["regression"], "decision_id": "d1", "labels": {"service": "chat"},
+        "idempotency_key": "d1:fire:0",
+        "time": 100.0,
+        "time_end": 160.0,
+        "text": ANNOTATION.text,
+        "tags": ["regression"],
+        "decision_id": "d1",
+        "labels": {"service": "chat"},
     }
 
 
@@ -50,7 +61,9 @@ def test_unwritable_path_is_a_failed_outcome(tmp_path: Path) -> None:
     blocker.write_text("x")
     outcome = JsonlAnnotator(blocker / "annotations.jsonl").annotate(ANNOTATION, idempotency_key="k")
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is False
-    assert outcome.error is not None and outcome.error.startswith(f"annotation log {blocker / 'annotations.jsonl'}")
+    assert outcome.error is not None and outcome.error.startswith(
+        f"annotation log {blocker / 'annotations.jsonl'}"
+    )
 
 
 def test_fanout_reaches_all_and_reports_failures(tmp_path: Path) -> None:

@@ -82,8 +82,11 @@ def test_4xx_is_not_retried(tier: tuple[str, FakeTierState]) -> None:
     url, state = tier
     outcome = _client(url).rollback("nope", idempotency_key="r")
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is False
-    assert outcome.error == ("rollback of 'nope' failed: POST http://" + url.split("//")[1] +
-                             "/api/v1/services/nope/rollback: HTTP 404: unknown service 'nope'")
+    assert outcome.error == (
+        "rollback of 'nope' failed: POST http://"
+        + url.split("//")[1]
+        + "/api/v1/services/nope/rollback: HTTP 404: unknown service 'nope'"
+    )
     assert len(state.mutations("rollback")) == 1
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,13 +43,22 @@ class Rig:
     def actuators(self) -> Actuators:
         return Actuators(self.deployer, self.router, self.annotator, self.notifier)
 
-    def dispatcher(self, crash_at: str | None = None, crash_type: str = "rollback", **kwargs: Any) -> Dispatcher:
+    def dispatcher(
+        self, crash_at: str | None = None, crash_type: str = "rollback", **kwargs: Any
+    ) -> Dispatcher:
         def hook(point: str, record: ActionRecord) -> None:
             if point == crash_at and record.type.value == crash_type:
                 raise SimulatedCrash(point)
 
-        return Dispatcher(self.journal, kwargs.pop("actuators", self.actuators()), self.clock, self.limits,
-                          on_action=self.seen.append, crash_hook=hook, **kwargs)
+        return Dispatcher(
+            self.journal,
+            kwargs.pop("actuators", self.actuators()),
+            self.clock,
+            self.limits,
+            on_action=self.seen.append,
+            crash_hook=hook,
+            **kwargs,
+        )
 
     def commit(self, decision: Decision) -> None:
         self.journal.commit_evaluation(decision.policy, PolicyState(), [decision], self.clock.now())
@@ -74,8 +84,10 @@ def test_dispatch_runs_actions_in_order_and_records_results(rig: Rig) -> None:
     rig.commit(decision)
     records = rig.dispatcher().dispatch(decision)
     assert [(r.type.value, r.status, r.attempts) for r in records] == [
-        ("annotate", ActionStatus.SUCCEEDED, 1), ("rollback", ActionStatus.SUCCEEDED, 1),
-        ("notify", ActionStatus.SUCCEEDED, 1)]
+        ("annotate", ActionStatus.SUCCEEDED, 1),
+        ("rollback", ActionStatus.SUCCEEDED, 1),
+        ("notify", ActionStatus.SUCCEEDED, 1),
+    ]
     assert rig.deployer.active_revision["chat"] == 2
     assert records[1].result is not None and records[1].result["detail"]["to_revision"] == 2
     assert [r.idempotency_key for r in rig.seen] == [r.idempotency_key for r in records]
@@ -113,8 +125,13 @@ def test_dry_run_is_recorded_never_executed(rig: Rig) -> None:
     assert [r.status for r in records] == [ActionStatus.DRY_RUN, ActionStatus.DRY_RUN]
     assert [r.attempts for r in records] == [0, 0]
     assert rig.deployer.calls == [] and rig.annotator.calls == []
-    assert records[1].result == {"would": {"type": "rollback", "params": {"service": "chat"},
-                                           "idempotency_key": decision.actions[1].idempotency_key}}
+    assert records[1].result == {
+        "would": {
+            "type": "rollback",
+            "params": {"service": "chat"},
+            "idempotency_key": decision.actions[1].idempotency_key,
+        }
+    }
 
 
 def test_an_annotate_failure_does_not_block_the_rollback(rig: Rig) -> None:
@@ -172,8 +189,9 @@ def test_missing_actuator_fails_with_a_clear_error(rig: Rig) -> None:
     assert records[1].status is ActionStatus.SUCCEEDED
 
 
-@pytest.mark.parametrize("crash_at, expected_attempts, expected_replayed", [
-    ("after-start", 2, False), ("after-execute", 2, True)])
+@pytest.mark.parametrize(
+    "crash_at, expected_attempts, expected_replayed", [("after-start", 2, False), ("after-execute", 2, True)]
+)
 def test_resume_after_a_crash_finishes_without_repeating(
     rig: Rig, crash_at: str, expected_attempts: int, expected_replayed: bool
 ) -> None:
@@ -221,9 +239,13 @@ def test_resume_runs_planned_actions_left_by_a_crash_before_dispatch(rig: Rig) -
 
 # -- global limits ------------------------------------------------------------------------------------------
 
+
 def _shift(policy: str, onset: float, weight: int = 10) -> Decision:
-    return make_decision([("shift_traffic", {"service": "chat", "version": "r2", "weight": weight})],
-                         policy=policy, onset=onset)
+    return make_decision(
+        [("shift_traffic", {"service": "chat", "version": "r2", "weight": weight})],
+        policy=policy,
+        onset=onset,
+    )
 
 
 def test_global_cooldown_across_policies(tmp_path: Path) -> None:
@@ -235,7 +257,8 @@ def test_global_cooldown_across_policies(tmp_path: Path) -> None:
         assert first[0].status is ActionStatus.SUCCEEDED
         assert second[0].status is ActionStatus.SUPPRESSED and second[0].attempts == 0
         assert second[0].error is not None and second[0].error.startswith(
-            "global cooldown: rollback on chat by policy 'p99-rollback' 60s ago, 240s left")
+            "global cooldown: rollback on chat by policy 'p99-rollback' 60s ago, 240s left"
+        )
         assert rig.router.calls == []
         # Another service is not limited by chat's cooldown.
         other = rig.dispatcher().dispatch(make_decision([("rollback", {"service": "code"})], service="code"))
@@ -250,11 +273,18 @@ def test_global_cooldown_across_policies(tmp_path: Path) -> None:
 def test_non_mutating_actions_are_never_limited(tmp_path: Path) -> None:
     rig = Rig(tmp_path / "j.db", GlobalLimits(cooldown=300.0, maxActionsPerHour=0))
     try:
-        records = rig.dispatcher().dispatch(make_decision([ANNOTATE, ("notify", {"receiver": "r"}), ROLLBACK]))
-        assert [r.status for r in records] == [ActionStatus.SUCCEEDED, ActionStatus.SUCCEEDED,
-                                               ActionStatus.SUPPRESSED]
-        assert records[2].error == "global budget: 0 mutating action(s) on chat in the last hour across all " \
-                                   "policies (max 0)"
+        records = rig.dispatcher().dispatch(
+            make_decision([ANNOTATE, ("notify", {"receiver": "r"}), ROLLBACK])
+        )
+        assert [r.status for r in records] == [
+            ActionStatus.SUCCEEDED,
+            ActionStatus.SUCCEEDED,
+            ActionStatus.SUPPRESSED,
+        ]
+        assert (
+            records[2].error == "global budget: 0 mutating action(s) on chat in the last hour across all "
+            "policies (max 0)"
+        )
     finally:
         rig.journal.close()
 
@@ -269,8 +299,11 @@ def test_global_budget_counts_all_policies_and_survives_reopening(tmp_path: Path
         rig.clock.advance(10)
         blocked = rig.dispatcher().dispatch(_shift("c", 3.0))[0]
         assert blocked.status is ActionStatus.SUPPRESSED
-        assert blocked.error == "global budget: 2 mutating action(s) on chat in the last hour across all policies " \
-                                "(max 2)"
+        assert (
+            blocked.error
+            == "global budget: 2 mutating action(s) on chat in the last hour across all policies "
+            "(max 2)"
+        )
         rig.clock.advance(3600 - 10)  # the first action leaves the hour window
         assert rig.dispatcher().dispatch(_shift("d", 4.0))[0].status is ActionStatus.SUCCEEDED
     finally:
@@ -290,8 +323,12 @@ def test_failed_actions_do_not_use_up_the_budget(tmp_path: Path) -> None:
 def test_actions_of_one_decision_do_not_cool_each_other_down(tmp_path: Path) -> None:
     rig = Rig(tmp_path / "j.db", GlobalLimits(cooldown=300.0))
     try:
-        decision = make_decision([("shift_traffic", {"service": "chat", "version": "r2", "weight": 10}),
-                                  ("scale", {"service": "chat", "delta": 1, "min": 1, "max": 4})])
+        decision = make_decision(
+            [
+                ("shift_traffic", {"service": "chat", "version": "r2", "weight": 10}),
+                ("scale", {"service": "chat", "delta": 1, "min": 1, "max": 4}),
+            ]
+        )
         records = rig.dispatcher().dispatch(decision)
         assert [r.status for r in records] == [ActionStatus.SUCCEEDED, ActionStatus.SUCCEEDED]
     finally:
@@ -300,38 +337,54 @@ def test_actions_of_one_decision_do_not_cool_each_other_down(tmp_path: Path) -> 
 
 # -- scale --------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("params, current, expected", [
-    ({"replicas": 4, "max": 8}, 2, 4),
-    ({"replicas": 20, "max": 8}, 2, 8),
-    ({"replicas": 0, "min": 1, "max": 8}, 2, 1),
-    ({"delta": 2, "max": 8}, 3, 5),
-    ({"delta": -5, "min": 1, "max": 8}, 3, 1),
-    ({"targetPerReplica": 20, "observed": 45.0, "max": 8}, 2, 5),  # ceil(2 * 45 / 20) = ceil(4.5)
-    ({"targetPerReplica": 20, "observed": 20.0, "max": 8}, 3, 3),  # exactly on target: no float-noise step
-    ({"targetPerReplica": 20, "observed": 200.0, "min": 1, "max": 8}, 4, 8),
-    ({"targetPerReplica": 20, "observed": 1.0, "min": 2, "max": 8}, 4, 2),
-    ({"targetPerReplica": 20, "observed": 50.0, "min": 1, "max": 8}, 0, 1),
-    ({"replicas": None, "delta": None, "targetPerReplica": 20.0, "observed": 30.0, "min": 1, "max": 8}, 2, 3),
-])
+
+@pytest.mark.parametrize(
+    "params, current, expected",
+    [
+        ({"replicas": 4, "max": 8}, 2, 4),
+        ({"replicas": 20, "max": 8}, 2, 8),
+        ({"replicas": 0, "min": 1, "max": 8}, 2, 1),
+        ({"delta": 2, "max": 8}, 3, 5),
+        ({"delta": -5, "min": 1, "max": 8}, 3, 1),
+        ({"targetPerReplica": 20, "observed": 45.0, "max": 8}, 2, 5),  # ceil(2 * 45 / 20) = ceil(4.5)
+        (
+            {"targetPerReplica": 20, "observed": 20.0, "max": 8},
+            3,
+            3,
+        ),  # exactly on target: no float-noise step
+        ({"targetPerReplica": 20, "observed": 200.0, "min": 1, "max": 8}, 4, 8),
+        ({"targetPerReplica": 20, "observed": 1.0, "min": 2, "max": 8}, 4, 2),
+        ({"targetPerReplica": 20, "observed": 50.0, "min": 1, "max": 8}, 0, 1),
+        (
+            {"replicas": None, "delta": None, "targetPerReplica": 20.0, "observed": 30.0, "min": 1, "max": 8},
+            2,
+            3,
+        ),
+    ],
+)
 def test_desired_replicas(params: dict[str, Any], current: int, expected: int) -> None:
     assert desired_replicas(params, current) == expected
 
 
-@pytest.mark.parametrize("params, message", [
-    ({"max": 8}, "exactly one of replicas, delta or targetPerReplica"),
-    ({"replicas": 2, "delta": 1, "max": 8}, "exactly one of replicas, delta or targetPerReplica"),
-    ({"targetPerReplica": 20, "observed": None, "max": 8}, "needs the observed value"),
-    ({"replicas": 2, "min": 5, "max": 3}, r"min \(5\) is above max \(3\)"),
-    ({"replicas": 2}, "needs 'max'"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"max": 8}, "exactly one of replicas, delta or targetPerReplica"),
+        ({"replicas": 2, "delta": 1, "max": 8}, "exactly one of replicas, delta or targetPerReplica"),
+        ({"targetPerReplica": 20, "observed": None, "max": 8}, "needs the observed value"),
+        ({"replicas": 2, "min": 5, "max": 3}, r"min \(5\) is above max \(3\)"),
+        ({"replicas": 2}, "needs 'max'"),
+    ],
+)
 def test_desired_replicas_rejects_bad_params(params: dict[str, Any], message: str) -> None:
     with pytest.raises(ScaleError, match=message):
         desired_replicas(params, 2)
 
 
 def test_scale_reads_current_count_and_sets_the_desired_one(rig: Rig) -> None:
-    decision = make_decision([("scale", {"service": "chat", "targetPerReplica": 20, "observed": 45.0, "min": 1,
-                                         "max": 8})])
+    decision = make_decision(
+        [("scale", {"service": "chat", "targetPerReplica": 20, "observed": 45.0, "min": 1, "max": 8})]
+    )
     [record] = rig.dispatcher().dispatch(decision)
     assert record.status is ActionStatus.SUCCEEDED
     assert record.plan == {"service": "chat", "current": 2, "desired": 5}
@@ -339,7 +392,9 @@ def test_scale_reads_current_count_and_sets_the_desired_one(rig: Rig) -> None:
 
 
 def test_scale_to_the_current_count_is_skipped(rig: Rig) -> None:
-    [record] = rig.dispatcher().dispatch(make_decision([("scale", {"service": "chat", "replicas": 2, "max": 8})]))
+    [record] = rig.dispatcher().dispatch(
+        make_decision([("scale", {"service": "chat", "replicas": 2, "max": 8})])
+    )
     assert record.status is ActionStatus.SKIPPED and record.attempts == 0
     assert rig.deployer.performed("set_replicas") == []
 
@@ -358,18 +413,21 @@ def test_scale_resume_uses_the_journaled_plan(rig: Rig) -> None:
 
 def test_scale_with_unreadable_replicas_retries_then_fails(rig: Rig) -> None:
     rig.deployer.replicas_error = TierError("GET /api/v1/services/chat: timed out", transient=True)
-    [record] = rig.dispatcher(attempts=2).dispatch(make_decision([("scale", {"service": "chat", "delta": 1,
-                                                                             "max": 8})]))
+    [record] = rig.dispatcher(attempts=2).dispatch(
+        make_decision([("scale", {"service": "chat", "delta": 1, "max": 8})])
+    )
     assert record.status is ActionStatus.FAILED and record.attempts == 0
     assert record.error == "reading the replicas of 'chat': GET /api/v1/services/chat: timed out"
 
 
 def test_scale_with_bad_params_fails_clearly(rig: Rig) -> None:
-    [record] = rig.dispatcher().dispatch(make_decision([("scale", {"service": "chat", "targetPerReplica": 20,
-                                                                   "observed": None, "max": 8})]))
+    [record] = rig.dispatcher().dispatch(
+        make_decision([("scale", {"service": "chat", "targetPerReplica": 20, "observed": None, "max": 8})])
+    )
     assert record.status is ActionStatus.FAILED
-    assert record.error == ("scale of 'chat': targetPerReplica scaling needs the observed value, "
-                            "and the decision has none")
+    assert record.error == (
+        "scale of 'chat': targetPerReplica scaling needs the observed value, and the decision has none"
+    )
 
 
 def test_resolve_annotation_is_a_region(rig: Rig) -> None:
@@ -377,3 +435,23 @@ def test_resolve_annotation_is_a_region(rig: Rig) -> None:
     rig.dispatcher().dispatch(decision)
     annotation = rig.annotator.annotations[0]
     assert (annotation.time, annotation.time_end) == (1000.0, 1200.0)
+
+
+def test_concurrent_policies_cannot_both_pass_the_cooldown(tmp_path: Path) -> None:
+    rig = Rig(tmp_path / "j.db", GlobalLimits(cooldown=300.0))
+    try:
+        dispatcher = rig.dispatcher()
+        decisions = [_shift(f"policy-{n}", float(n)) for n in range(4)]
+        results: list[ActionRecord] = []
+        threads = [
+            threading.Thread(target=lambda d=d: results.extend(dispatcher.dispatch(d))) for d in decisions
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        statuses = sorted(r.status.value for r in results)
+        assert statuses == ["succeeded", "suppressed", "suppressed", "suppressed"]
+        assert len(rig.router.performed("set_weight")) == 1
+    finally:
+        rig.journal.close()

@@ -21,8 +21,11 @@ NOW = 1_700_000_100.0
 def _state() -> PolicyState:
     target = target_key({"service": "chat"})
     return PolicyState(
-        conditions={("p99-above-800ms", target): ConditionState(phase=Phase.FIRING, breach_count=3, onset=1.0,
-                                                                  evidence=((1.0, 1.2),), decision_id="abc")},
+        conditions={
+            ("p99-above-800ms", target): ConditionState(
+                phase=Phase.FIRING, breach_count=3, onset=1.0, evidence=((1.0, 1.2),), decision_id="abc"
+            )
+        },
         actions_at={target: (NOW,)},
         evaluations=7,
         last_evaluated_at=NOW,
@@ -92,7 +95,9 @@ def test_started_and_finish_semantics(tmp_path: Path) -> None:
 def test_actions_since_counts_mutating_actions_per_resource_across_policies(tmp_path: Path) -> None:
     rollback = make_decision([("rollback", {"service": "chat"}), ("annotate", {"text": "x"})], policy="a")
     shift = make_decision([("shift_traffic", {"service": "chat", "version": "r2", "weight": 10})], policy="b")
-    other = make_decision([("scale", {"service": "code", "replicas": 2, "max": 4})], policy="c", service="code")
+    other = make_decision(
+        [("scale", {"service": "code", "replicas": 2, "max": 4})], policy="c", service="code"
+    )
     with Journal(tmp_path / "j.db") as journal:
         journal.commit_evaluation("a", PolicyState(), [rollback], NOW)
         journal.commit_evaluation("b", PolicyState(), [shift], NOW)
@@ -128,8 +133,15 @@ def test_committed_evaluation_survives_a_killed_process(tmp_path: Path) -> None:
         os._exit(9)  # no close, no checkpoint: only what COMMIT made durable remains
         """
     )
-    proc = subprocess.run([sys.executable, "-c", script], check=False, cwd=ROOT, env={"PYTHONPATH": str(ROOT)},
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        check=False,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 9, proc.stderr
     with Journal(path) as journal:
         state = journal.load_state("p")

@@ -70,7 +70,8 @@ def test_hmac_sha256_matches_rfc4231_case_2() -> None:
 
 
 def test_signature_against_a_known_vector() -> None:
-    # Computed independently: printf '%s' '1700000000.{"decision":{"id":"abc"}}' | openssl dgst -sha256 -hmac ...
+    # Computed independently:
+    # printf '%s' '1700000000.{"decision":{"id":"abc"}}' | openssl dgst -sha256 -hmac ...
     body = '{"decision":{"id":"abc"}}'
     expected = "sha256=109da400b130dcca1cdc9d1053a1039527ab62a1d3c0c94a921c239895c0f17b"
     assert sign(SECRET, "1700000000", body) == expected
@@ -101,8 +102,9 @@ def test_notify_posts_signed_json(secret_env: str) -> None:
 def test_503_is_retried_then_succeeds(secret_env: str) -> None:
     clock = ManualClock()
     with receiver(503, 503) as (url, state):
-        notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=3)}, clock,
-                                   backoff=1.0)
+        notifier = WebhookNotifier(
+            {"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=3)}, clock, backoff=1.0
+        )
         start = clock.now()
         outcome = notifier.notify("r", {"decision": {}}, idempotency_key="k")
     assert outcome.status is OutcomeStatus.SUCCEEDED and outcome.detail["attempts"] == 3
@@ -114,7 +116,9 @@ def test_503_is_retried_then_succeeds(secret_env: str) -> None:
 
 def test_400_is_not_retried(secret_env: str) -> None:
     with receiver(400) as (url, state):
-        notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=3)}, ManualClock())
+        notifier = WebhookNotifier(
+            {"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=3)}, ManualClock()
+        )
         outcome = notifier.notify("r", {}, idempotency_key="k")
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is False
     assert outcome.error is not None and "HTTP 400" in outcome.error
@@ -123,7 +127,9 @@ def test_400_is_not_retried(secret_env: str) -> None:
 
 def test_503_until_the_bound_is_a_transient_failure(secret_env: str) -> None:
     with receiver(503, 503, 503) as (url, state):
-        notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=2)}, ManualClock())
+        notifier = WebhookNotifier(
+            {"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=2)}, ManualClock()
+        )
         outcome = notifier.notify("r", {}, idempotency_key="k")
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is True
     assert len(state.requests) == 2
@@ -132,7 +138,9 @@ def test_503_until_the_bound_is_a_transient_failure(secret_env: str) -> None:
 def test_secret_never_logged_nor_in_errors(secret_env: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)  # every logger, urllib3's included
     with receiver(503, 503, 500) as (url, _state):
-        notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=3)}, ManualClock())
+        notifier = WebhookNotifier(
+            {"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=3)}, ManualClock()
+        )
         outcome = notifier.notify("r", {"decision": {}}, idempotency_key="k")
     assert outcome.status is OutcomeStatus.FAILED
     assert caplog.records, "the failures should have been logged"
@@ -140,13 +148,16 @@ def test_secret_never_logged_nor_in_errors(secret_env: str, caplog: pytest.LogCa
     assert SECRET not in (outcome.error or "") and SECRET not in json.dumps(outcome.to_json())
 
 
-def test_url_credentials_stay_out_of_our_logs_and_errors(secret_env: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_url_credentials_stay_out_of_our_logs_and_errors(
+    secret_env: str, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.DEBUG, logger="controller")
     token = "url-token-123"
     with receiver(503, 400) as (url, _state):
         leaky_url = url.replace("http://", f"http://user:{token}@") + f"?token={token}"
-        notifier = WebhookNotifier({"r": WebhookReceiver(url=leaky_url, secretEnv=secret_env, retries=3)},
-                                   ManualClock())
+        notifier = WebhookNotifier(
+            {"r": WebhookReceiver(url=leaky_url, secretEnv=secret_env, retries=3)}, ManualClock()
+        )
         outcome = notifier.notify("r", {}, idempotency_key="k")
     assert outcome.status is OutcomeStatus.FAILED
     ours = [r.getMessage() for r in caplog.records if r.name.startswith("controller")]
@@ -157,7 +168,9 @@ def test_url_credentials_stay_out_of_our_logs_and_errors(secret_env: str, caplog
 def test_missing_secret_is_a_clear_failure_without_sending(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TG_UNSET_SECRET", raising=False)
     with receiver() as (url, state):
-        notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv="TG_UNSET_SECRET")}, ManualClock())
+        notifier = WebhookNotifier(
+            {"r": WebhookReceiver(url=url, secretEnv="TG_UNSET_SECRET")}, ManualClock()
+        )
         outcome = notifier.notify("r", {}, idempotency_key="k")
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is False
     assert outcome.error == "receiver 'r': environment variable TG_UNSET_SECRET is not set or empty"
@@ -181,13 +194,16 @@ def test_unknown_receiver() -> None:
     assert outcome.error == "unknown receiver 'pager'; configured: none"
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"url": "http://127.0.0.1:1/x"}, "exactly one of secretEnv"),
-    ({"url": "http://127.0.0.1:1/x", "secretEnv": "A", "secretFile": "/x"}, "exactly one of secretEnv"),
-    ({"url": "ftp://x", "secretEnv": "A"}, "http:// or https:// URL"),
-    ({"url": "http://x", "secretEnv": "A", "secret": "inline"}, "Extra inputs are not permitted"),
-    ({"url": "http://x", "secretEnv": "A", "timeout": 0}, "greater than 0"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"url": "http://127.0.0.1:1/x"}, "exactly one of secretEnv"),
+        ({"url": "http://127.0.0.1:1/x", "secretEnv": "A", "secretFile": "/x"}, "exactly one of secretEnv"),
+        ({"url": "ftp://x", "secretEnv": "A"}, "http:// or https:// URL"),
+        ({"url": "http://x", "secretEnv": "A", "secret": "inline"}, "Extra inputs are not permitted"),
+        ({"url": "http://x", "secretEnv": "A", "timeout": 0}, "greater than 0"),
+    ],
+)
 def test_receiver_settings_are_strict(settings: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         WebhookReceiver.model_validate(settings)
