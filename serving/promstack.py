@@ -191,7 +191,7 @@ def backfill_openmetrics(text_or_path: str | Path, data_dir: str | Path, *,
 
 
 @dataclass
-class _Process:
+class ManagedProcess:
     """A server process in its own process group; stop() kills the group and waits."""
 
     name: str
@@ -254,7 +254,7 @@ class _Server:
         self.workdir = workdir
         self._keep = keep_workdir
         self.port = 0
-        self._process: _Process | None = None
+        self._process: ManagedProcess | None = None
 
     @property
     def url(self) -> str:
@@ -274,7 +274,7 @@ class _Server:
         last_error = ""
         for _ in range(START_ATTEMPTS):  # another process can grab the free port before we bind it
             self.port = free_port()
-            self._process = _Process(self.name, self._args(self.port), self.workdir / f"{self.name}.log")
+            self._process = ManagedProcess(self.name, self._args(self.port), self.workdir / f"{self.name}.log")
             self._process.start()
             try:
                 wait_until(self._ready, timeout, f"{self.name} ready on {self.url}", alive=self._process.exited)
