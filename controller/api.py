@@ -128,8 +128,13 @@ def policies_for_alert(policies: Mapping[str, Policy], labels: Mapping[str, str]
 class ControllerAPI:
     """Serves the controller on `host:port` (port 0: a free port, see `.port`) from a daemon thread."""
 
-    def __init__(self, controller: ControllerPort, host: str = "127.0.0.1", port: int = 0,
-                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(
+        self,
+        controller: ControllerPort,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
         self.controller = controller
         self.max_body_bytes = max_body_bytes
         self._server = ThreadingHTTPServer((host, port), _handler_for(self))
@@ -149,8 +154,12 @@ class ControllerAPI:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="tailguard-api", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="tailguard-api",
+            daemon=True,
+        )
         self._thread.start()
         logger.info("API listening on %s", self.url)
 
@@ -193,7 +202,10 @@ class ControllerAPI:
         triggered = self.controller.trigger(sorted(matched), TRIGGER_ALERT) if matched else []
         logger.info(
             "Alertmanager webhook (%s, %d alerts, group %s): triggered %s",
-            payload.status, len(payload.alerts), payload.groupKey or "-", ", ".join(triggered) or "no policy",
+            payload.status,
+            len(payload.alerts),
+            payload.groupKey or "-",
+            ", ".join(triggered) or "no policy",
         )
         return 202, {"triggered": triggered, "alerts": len(payload.alerts)}
 
@@ -240,8 +252,10 @@ def _handler_for(api: ControllerAPI) -> type[BaseHTTPRequestHandler]:
             parts = urlsplit(self.path)
             if parts.path != "/api/v1/alerts":
                 self._drain()
-                self._json(404 if parts.path not in ("/healthz", "/readyz", "/metrics") else 405,
-                           {"error": f"no POST endpoint at {parts.path}"})
+                self._json(
+                    404 if parts.path not in ("/healthz", "/readyz", "/metrics") else 405,
+                    {"error": f"no POST endpoint at {parts.path}"},
+                )
                 return
             length_header = self.headers.get("Content-Length")
             if length_header is None:

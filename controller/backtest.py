@@ -89,20 +89,30 @@ class BacktestReport:
 
     def to_markdown(self) -> str:
         lines = [
-            (f"Backtest {_iso(self.start)} .. {_iso(self.end)}: {self.evaluations} evaluations, "
-            f"{len(self.decisions)} incident(s)"),
+            (
+                f"Backtest {_iso(self.start)} .. {_iso(self.end)}: {self.evaluations} evaluations, "
+                f"{len(self.decisions)} incident(s)"
+            ),
             "",
             "| policy | condition | target | onset | fired | resolved | actions |",
             "|---|---|---|---|---|---|---|",
         ]
         for entry in self.decisions:
-            fired = _iso(entry.fired_at) if entry.fired_at is not None else (
-                "suppressed" if entry.suppressed_at is not None else "errored" if entry.errored_at else "-")
-            resolved = _iso(entry.resolved_at) if entry.resolved_at is not None else (
-                "still firing" if entry.fired_at is not None else "-")
+            fired = (
+                _iso(entry.fired_at)
+                if entry.fired_at is not None
+                else ("suppressed" if entry.suppressed_at is not None else "errored" if entry.errored_at else "-")
+            )
+            resolved = (
+                _iso(entry.resolved_at)
+                if entry.resolved_at is not None
+                else ("still firing" if entry.fired_at is not None else "-")
+            )
             actions = ", ".join(f"{action.type.value} ({kind.value})" for kind, action in entry.actions) or "-"
-            lines.append(f"| {entry.policy} | {entry.condition} | {_cell(format_target(entry.target))} | "
-                         f"{_iso(entry.onset)} | {fired} | {resolved} | {actions} |")
+            lines.append(
+                f"| {entry.policy} | {entry.condition} | {_cell(format_target(entry.target))} | "
+                f"{_iso(entry.onset)} | {fired} | {resolved} | {actions} |"
+            )
         for error in self.signal_errors:
             lines.append(f"\nsignal error: {error}")
         return "\n".join(lines) + "\n"
@@ -150,8 +160,9 @@ def evaluation_times(start: float, end: float, step: float) -> list[float]:
     return times
 
 
-def backtest_policy(source: MetricsSource, policy: Policy, start: float, end: float,
-                    step: float | None = None) -> tuple[list[Decision], int, list[str]]:
+def backtest_policy(
+    source: MetricsSource, policy: Policy, start: float, end: float, step: float | None = None
+) -> tuple[list[Decision], int, list[str]]:
     """All decisions the engine takes for `policy` over history, the number of evaluations and signal errors."""
     step = policy.interval if step is None else step
     ranges = query_signals_range(source, policy, start, end, step)
@@ -166,8 +177,9 @@ def backtest_policy(source: MetricsSource, policy: Policy, start: float, end: fl
     return decisions, len(times), errors
 
 
-def run_backtest(source: MetricsSource, policies: Sequence[Policy], start: float, end: float,
-                 step: float | None) -> BacktestReport:
+def run_backtest(
+    source: MetricsSource, policies: Sequence[Policy], start: float, end: float, step: float | None
+) -> BacktestReport:
     """Replay every policy over [start, end]; `step` defaults to each policy's own interval."""
     entries: dict[str, BacktestEntry] = {}
     evaluations = 0
@@ -199,8 +211,9 @@ def parse_time(text: str, what: str) -> float:
     try:
         parsed = datetime.fromisoformat(raw)
     except ValueError:
-        raise UsageError(f"{what}: expected epoch seconds or an RFC3339 time such as "
-                         f"2024-05-01T12:00:00Z, got {text!r}") from None
+        raise UsageError(
+            f"{what}: expected epoch seconds or an RFC3339 time such as 2024-05-01T12:00:00Z, got {text!r}"
+        ) from None
     if parsed.tzinfo is None:
         raise UsageError(f"{what}: RFC3339 time {text!r} needs a timezone (Z or +HH:MM)")
     return parsed.timestamp()
@@ -213,12 +226,21 @@ def _parser() -> argparse.ArgumentParser:
         "(no action is executed).",
     )
     parser.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus base URL")
-    parser.add_argument("--rules", required=True, action="append", metavar="PATH",
-                        help="policy file or directory (repeatable)")
+    parser.add_argument(
+        "--rules",
+        required=True,
+        action="append",
+        metavar="PATH",
+        help="policy file or directory (repeatable)",
+    )
     parser.add_argument("--start", required=True, metavar="T", help="epoch seconds or RFC3339")
     parser.add_argument("--end", required=True, metavar="T", help="epoch seconds or RFC3339")
-    parser.add_argument("--step", default=None, metavar="DURATION",
-                        help="evaluation step such as 15s (default: each policy's interval)")
+    parser.add_argument(
+        "--step",
+        default=None,
+        metavar="DURATION",
+        help="evaluation step such as 15s (default: each policy's interval)",
+    )
     parser.add_argument("--output", choices=("json", "markdown"), default="json")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per Prometheus request")
     parser.add_argument("--bearer-token-file", default=None, metavar="PATH")
@@ -265,11 +287,15 @@ def backtest_main(argv: Sequence[str]) -> int:
         return EXIT_USAGE
 
     try:
-        settings = PrometheusSettings.model_validate({
-            "url": args.prometheus, "timeout": args.timeout, "retries": 2,
-            **({"bearer": {"token_file": args.bearer_token_file}} if args.bearer_token_file else {}),
-            "tls": {"ca_file": args.ca_file, "insecure_skip_verify": args.insecure_skip_verify},
-        })
+        settings = PrometheusSettings.model_validate(
+            {
+                "url": args.prometheus,
+                "timeout": args.timeout,
+                "retries": 2,
+                **({"bearer": {"token_file": args.bearer_token_file}} if args.bearer_token_file else {}),
+                "tls": {"ca_file": args.ca_file, "insecure_skip_verify": args.insecure_skip_verify},
+            }
+        )
         source = PrometheusSource(settings, SystemClock())
     except ValidationError as invalid:
         first = invalid.errors()[0]

@@ -75,8 +75,10 @@ def _delegate(command: str, argv: list[str]) -> int:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as missing:
         if missing.name is not None and module_name.startswith(missing.name):
-            print(f"tailguard {command}: not available in this installation ({module_name} is missing)",
-                  file=sys.stderr)
+            print(
+                f"tailguard {command}: not available in this installation ({module_name} is missing)",
+                file=sys.stderr,
+            )
             return EXIT_CONFIG
         raise
     entry: Callable[[list[str]], int] = getattr(module, function_name)
@@ -92,7 +94,10 @@ def validate_rules(paths: Sequence[str]) -> int:
     for error in errors:
         print(error, file=sys.stderr)
     if errors:
-        print(f"{len(errors)} error(s) in {len({e.file for e in errors})} of {len(files)} file(s)", file=sys.stderr)
+        print(
+            f"{len(errors)} error(s) in {len({e.file for e in errors})} of {len(files)} file(s)",
+            file=sys.stderr,
+        )
         return EXIT_INVALID
     print(f"ok: {len(loaded)} policies in {len(files)} file(s)")
     return EXIT_OK
@@ -119,15 +124,23 @@ def _unknown_receivers(settings_receivers: Sequence[str], paths: Sequence[Path])
     problems: list[PolicyError] = []
     for entry in loaded:
         for index, condition in enumerate(entry.policy.conditions):
-            for kind, actions in (("actions", condition.actions), ("recovery.actions", condition.recovery.actions)):
+            for kind, actions in (
+                ("actions", condition.actions),
+                ("recovery.actions", condition.recovery.actions),
+            ):
                 for position, action in enumerate(actions):
                     receiver = getattr(action, "receiver", None)
                     if action.type == "notify" and receiver not in settings_receivers:
                         known = ", ".join(sorted(settings_receivers)) or "none configured"
-                        problems.append(PolicyError(
-                            entry.file, entry.line, f"conditions[{index}].{kind}[{position}].receiver",
-                            f"unknown receiver {receiver!r} in policy {entry.policy.name}; expected one of: {known}",
-                        ))
+                        problems.append(
+                            PolicyError(
+                                entry.file,
+                                entry.line,
+                                f"conditions[{index}].{kind}[{position}].receiver",
+                                f"unknown receiver {receiver!r} in policy {entry.policy.name}; "
+                                f"expected one of: {known}",
+                            )
+                        )
     return problems
 
 
@@ -173,7 +186,8 @@ def run_controller(config: Path) -> int:
         return EXIT_CONFIG
     tier = (
         LocalTierClient(settings.tier.url, timeout=settings.tier.timeout, retries=settings.tier.retries, clock=clock)
-        if settings.tier is not None else None
+        if settings.tier is not None
+        else None
     )
     annotations_path = settings.annotations_path()
     actuators = Actuators(
@@ -184,14 +198,22 @@ def run_controller(config: Path) -> int:
     )
     dispatcher = Dispatcher(journal, actuators, clock, settings.limits)
     controller = Controller(
-        policy_paths=paths, source=source, journal=journal, dispatcher=dispatcher, clock=clock, metrics=metrics,
-        dry_run=settings.dryRun, reload_interval=settings.reloadInterval,
+        policy_paths=paths,
+        source=source,
+        journal=journal,
+        dispatcher=dispatcher,
+        clock=clock,
+        metrics=metrics,
+        dry_run=settings.dryRun,
+        reload_interval=settings.reloadInterval,
     )
     try:
         api = ControllerAPI(controller, settings.listen.host, settings.listen.port)
     except OSError as unbound:
-        print(f"{config}: cannot listen on {settings.listen.host}:{settings.listen.port}: {unbound.strerror}",
-              file=sys.stderr)
+        print(
+            f"{config}: cannot listen on {settings.listen.host}:{settings.listen.port}: {unbound.strerror}",
+            file=sys.stderr,
+        )
         journal.close()
         return EXIT_CONFIG
 
@@ -210,8 +232,11 @@ def run_controller(config: Path) -> int:
                 print(error, file=sys.stderr)
             return EXIT_CONFIG
         api.start()
-        logger.info("tailguard controller serving on %s (dry run: %s)", api.url,
-                    {None: "per policy", True: "forced on", False: "forced off"}[settings.dryRun])
+        logger.info(
+            "tailguard controller serving on %s (dry run: %s)",
+            api.url,
+            {None: "per policy", True: "forced on", False: "forced off"}[settings.dryRun],
+        )
         while not stop.wait(1.0):
             pass
     finally:

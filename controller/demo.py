@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -32,9 +32,9 @@ import yaml
 from controller.incident_report import IncidentTimeline, write_report
 from controller.journal import Journal
 from serving.promstack import (
+    ManagedProcess,
     PrometheusServer,
     PromStackError,
-    ManagedProcess,
     free_port,
     http_sd_scrape_config,
     static_scrape_config,
@@ -125,24 +125,43 @@ def _write_policy(path: Path, timings: DemoTimings) -> None:
         "with a short interval and rate window so the demo fits in three minutes.",
         "interval": f"{timings.evaluation_interval_s:g}s",
         "targets": {"groupBy": ["service"], "match": {"namespace": NAMESPACE}},
-        "signals": [{"name": "p99-e2e-latency", "query": P99_QUERY.replace("{window}", timings.rate_window)
-                     .replace(f'namespace="{NAMESPACE}"', "{{ selector }}")}],
-        "conditions": [{
-            "name": CONDITION_NAME,
-            "signal": "p99-e2e-latency",
-            "when": {"op": ">", "value": THRESHOLD_SECONDS},
-            "for": 3,
-            "noData": "hold",
-            "staleAfter": "1m",
-            "actions": [
-                {"type": "annotate", "text": "P99 e2e latency {{ value }}s > {{ threshold }}s on {{ service }}: "
-                 "rolling back", "tags": ["regression", "p99"]},
-                {"type": "rollback", "service": "{{ service }}"},
-            ],
-            "recovery": {"when": {"op": "<=", "value": THRESHOLD_SECONDS}, "for": 2, "actions": [
-                {"type": "annotate", "text": "P99 e2e latency back to {{ value }}s on {{ service }}",
-                 "tags": ["recovered"]}]},
-        }],
+        "signals": [
+            {
+                "name": "p99-e2e-latency",
+                "query": P99_QUERY.replace("{window}", timings.rate_window).replace(
+                    f'namespace="{NAMESPACE}"', "{{ selector }}"
+                ),
+            }
+        ],
+        "conditions": [
+            {
+                "name": CONDITION_NAME,
+                "signal": "p99-e2e-latency",
+                "when": {"op": ">", "value": THRESHOLD_SECONDS},
+                "for": 3,
+                "noData": "hold",
+                "staleAfter": "1m",
+                "actions": [
+                    {
+                        "type": "annotate",
+                        "text": "P99 e2e latency {{ value }}s > {{ threshold }}s on {{ service }}: rolling back",
+                        "tags": ["regression", "p99"],
+                    },
+                    {"type": "rollback", "service": "{{ service }}"},
+                ],
+                "recovery": {
+                    "when": {"op": "<=", "value": THRESHOLD_SECONDS},
+                    "for": 2,
+                    "actions": [
+                        {
+                            "type": "annotate",
+                            "text": "P99 e2e latency back to {{ value }}s on {{ service }}",
+                            "tags": ["recovered"],
+                        }
+                    ],
+                },
+            }
+        ],
         "limits": {"cooldown": "10m", "maxActionsPerHour": 3},
     }
     path.write_text(yaml.safe_dump(policy, sort_keys=False), encoding="utf-8")
@@ -150,8 +169,8 @@ def _write_policy(path: Path, timings: DemoTimings) -> None:
 
 def _p99_series(prometheus_url: str, start: float, end: float, window: str) -> list[tuple[float, float]]:
     query = P99_QUERY.replace("{window}", window)
-    response = requests.get(f"{prometheus_url}/api/v1/query_range",
-                            params={"query": query, "start": start, "end": end, "step": "1s"}, timeout=HTTP_TIMEOUT)
+    params: dict[str, str | float] = {"query": query, "start": start, "end": end, "step": "1s"}
+    response = requests.get(f"{prometheus_url}/api/v1/query_range", params=params, timeout=HTTP_TIMEOUT)
     response.raise_for_status()
     points: list[tuple[float, float]] = []
     for series in response.json()["data"]["result"]:
@@ -159,7 +178,7 @@ def _p99_series(prometheus_url: str, start: float, end: float, window: str) -> l
             continue
         for at, value in series["values"]:
             number = float(value)
-            if number == number:  # NaN: no traffic in the window
+            if not math.isnan(number):  # NaN: no traffic in the window
                 points.append((float(at), number))
     return sorted(points)
 
@@ -199,63 +218,129 @@ def run_demo(out_dir: Path, timings: DemoTimings = DemoTimings(), *, python: str
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in ("journal.db", "journal.db-wal", "journal.db-shm", "annotations.jsonl"):
         (out_dir / stale).unlink(missing_ok=True)
-    project = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(project), os.environ.get("PYTHONPATH")]))}
 
     tier_config = out_dir / "tier.yaml"
-    tier_config.write_text(yaml.safe_dump({
-        "ports": {"control": 0, "router": 0},
-        "services": [{"name": SERVICE, "namespace": NAMESPACE, "model": MODEL, "profile": "stable", "replicas": 2}],
-    }, sort_keys=False), encoding="utf-8")
+    tier_config.write_text(
+        yaml.safe_dump(
+            {
+                "ports": {"control": 0, "router": 0},
+                "services": [
+                    {
+                        "name": SERVICE,
+                        "namespace": NAMESPACE,
+                        "model": MODEL,
+                        "profile": "stable",
+                        "replicas": 2,
+                    }
+                ],
+            },
+            sort_keys=False,
+        ),
+        encoding="utf-8",
+    )
     policy_dir = out_dir / "policies"
     policy_dir.mkdir(exist_ok=True)
     _write_policy(policy_dir / "p99-rollback-demo.yaml", timings)
 
     with ExitStack() as stack:
-        tier = stack.enter_context(_managed(ManagedProcess(
-            "tier", [python, "-m", "serving.tier", "--config", str(tier_config), "--state-dir",
-                     str(out_dir / "tier-state")], out_dir / "tier.log")))
+        tier = stack.enter_context(
+            _managed(
+                ManagedProcess(
+                    "tier",
+                    [
+                        python,
+                        "-m",
+                        "serving.tier",
+                        "--config",
+                        str(tier_config),
+                        "--state-dir",
+                        str(out_dir / "tier-state"),
+                    ],
+                    out_dir / "tier.log",
+                )
+            )
+        )
         ready = _read_ready_line(tier, 30.0)
         control_url, router_url = ready["control_url"], ready["router_url"]
         _log(start, f"serving tier up: {SERVICE} r1 (profile stable, 2 replicas), router {router_url}")
 
         controller_port = free_port()
         prometheus_config = write_prometheus_config(
-            out_dir / "prometheus.yml", scrape_interval="1s", evaluation_interval="1s",
+            out_dir / "prometheus.yml",
+            scrape_interval="1s",
+            evaluation_interval="1s",
             scrape_configs=[
                 http_sd_scrape_config("vllm", f"{control_url}/api/v1/sd", refresh_interval="1s"),
                 static_scrape_config("router", [router_url.removeprefix("http://")]),
                 static_scrape_config("tailguard", [f"127.0.0.1:{controller_port}"]),
-            ])
-        prometheus = stack.enter_context(PrometheusServer(
-            prometheus_config, out_dir / "prometheus-data", workdir=out_dir / "prometheus").start())
+            ],
+        )
+        prometheus = stack.enter_context(
+            PrometheusServer(prometheus_config, out_dir / "prometheus-data", workdir=out_dir / "prometheus").start()
+        )
         _log(start, f"prometheus up: {prometheus.url} (scrape 1s)")
 
         controller_config = out_dir / "controller.yaml"
-        controller_config.write_text(yaml.safe_dump({
-            "prometheus": {"url": prometheus.url, "timeout": 5, "retries": 2},
-            "policies": [str(policy_dir)],
-            "journal": str(out_dir / "journal.db"),
-            "stateDir": str(out_dir / "controller-state"),
-            "listen": f"127.0.0.1:{controller_port}",
-            "tier": {"url": control_url, "timeout": 5},
-            "annotations": {"path": str(out_dir / "annotations.jsonl")},
-            "limits": {"cooldown": "10m", "maxActionsPerHour": 3},
-            "reloadInterval": "5s",
-        }, sort_keys=False), encoding="utf-8")
+        controller_config.write_text(
+            yaml.safe_dump(
+                {
+                    "prometheus": {"url": prometheus.url, "timeout": 5, "retries": 2},
+                    "policies": [str(policy_dir)],
+                    "journal": str(out_dir / "journal.db"),
+                    "stateDir": str(out_dir / "controller-state"),
+                    "listen": f"127.0.0.1:{controller_port}",
+                    "tier": {"url": control_url, "timeout": 5},
+                    "annotations": {"path": str(out_dir / "annotations.jsonl")},
+                    "limits": {"cooldown": "10m", "maxActionsPerHour": 3},
+                    "reloadInterval": "5s",
+                },
+                sort_keys=False,
+            ),
+            encoding="utf-8",
+        )
 
         load_seconds = timings.warmup_s + timings.detect_timeout_s + timings.recover_timeout_s + 30.0
-        load = stack.enter_context(_managed(ManagedProcess(
-            "load", [python, "-m", "serving.load", "--url", router_url, "--model", MODEL, "--trace", "conv",
-                     "--speedup", f"{timings.load_speedup:g}", "--rate-scale", f"{timings.load_rate_scale:g}",
-                     "--token-scale", f"{timings.load_token_scale:g}",
-                     "--duration", f"{load_seconds:.0f}", "--no-progress",
-                     "--summary-json", str(out_dir / "load-summary.json")], out_dir / "load.log")))
+        load = stack.enter_context(
+            _managed(
+                ManagedProcess(
+                    "load",
+                    [
+                        python,
+                        "-m",
+                        "serving.load",
+                        "--url",
+                        router_url,
+                        "--model",
+                        MODEL,
+                        "--trace",
+                        "conv",
+                        "--speedup",
+                        f"{timings.load_speedup:g}",
+                        "--rate-scale",
+                        f"{timings.load_rate_scale:g}",
+                        "--token-scale",
+                        f"{timings.load_token_scale:g}",
+                        "--duration",
+                        f"{load_seconds:.0f}",
+                        "--no-progress",
+                        "--summary-json",
+                        str(out_dir / "load-summary.json"),
+                    ],
+                    out_dir / "load.log",
+                )
+            )
+        )
         _log(start, f"replaying the Azure conv trace at {timings.load_speedup:g}x through the router")
 
-        controller = stack.enter_context(_managed(ManagedProcess(
-            "controller", [python, "-m", "controller", "run", "--config", str(controller_config)],
-            out_dir / "controller.log")))
+        controller = stack.enter_context(
+            _managed(
+                ManagedProcess(
+                    "controller",
+                    [python, "-m", "controller", "run", "--config", str(controller_config)],
+                    out_dir / "controller.log",
+                )
+            )
+        )
         relay = _LogRelay(controller.log_path, start)
 
         def healthy() -> bool:
@@ -275,9 +360,11 @@ def run_demo(out_dir: Path, timings: DemoTimings = DemoTimings(), *, python: str
                 raise DemoError(f"load replay stopped early: {load.log_tail()}")
             time.sleep(0.5)
 
-        rollout = requests.post(f"{control_url}/api/v1/services/{SERVICE}/rollout",
-                                json={"profile_name": "bad-max-num-seqs", "idempotency_key": "demo-rollout-r2"},
-                                timeout=HTTP_TIMEOUT)
+        rollout = requests.post(
+            f"{control_url}/api/v1/services/{SERVICE}/rollout",
+            json={"profile_name": "bad-max-num-seqs", "idempotency_key": "demo-rollout-r2"},
+            timeout=HTTP_TIMEOUT,
+        )
         rollout.raise_for_status()
         rollout_at = time.time()
         bad_version = rollout.json()["version"]
@@ -294,8 +381,10 @@ def run_demo(out_dir: Path, timings: DemoTimings = DemoTimings(), *, python: str
             return False
 
         if not _wait(rolled_back, timings.detect_timeout_s):
-            raise DemoError("the controller did not roll back within "
-                            f"{timings.detect_timeout_s:.0f}s of the rollout; see {controller.log_path}")
+            raise DemoError(
+                "the controller did not roll back within "
+                f"{timings.detect_timeout_s:.0f}s of the rollout; see {controller.log_path}"
+            )
         record = fired["record"]
         if record["status"] != "succeeded":
             raise DemoError(f"the rollback failed: {record.get('error')}")
@@ -340,9 +429,10 @@ def run_demo(out_dir: Path, timings: DemoTimings = DemoTimings(), *, python: str
         resolved_at=resolved.get("resolved_at"),
         decision_id=decision["id"],
         notes=(
-            f"revisions after the incident: "
-            + ", ".join(f"{r['version']}{' (bad: ' + str(r.get('reason')) + ')' if r.get('bad') else ''}"
-                        for r in revisions),
+            "revisions after the incident: "
+            + ", ".join(
+                f"{r['version']}{' (bad: ' + str(r.get('reason')) + ')' if r.get('bad') else ''}" for r in revisions
+            ),
             f"active revision now: r{service_state['active_revision']}",
             f"evidence (t, P99 s) at fire: {decision['evidence']}",
         ),
@@ -389,10 +479,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo failed: {failed}", file=sys.stderr)
         return 1
     print()
-    print(f"rollout -> detection: {summary['seconds_rollout_to_detection']} s, "
-          f"-> rollback: {summary['seconds_rollout_to_rollback']} s, "
-          f"-> P99 under threshold: {summary['seconds_rollout_to_recovery']} s, "
-          f"-> resolved: {summary['seconds_rollout_to_resolution']} s")
+    print(
+        f"rollout -> detection: {summary['seconds_rollout_to_detection']} s, "
+        f"-> rollback: {summary['seconds_rollout_to_rollback']} s, "
+        f"-> P99 under threshold: {summary['seconds_rollout_to_recovery']} s, "
+        f"-> resolved: {summary['seconds_rollout_to_resolution']} s"
+    )
     print(f"incident report: {summary['report']['markdown']}, {summary['report']['png']}, {summary['report']['json']}")
     return 0
 

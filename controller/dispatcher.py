@@ -51,9 +51,7 @@ class GlobalLimits(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    cooldown: Duration = Field(
-        default=0.0, description="minimum time between mutating actions on one service"
-    )
+    cooldown: Duration = Field(default=0.0, description="minimum time between mutating actions on one service")
     maxActionsPerHour: int | None = Field(
         default=None, ge=0, description="mutating actions per service in any hour, all policies together"
     )
@@ -85,9 +83,7 @@ def desired_replicas(params: Mapping[str, Any], current: int) -> int:
         if value is not None
     ]
     if len(modes) != 1:
-        raise ScaleError(
-            f"scale needs exactly one of replicas, delta or targetPerReplica, got {modes or 'none'}"
-        )
+        raise ScaleError(f"scale needs exactly one of replicas, delta or targetPerReplica, got {modes or 'none'}")
     low = int(params.get("min", 1) if params.get("min") is not None else 1)
     high_raw = params.get("max")
     if high_raw is None:
@@ -205,11 +201,7 @@ class Dispatcher:
                 outcome = self._call(record)
                 self._hook("after-execute", record)
             assert outcome is not None
-            if (
-                outcome.status is not OutcomeStatus.FAILED
-                or not outcome.transient
-                or attempt >= self.attempts
-            ):
+            if outcome.status is not OutcomeStatus.FAILED or not outcome.transient or attempt >= self.attempts:
                 break
             delay = self._delay(attempt)
             log.info(
@@ -240,9 +232,7 @@ class Dispatcher:
     def _finish(
         self, record: ActionRecord, status: ActionStatus, result: Mapping[str, Any] | None, error: str | None
     ) -> ActionRecord:
-        finished = self.journal.finish(
-            record.idempotency_key, status, self.clock.now(), result=result, error=error
-        )
+        finished = self.journal.finish(record.idempotency_key, status, self.clock.now(), result=result, error=error)
         if status in (ActionStatus.FAILED, ActionStatus.SUPPRESSED):
             log.warning(
                 "%s %s on %s: %s (%s)",
@@ -253,9 +243,7 @@ class Dispatcher:
                 record.idempotency_key,
             )
         else:
-            log.info(
-                "%s %s on %s (%s)", record.type.value, status.value, record.resource, record.idempotency_key
-            )
+            log.info("%s %s on %s (%s)", record.type.value, status.value, record.resource, record.idempotency_key)
         if self.on_action is not None:
             try:
                 self.on_action(finished)
@@ -321,15 +309,11 @@ class Dispatcher:
             current = deployer.replicas(service)
         except Exception as exc:  # noqa: BLE001 - a failed read is an outcome, not a crash of the controller
             transient = bool(getattr(exc, "transient", isinstance(exc, (ConnectionError, TimeoutError))))
-            return ActionOutcome(
-                OutcomeStatus.FAILED, {}, f"reading the replicas of {service!r}: {exc}", transient
-            )
+            return ActionOutcome(OutcomeStatus.FAILED, {}, f"reading the replicas of {service!r}: {exc}", transient)
         try:
             desired = desired_replicas(record.params, current)
         except (ScaleError, TypeError, ValueError) as exc:
-            return ActionOutcome(
-                OutcomeStatus.FAILED, {"current": current}, f"scale of {service!r}: {exc}", False
-            )
+            return ActionOutcome(OutcomeStatus.FAILED, {"current": current}, f"scale of {service!r}: {exc}", False)
         if desired == current:
             return ActionOutcome(OutcomeStatus.SKIPPED, {"current": current, "desired": desired}, None)
         return {"service": service, "current": current, "desired": desired}
@@ -355,13 +339,9 @@ class Dispatcher:
                 assert self.actuators.annotator is not None
                 return self.actuators.annotator.annotate(self._annotation(record), idempotency_key=key)
             assert self.actuators.notifier is not None
-            return self.actuators.notifier.notify(
-                str(params["receiver"]), self._payload(record), idempotency_key=key
-            )
+            return self.actuators.notifier.notify(str(params["receiver"]), self._payload(record), idempotency_key=key)
         except KeyError as exc:
-            return ActionOutcome(
-                OutcomeStatus.FAILED, {}, f"{record.type.value} action lacks parameter {exc}", False
-            )
+            return ActionOutcome(OutcomeStatus.FAILED, {}, f"{record.type.value} action lacks parameter {exc}", False)
         except Exception as exc:  # noqa: BLE001
             # Actuators return outcomes for expected failures; anything raised is a bug or an outage.
             transient = bool(getattr(exc, "transient", isinstance(exc, (ConnectionError, TimeoutError))))

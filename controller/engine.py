@@ -172,9 +172,7 @@ def render_actions(
             if isinstance(raw, str):
                 params[name] = render_text(raw, variables)
             elif isinstance(raw, list):
-                params[name] = [
-                    render_text(item, variables) if isinstance(item, str) else item for item in raw
-                ]
+                params[name] = [render_text(item, variables) if isinstance(item, str) else item for item in raw]
             else:
                 params[name] = raw
         if action.type == ActionType.SCALE:
@@ -195,9 +193,7 @@ def _limits_block(policy: Policy, state: PolicyState, target: TargetKey, now: fl
         return f"cooldown: last mutating action {now - max(all_times):.0f}s ago, {remaining:.0f}s left"
     times = [t for t in all_times if now - t < BUDGET_WINDOW_SECONDS]
     if len(times) >= policy.limits.maxActionsPerHour:
-        return (
-            f"budget: {len(times)} mutating actions in the last hour (max {policy.limits.maxActionsPerHour})"
-        )
+        return f"budget: {len(times)} mutating actions in the last hour (max {policy.limits.maxActionsPerHour})"
     return None
 
 
@@ -288,15 +284,11 @@ def _on_error(
             state,
             incident=incident,
             value=None,
-            reason=(
-                f"{state.error_count} consecutive source errors (limit {condition.maxSourceErrors}): {error}"
-            ),
+            reason=(f"{state.error_count} consecutive source errors (limit {condition.maxSourceErrors}): {error}"),
         )
         state = replace(state, errored=True)
         if state.phase is Phase.PENDING:
-            state = replace(
-                state, phase=Phase.OK, breach_count=0, onset=None, evidence=(), suppression_reported=False
-            )
+            state = replace(state, phase=Phase.OK, breach_count=0, onset=None, evidence=(), suppression_reported=False)
     return state
 
 
@@ -318,14 +310,10 @@ def _on_breach(
     if state.phase is Phase.FIRING:
         return replace(state, recover_count=0, recover_since=None, evidence=_with_evidence(state, now, value))
     if state.phase is Phase.OK:
-        state = replace(
-            state, phase=Phase.PENDING, breach_count=1, onset=now, evidence=(), suppression_reported=False
-        )
+        state = replace(state, phase=Phase.PENDING, breach_count=1, onset=now, evidence=(), suppression_reported=False)
         state = replace(state, evidence=_with_evidence(state, now, value))
     else:
-        state = replace(
-            state, breach_count=state.breach_count + 1, evidence=_with_evidence(state, now, value)
-        )
+        state = replace(state, breach_count=state.breach_count + 1, evidence=_with_evidence(state, now, value))
     onset = state.onset
     assert onset is not None
     if not condition.for_.satisfied(state.breach_count, onset, now):
@@ -357,9 +345,7 @@ def _on_breach(
         onset=onset,
     )
     step.record_actions(target, actions)
-    state = replace(
-        state, phase=Phase.FIRING, fired_at=now, decision_id=incident, recover_count=0, recover_since=None
-    )
+    state = replace(state, phase=Phase.FIRING, fired_at=now, decision_id=incident, recover_count=0, recover_since=None)
     step.decide(
         DecisionKind.FIRE,
         condition,
@@ -380,9 +366,7 @@ def _on_ok(
     now = step.now
     state = replace(state, last_data_at=now, last_value=value, stale=False)
     if state.phase is Phase.PENDING:
-        return replace(
-            state, phase=Phase.OK, breach_count=0, onset=None, evidence=(), suppression_reported=False
-        )
+        return replace(state, phase=Phase.OK, breach_count=0, onset=None, evidence=(), suppression_reported=False)
     if state.phase is Phase.OK:
         return state
     healthy = True

@@ -7,10 +7,11 @@ the journal's decisions and actions); no queries here.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class IncidentTimeline:
 def _clock(at: float | None) -> str:
     if at is None:
         return "—"
-    return datetime.fromtimestamp(at, tz=timezone.utc).strftime("%H:%M:%S")
+    return datetime.fromtimestamp(at, tz=UTC).strftime("%H:%M:%S")
 
 
 def _seconds(value: Any) -> str:
@@ -93,14 +94,22 @@ def render_markdown(timeline: IncidentTimeline) -> str:
         "|---|---|---|",
         f"| rollout of {timeline.rollout_revision or '?'} | {_clock(timeline.rollout_at)} | 0 s |",
         f"| breach onset | {_clock(timeline.onset_at)} | {_seconds(summary['seconds_rollout_to_onset'])} |",
-        f"| condition fired (detection) | {_clock(timeline.fired_at)} | "
-        f"{_seconds(summary['seconds_rollout_to_detection'])} |",
-        f"| rollback to {timeline.rollback_to or '?'} done | {_clock(timeline.rollback_at)} | "
-        f"{_seconds(summary['seconds_rollout_to_rollback'])} |",
-        f"| P99 back under threshold | {_clock(summary['recovered_at'])} | "
-        f"{_seconds(summary['seconds_rollout_to_recovery'])} |",
-        f"| decision resolved | {_clock(timeline.resolved_at)} | "
-        f"{_seconds(summary['seconds_rollout_to_resolution'])} |",
+        (
+            f"| condition fired (detection) | {_clock(timeline.fired_at)} | "
+            f"{_seconds(summary['seconds_rollout_to_detection'])} |"
+        ),
+        (
+            f"| rollback to {timeline.rollback_to or '?'} done | {_clock(timeline.rollback_at)} | "
+            f"{_seconds(summary['seconds_rollout_to_rollback'])} |"
+        ),
+        (
+            f"| P99 back under threshold | {_clock(summary['recovered_at'])} | "
+            f"{_seconds(summary['seconds_rollout_to_recovery'])} |"
+        ),
+        (
+            f"| decision resolved | {_clock(timeline.resolved_at)} | "
+            f"{_seconds(summary['seconds_rollout_to_resolution'])} |"
+        ),
         "",
     ]
     peak = summary["peak_p99_seconds"]
@@ -120,10 +129,20 @@ def render_plot(timeline: IncidentTimeline, path: Path) -> None:
     start = timeline.series[0][0] if timeline.series else (timeline.rollout_at or 0.0)
     figure, axes = plt.subplots(figsize=(10, 4.5), dpi=110)
     if timeline.series:
-        axes.plot([t - start for t, _ in timeline.series], [v for _, v in timeline.series],
-                  color="#1f77b4", linewidth=1.8, label="P99 e2e latency")
-    axes.axhline(timeline.threshold_seconds, color="#d62728", linestyle="--", linewidth=1.2,
-                 label=f"threshold {timeline.threshold_seconds:g} s")
+        axes.plot(
+            [t - start for t, _ in timeline.series],
+            [v for _, v in timeline.series],
+            color="#1f77b4",
+            linewidth=1.8,
+            label="P99 e2e latency",
+        )
+    axes.axhline(
+        timeline.threshold_seconds,
+        color="#d62728",
+        linestyle="--",
+        linewidth=1.2,
+        label=f"threshold {timeline.threshold_seconds:g} s",
+    )
     markers = [
         (timeline.rollout_at, f"rollout {timeline.rollout_revision or ''}".strip(), "#ff7f0e"),
         (timeline.fired_at, "fired", "#d62728"),
@@ -145,10 +164,17 @@ def render_plot(timeline: IncidentTimeline, path: Path) -> None:
 
 def write_report(timeline: IncidentTimeline, out_dir: Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"png": out_dir / "incident.png", "json": out_dir / "incident.json", "markdown": out_dir / "incident.md"}
+    paths = {
+        "png": out_dir / "incident.png",
+        "json": out_dir / "incident.json",
+        "markdown": out_dir / "incident.md",
+    }
     render_plot(timeline, paths["png"])
-    document = {"summary": timeline.summary(), "series": [list(point) for point in timeline.series],
-                "timeline": {k: v for k, v in asdict(timeline).items() if k != "series"}}
+    document = {
+        "summary": timeline.summary(),
+        "series": [list(point) for point in timeline.series],
+        "timeline": {k: v for k, v in asdict(timeline).items() if k != "series"},
+    }
     paths["json"].write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     paths["markdown"].write_text(render_markdown(timeline), encoding="utf-8")
     return paths

@@ -205,9 +205,7 @@ class Journal:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
-            self._db = sqlite3.connect(
-                str(self.path), isolation_level=None, check_same_thread=False, timeout=30.0
-            )
+            self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False, timeout=30.0)
         except (OSError, sqlite3.Error) as exc:
             raise JournalError(f"journal {self.path}: cannot open: {exc}") from exc
         self._db.row_factory = sqlite3.Row
@@ -273,9 +271,7 @@ class Journal:
             return None
         return PolicyState.from_json(json.loads(row["state"]))
 
-    def commit_evaluation(
-        self, policy: str, state: PolicyState, decisions: Sequence[Decision], now: float
-    ) -> None:
+    def commit_evaluation(self, policy: str, state: PolicyState, decisions: Sequence[Decision], now: float) -> None:
         """ONE transaction: the new engine state, the decisions and their actions as `planned`."""
         with self._transaction() as db:
             db.execute(
@@ -338,9 +334,7 @@ class Journal:
 
     def get_action(self, idempotency_key: str) -> ActionRecord | None:
         with self._lock:
-            row = self._db.execute(
-                "SELECT * FROM actions WHERE idempotency_key = ?", (idempotency_key,)
-            ).fetchone()
+            row = self._db.execute("SELECT * FROM actions WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
         return _record(row) if row is not None else None
 
     def pending_actions(self) -> list[ActionRecord]:
@@ -375,9 +369,7 @@ class Journal:
             rows = self._db.execute("SELECT * FROM actions ORDER BY seq").fetchall()
         return [_record(row) for row in rows]
 
-    def mark_started(
-        self, idempotency_key: str, now: float, plan: Mapping[str, Any] | None = None
-    ) -> ActionRecord:
+    def mark_started(self, idempotency_key: str, now: float, plan: Mapping[str, Any] | None = None) -> ActionRecord:
         """Committed BEFORE the actuator is called: attempts+1, status started (first start time is kept)."""
         with self._transaction() as db:
             cursor = db.execute(
@@ -395,9 +387,7 @@ class Journal:
                 ),
             )
             if cursor.rowcount != 1:
-                raise JournalError(
-                    f"journal {self.path}: action {idempotency_key!r} is not planned or started"
-                )
+                raise JournalError(f"journal {self.path}: action {idempotency_key!r} is not planned or started")
             row = db.execute("SELECT * FROM actions WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
         return _record(row)
 

@@ -27,38 +27,56 @@ class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.evaluations = Counter(
-            "tailguard_evaluations_total", "Policy evaluations, by what triggered them (schedule, alert).",
-            ["policy", "trigger"], registry=self.registry,
+            "tailguard_evaluations_total",
+            "Policy evaluations, by what triggered them (schedule, alert).",
+            ["policy", "trigger"],
+            registry=self.registry,
         )
         self.decisions = Counter(
-            "tailguard_decisions_total", "Decisions taken by the breach engine.",
-            ["policy", "condition", "kind"], registry=self.registry,
+            "tailguard_decisions_total",
+            "Decisions taken by the breach engine.",
+            ["policy", "condition", "kind"],
+            registry=self.registry,
         )
         self.actions = Counter(
-            "tailguard_actions_total", "Actions run by the dispatcher, by final status.",
-            ["type", "status"], registry=self.registry,
+            "tailguard_actions_total",
+            "Actions run by the dispatcher, by final status.",
+            ["type", "status"],
+            registry=self.registry,
         )
         self.query_duration = Histogram(
-            "tailguard_query_duration_seconds", "Time to query one signal of a policy.",
-            ["policy", "signal"], buckets=QUERY_BUCKETS, registry=self.registry,
+            "tailguard_query_duration_seconds",
+            "Time to query one signal of a policy.",
+            ["policy", "signal"],
+            buckets=QUERY_BUCKETS,
+            registry=self.registry,
         )
         self.source_errors = Counter(
-            "tailguard_source_errors_total", "Signal queries that returned an error (never counted as breaches).",
-            ["policy", "signal"], registry=self.registry,
+            "tailguard_source_errors_total",
+            "Signal queries that returned an error (never counted as breaches).",
+            ["policy", "signal"],
+            registry=self.registry,
         )
         self.condition_state = Gauge(
-            "tailguard_condition_state", "Targets per condition in each phase after the last evaluation.",
-            ["policy", "condition", "phase"], registry=self.registry,
+            "tailguard_condition_state",
+            "Targets per condition in each phase after the last evaluation.",
+            ["policy", "condition", "phase"],
+            registry=self.registry,
         )
         self.policies_loaded = Gauge(
-            "tailguard_policies_loaded", "Policies in the active (last good) set.", registry=self.registry,
+            "tailguard_policies_loaded",
+            "Policies in the active (last good) set.",
+            registry=self.registry,
         )
         self.last_evaluation = Gauge(
-            "tailguard_last_evaluation_timestamp_seconds", "When each policy was last evaluated (unix time).",
-            ["policy"], registry=self.registry,
+            "tailguard_last_evaluation_timestamp_seconds",
+            "When each policy was last evaluated (unix time).",
+            ["policy"],
+            registry=self.registry,
         )
         self.reload_errors = Counter(
-            "tailguard_reload_errors_total", "Policy reloads rejected because a file had errors.",
+            "tailguard_reload_errors_total",
+            "Policy reloads rejected because a file had errors.",
             registry=self.registry,
         )
 

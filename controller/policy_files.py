@@ -169,9 +169,7 @@ def parse_policy_text(text: str, file: str) -> tuple[list[LoadedPolicy], list[Po
                     if isinstance(cause, PolicyReferenceError):
                         loc = (*loc, *cause.loc)
                     errors.append(
-                        PolicyError(
-                            file, _line_for(located, loc), _field_path(loc, located), _message(dict(error))
-                        )
+                        PolicyError(file, _line_for(located, loc), _field_path(loc, located), _message(dict(error)))
                     )
                 continue
             policies.append(LoadedPolicy(policy, file, located.line))

@@ -8,9 +8,10 @@ Implementations never raise for expected failures: they return data
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from controller.model import SignalResult, TargetKey
 
@@ -53,8 +54,12 @@ class ActionOutcome:
     transient: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"status": self.status.value, "detail": dict(self.detail), "error": self.error,
-                "transient": self.transient}
+        return {
+            "status": self.status.value,
+            "detail": dict(self.detail),
+            "error": self.error,
+            "transient": self.transient,
+        }
 
 
 class Deployer(Protocol):

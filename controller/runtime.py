@@ -49,9 +49,7 @@ class JournalPort(Protocol):
 
     def load_state(self, policy: str) -> PolicyState | None: ...
 
-    def commit_evaluation(
-        self, policy: str, state: PolicyState, decisions: Sequence[Decision], now: float
-    ) -> None: ...
+    def commit_evaluation(self, policy: str, state: PolicyState, decisions: Sequence[Decision], now: float) -> None: ...
 
     def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]: ...
 
@@ -206,8 +204,12 @@ class Controller:
                 for name, loaded_policy in self._policies.items():
                     self._schedule_policy(name, loaded_policy.policy.interval)
                 scheduler.add_job(
-                    self._run_reload, "interval", seconds=self._reload_interval, id="reload",
-                    max_instances=1, coalesce=True,
+                    self._run_reload,
+                    "interval",
+                    seconds=self._reload_interval,
+                    id="reload",
+                    max_instances=1,
+                    coalesce=True,
                 )
             scheduler.start()
         logger.info("controller started with %d policies: %s", len(self._policies), ", ".join(sorted(self._policies)))
@@ -270,7 +272,9 @@ class Controller:
             self._states.pop(name, None)
             self._loaded_at.pop(name, None)
             self._last_evaluation.pop(name, None)
-        gone_conditions: dict[str, list[str]] = {name: [c.name for c in old[name].policy.conditions] for name in removed}
+        gone_conditions: dict[str, list[str]] = {
+            name: [c.name for c in old[name].policy.conditions] for name in removed
+        }
         for name in updated:
             kept = {c.name for c in new[name].policy.conditions}
             gone = [c.name for c in old[name].policy.conditions if c.name not in kept]
@@ -286,7 +290,8 @@ class Controller:
                 )
         self._policies = new
         self.metrics.set_policies(
-            {name: [c.name for c in loaded.policy.conditions] for name, loaded in new.items()}, gone_conditions
+            {name: [c.name for c in loaded.policy.conditions] for name, loaded in new.items()},
+            gone_conditions,
         )
         return added, removed, updated
 
@@ -320,10 +325,14 @@ class Controller:
                         self._schedule_policy(name, new[name].policy.interval)
         logger.info(
             "policies reloaded: %d loaded; added %s; removed %s; updated %s",
-            len(new), ", ".join(added) or "none", ", ".join(removed) or "none", ", ".join(updated) or "none",
+            len(new),
+            ", ".join(added) or "none",
+            ", ".join(removed) or "none",
+            ", ".join(updated) or "none",
         )
-        return ReloadOutcome(changed=True, applied=True, added=tuple(added), removed=tuple(removed),
-                             updated=tuple(updated))
+        return ReloadOutcome(
+            changed=True, applied=True, added=tuple(added), removed=tuple(removed), updated=tuple(updated)
+        )
 
     def _run_reload(self) -> None:
         try:
@@ -334,8 +343,14 @@ class Controller:
     def _schedule_policy(self, name: str, interval: float) -> None:
         assert self._scheduler is not None
         self._scheduler.add_job(
-            self._run_scheduled, "interval", args=[name], seconds=interval, id=f"policy:{name}",
-            replace_existing=True, max_instances=1, coalesce=True,
+            self._run_scheduled,
+            "interval",
+            args=[name],
+            seconds=interval,
+            id=f"policy:{name}",
+            replace_existing=True,
+            max_instances=1,
+            coalesce=True,
             # First evaluation right away: /readyz and a restarted controller should not wait an interval.
             next_run_time=datetime.now(UTC),
         )
@@ -358,29 +373,32 @@ class Controller:
     def evaluate(self, policy_name: str, trigger: str = TRIGGER_SCHEDULE) -> EvaluationOutcome | None:
         """Evaluate one policy now. None when the policy is not (or no longer) loaded or the controller stopped."""
         with self._policy_lock(policy_name):
-            with self._lock:
-                loaded = self._policies.get(policy_name)
-                if loaded is None or self._stopped or not self._journal_open:
-                    return None
-                policy = loaded.policy
-                state = self._states.get(policy_name, PolicyState())
-            now = self._clock.now()
-            observations, source_errors = self._query(policy)
-            new_state, decisions = transition(policy, observations, state, now)
-            self._journal.commit_evaluation(policy_name, new_state, decisions, now)
-            with self._lock:
-                if policy_name in self._policies:
-                    self._states[policy_name] = new_state
-                    self._last_evaluation[policy_name] = now
-            self.metrics.record_evaluation(policy_name, trigger, now)
-            self.metrics.record_condition_states(policy_name, [c.name for c in policy.conditions], new_state)
-            _log_evaluation(policy, trigger, new_state, source_errors)
-            for decision in decisions:
-                self.metrics.record_decision(decision)
-                _log_decision(decision)
-                for record in self._dispatcher.dispatch(decision):
-                    self.metrics.record_action(*action_labels(record))
-            return EvaluationOutcome(policy_name, trigger, now, tuple(decisions), new_state, tuple(source_errors))
+            return self._evaluate_holding_lock(policy_name, trigger)
+
+    def _evaluate_holding_lock(self, policy_name: str, trigger: str) -> EvaluationOutcome | None:
+        with self._lock:
+            loaded = self._policies.get(policy_name)
+            if loaded is None or self._stopped or not self._journal_open:
+                return None
+            policy = loaded.policy
+            state = self._states.get(policy_name, PolicyState())
+        now = self._clock.now()
+        observations, source_errors = self._query(policy)
+        new_state, decisions = transition(policy, observations, state, now)
+        self._journal.commit_evaluation(policy_name, new_state, decisions, now)
+        with self._lock:
+            if policy_name in self._policies:
+                self._states[policy_name] = new_state
+                self._last_evaluation[policy_name] = now
+        self.metrics.record_evaluation(policy_name, trigger, now)
+        self.metrics.record_condition_states(policy_name, [c.name for c in policy.conditions], new_state)
+        _log_evaluation(policy, trigger, new_state, source_errors)
+        for decision in decisions:
+            self.metrics.record_decision(decision)
+            _log_decision(decision)
+            for record in self._dispatcher.dispatch(decision):
+                self.metrics.record_action(*action_labels(record))
+        return EvaluationOutcome(policy_name, trigger, now, tuple(decisions), new_state, tuple(source_errors))
 
     def _query(self, policy: Policy) -> tuple[dict[str, SignalResult], list[str]]:
         """One request per signal, each timed and counted on its own (policy, signal) series."""
@@ -427,10 +445,13 @@ class Controller:
         return queued
 
     def _run_triggered(self, name: str, trigger: str) -> EvaluationOutcome | None:
-        with self._lock:
-            self._pending_alerts.discard(name)
         try:
-            return self.evaluate(name, trigger)
+            with self._policy_lock(name):
+                # Still "pending" while it waits for a running evaluation of the same policy, so alerts
+                # arriving meanwhile coalesce into this one instead of queueing another.
+                with self._lock:
+                    self._pending_alerts.discard(name)
+                return self._evaluate_holding_lock(name, trigger)
         except Exception:
             logger.exception("%s-triggered evaluation of policy %s failed", trigger, name)
             return None
@@ -492,10 +513,20 @@ def _log_evaluation(policy: Policy, trigger: str, state: PolicyState, source_err
     firing = sum(1 for s in state.conditions.values() if s.phase is Phase.FIRING)
     logger.info(
         "evaluated %s (%s): %s%s",
-        policy.name, trigger, "; ".join(shown) or "no targets",
+        policy.name,
+        trigger,
+        "; ".join(shown) or "no targets",
         f" | source errors: {'; '.join(source_errors)}" if source_errors else "",
-        extra={"fields": {"event": "evaluation", "policy": policy.name, "trigger": trigger,
-                          "targets": len(parts), "firing": firing, "source_errors": list(source_errors)}},
+        extra={
+            "fields": {
+                "event": "evaluation",
+                "policy": policy.name,
+                "trigger": trigger,
+                "targets": len(parts),
+                "firing": firing,
+                "source_errors": list(source_errors),
+            }
+        },
     )
 
 
@@ -503,8 +534,15 @@ def _log_decision(decision: Decision) -> None:
     value = "no-data" if decision.value is None else f"{decision.value:.4g}"
     logger.info(
         "decision %s %s/%s %s value=%s threshold=%s%s: %s [%s]",
-        decision.kind.value, decision.policy, decision.condition, format_target(decision.target), value,
-        f"{decision.threshold:.4g}", " (dry run)" if decision.dry_run else "", decision.reason, decision.id,
+        decision.kind.value,
+        decision.policy,
+        decision.condition,
+        format_target(decision.target),
+        value,
+        f"{decision.threshold:.4g}",
+        " (dry run)" if decision.dry_run else "",
+        decision.reason,
+        decision.id,
         extra={"fields": {"event": "decision", **decision.to_json()}},
     )
 

@@ -133,16 +133,18 @@ def parse_settings_text(text: str, file: str, base_dir: Path) -> ControllerSetti
         raise SettingsError([PolicyError(file, located.line, "", "expected a mapping (the controller configuration)")])
     if "base_dir" in located.value:
         line = located.children["base_dir"].line
-        raise SettingsError([PolicyError(file, line, "base_dir", "unknown field (not part of the controller "
-                                                                  "configuration)")])
+        raise SettingsError(
+            [PolicyError(file, line, "base_dir", "unknown field (not part of the controller configuration)")]
+        )
     try:
         return ControllerSettings.model_validate({**located.value, "base_dir": base_dir})
     except ValidationError as invalid:
         errors = []
         for error in invalid.errors():
             loc = tuple(error["loc"])
-            errors.append(PolicyError(file, _line_for(located, loc), _field_path(loc, located),
-                                      _settings_message(dict(error))))
+            errors.append(
+                PolicyError(file, _line_for(located, loc), _field_path(loc, located), _settings_message(dict(error)))
+            )
         raise SettingsError(errors) from None
 
 
@@ -153,6 +155,7 @@ def load_settings(path: str | Path) -> ControllerSettings:
         text = config.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as unreadable:
         reason = getattr(unreadable, "strerror", None) or str(unreadable)
-        raise SettingsError([PolicyError(str(config), 1, "", f"cannot read the configuration file: {reason}")]) \
-            from None
+        raise SettingsError(
+            [PolicyError(str(config), 1, "", f"cannot read the configuration file: {reason}")]
+        ) from None
     return parse_settings_text(text, str(config), config.resolve().parent)

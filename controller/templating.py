@@ -24,11 +24,7 @@ QUERY_BUILTINS = frozenset({SELECTOR_VARIABLE, BY_VARIABLE})
 def promql_string(value: str) -> str:
     """A double-quoted PromQL string literal that denotes exactly `value`."""
     escaped = (
-        value.replace("\\", "\\\\")
-        .replace('"', '\\"')
-        .replace("\n", "\\n")
-        .replace("\r", "\\r")
-        .replace("\t", "\\t")
+        value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
     )
     return f'"{escaped}"'
 
@@ -44,9 +40,7 @@ def variables_in(template: str) -> list[str]:
     return TEMPLATE_VARIABLE.findall(template)
 
 
-def render_query(
-    template: str, *, match: Mapping[str, str], group_by: list[str], variables: Mapping[str, str]
-) -> str:
+def render_query(template: str, *, match: Mapping[str, str], group_by: list[str], variables: Mapping[str, str]) -> str:
     by = ",".join(group_by)
     selector = promql_selector(match)
     values = {**match, **variables}

@@ -123,10 +123,12 @@ class BatchingModel:
         if total > args.max_model_len:
             raise RequestRejected(
                 f"This model's maximum context length is {args.max_model_len} tokens. However, you requested "
-                f"{total} tokens ({prompt_tokens} in the messages, {max_tokens} in the completion).")
+                f"{total} tokens ({prompt_tokens} in the messages, {max_tokens} in the completion)."
+            )
         if self._blocks_for(total) > self.num_blocks:
             raise RequestRejected(
-                f"request needs {self._blocks_for(total)} KV-cache blocks but the engine has {self.num_blocks}")
+                f"request needs {self._blocks_for(total)} KV-cache blocks but the engine has {self.num_blocks}"
+            )
 
     def add(self, request: SimRequest) -> None:
         self.check(request.prompt_tokens, request.max_tokens)
@@ -233,8 +235,11 @@ class BatchingModel:
         prefill_tokens = sum(tokens for _, tokens in prefill)
         duration = 0.0
         if decode or prefill:
-            duration = (hardware.decode_step_base_s + hardware.decode_per_seq_s * len(decode)
-                        + prefill_tokens / hardware.prefill_tokens_per_s)
+            duration = (
+                hardware.decode_step_base_s
+                + hardware.decode_per_seq_s * len(decode)
+                + prefill_tokens / hardware.prefill_tokens_per_s
+            )
         return StepPlan(now, duration, tuple(decode), tuple(prefill), self.num_preemptions - preempted_before)
 
     @property
@@ -296,8 +301,9 @@ def simulate(profile: EngineProfile, arrivals: Iterable[Arrival], *, max_steps: 
     for _ in range(max_steps):
         while index < len(pending) and pending[index].at <= now:
             arrival = pending[index]
-            request = SimRequest(f"sim-{index}", arrival.prompt_tokens, arrival.max_tokens, arrival.at,
-                                 arrival.priority)
+            request = SimRequest(
+                f"sim-{index}", arrival.prompt_tokens, arrival.max_tokens, arrival.at, arrival.priority
+            )
             model.add(request)
             requests.append(request)
             index += 1

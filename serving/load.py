@@ -77,13 +77,15 @@ def read_trace(path: str | Path) -> list[TraceRequest]:
             if not row or all(not cell.strip() for cell in row):
                 continue
             if len(row) != 3:
-                raise TraceError(f"{file}:{line}: expected 3 columns (TIMESTAMP,ContextTokens,GeneratedTokens), "
-                                 f"got {len(row)}")
+                raise TraceError(
+                    f"{file}:{line}: expected 3 columns (TIMESTAMP,ContextTokens,GeneratedTokens), got {len(row)}"
+                )
             try:
                 at = _parse_timestamp(row[0])
             except ValueError:
-                raise TraceError(f"{file}:{line}: TIMESTAMP: expected a time like 2023-11-16 18:15:46.6805900, "
-                                 f"got {row[0]!r}") from None
+                raise TraceError(
+                    f"{file}:{line}: TIMESTAMP: expected a time like 2023-11-16 18:15:46.6805900, got {row[0]!r}"
+                ) from None
             tokens = []
             for name, cell in zip(COLUMNS[1:], row[1:]):
                 try:
@@ -94,8 +96,10 @@ def read_trace(path: str | Path) -> list[TraceRequest]:
                     raise TraceError(f"{file}:{line}: {name}: expected a non-negative integer, got {cell!r}")
                 tokens.append(value)
             if at < previous:
-                raise TraceError(f"{file}:{line}: TIMESTAMP: expected times in ascending order, "
-                                 f"{row[0]!r} is earlier than the row before")
+                raise TraceError(
+                    f"{file}:{line}: TIMESTAMP: expected times in ascending order, "
+                    f"{row[0]!r} is earlier than the row before"
+                )
             previous = at
             first = at if first is None else first
             requests.append(TraceRequest(at - first, tokens[0], tokens[1]))
@@ -111,8 +115,16 @@ class PlannedRequest:
     max_tokens: int
 
 
-def plan(trace: list[TraceRequest], *, speedup: float = 10.0, rate_scale: float = 1.0, start_offset: float = 0.0,
-         duration: float | None = None, token_scale: float = 0.1, max_requests: int | None = None) -> list[PlannedRequest]:
+def plan(
+    trace: list[TraceRequest],
+    *,
+    speedup: float = 10.0,
+    rate_scale: float = 1.0,
+    start_offset: float = 0.0,
+    duration: float | None = None,
+    token_scale: float = 0.1,
+    max_requests: int | None = None,
+) -> list[PlannedRequest]:
     """The replay schedule: a pure function of the trace and the options."""
     if speedup <= 0 or rate_scale <= 0 or token_scale <= 0:
         raise ValueError("speedup, rate-scale and token-scale must be positive")
@@ -129,8 +141,13 @@ def plan(trace: list[TraceRequest], *, speedup: float = 10.0, rate_scale: float 
         credit -= copies
         for copy in range(copies):
             # Duplicates are spread a little so they are not one synchronized burst.
-            planned.append(PlannedRequest(at + copy * 0.001, max(1, round(item.prompt_tokens * token_scale)),
-                                          max(1, round(item.output_tokens * token_scale))))
+            planned.append(
+                PlannedRequest(
+                    at + copy * 0.001,
+                    max(1, round(item.prompt_tokens * token_scale)),
+                    max(1, round(item.output_tokens * token_scale)),
+                )
+            )
             if max_requests is not None and len(planned) >= max_requests:
                 return planned
     return planned
@@ -166,10 +183,13 @@ class Summary:
     def text(self) -> str:
         def ms(value: float | None) -> str:
             return "-" if value is None else f"{value * 1000:.0f} ms"
+
         kinds = ", ".join(f"{k}: {v}" for k, v in sorted(self.error_kinds.items())) or "none"
-        return (f"requests {self.count}  ok {self.ok}  errors {self.errors} ({kinds})\n"
-                f"latency p50 {ms(self.p50)}  p90 {ms(self.p90)}  p99 {ms(self.p99)}  mean {ms(self.mean)}\n"
-                f"throughput {self.throughput_rps:.2f} req/s over {self.duration_s:.1f} s")
+        return (
+            f"requests {self.count}  ok {self.ok}  errors {self.errors} ({kinds})\n"
+            f"latency p50 {ms(self.p50)}  p90 {ms(self.p90)}  p99 {ms(self.p99)}  mean {ms(self.mean)}\n"
+            f"throughput {self.throughput_rps:.2f} req/s over {self.duration_s:.1f} s"
+        )
 
 
 def quantile(values: list[float], q: float) -> float | None:
@@ -190,14 +210,31 @@ def summarize(results: list[RequestResult], duration_s: float) -> Summary:
         if r.error is not None:
             kind = f"http {r.status}" if r.status else r.error.split(":")[0]
             kinds[kind] = kinds.get(kind, 0) + 1
-    return Summary(len(results), len(ok), len(results) - len(ok), quantile(ok, 0.5), quantile(ok, 0.9),
-                   quantile(ok, 0.99), sum(ok) / len(ok) if ok else None,
-                   len(results) / duration_s if duration_s > 0 else 0.0, duration_s, kinds)
+    return Summary(
+        len(results),
+        len(ok),
+        len(results) - len(ok),
+        quantile(ok, 0.5),
+        quantile(ok, 0.9),
+        quantile(ok, 0.99),
+        sum(ok) / len(ok) if ok else None,
+        len(results) / duration_s if duration_s > 0 else 0.0,
+        duration_s,
+        kinds,
+    )
 
 
-async def replay(url: str, model: str, requests: list[PlannedRequest], *, endpoint: str = "completions",
-                 concurrency_limit: int | None = None, timeout_s: float = 60.0, progress: bool = True,
-                 now: Callable[[], float] = time.monotonic) -> tuple[list[RequestResult], float]:
+async def replay(
+    url: str,
+    model: str,
+    requests: list[PlannedRequest],
+    *,
+    endpoint: str = "completions",
+    concurrency_limit: int | None = None,
+    timeout_s: float = 60.0,
+    progress: bool = True,
+    now: Callable[[], float] = time.monotonic,
+) -> tuple[list[RequestResult], float]:
     """Send `requests` at their planned times; returns the results (in plan order) and the wall duration."""
     path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
     target = url.rstrip("/") + path
@@ -234,8 +271,9 @@ async def replay(url: str, model: str, requests: list[PlannedRequest], *, endpoi
         finally:
             if limit is not None:
                 limit.release()
-        results[index] = RequestResult(item.at, sent - start, now() - sent, status, item.prompt_tokens,
-                                       item.max_tokens, error)
+        results[index] = RequestResult(
+            item.at, sent - start, now() - sent, status, item.prompt_tokens, item.max_tokens, error
+        )
         bar.update(1)
 
     try:
@@ -246,16 +284,44 @@ async def replay(url: str, model: str, requests: list[PlannedRequest], *, endpoi
     return [r for r in results if r is not None], now() - start
 
 
-def run_replay(url: str, model: str, trace: str = "conv", *, speedup: float = 10.0, rate_scale: float = 1.0,
-               start_offset: float = 0.0, duration: float | None = None, token_scale: float = 0.1,
-               max_requests: int | None = None, concurrency_limit: int | None = None, endpoint: str = "completions",
-               timeout_s: float = 60.0, progress: bool = True) -> tuple[Summary, list[RequestResult]]:
+def run_replay(
+    url: str,
+    model: str,
+    trace: str = "conv",
+    *,
+    speedup: float = 10.0,
+    rate_scale: float = 1.0,
+    start_offset: float = 0.0,
+    duration: float | None = None,
+    token_scale: float = 0.1,
+    max_requests: int | None = None,
+    concurrency_limit: int | None = None,
+    endpoint: str = "completions",
+    timeout_s: float = 60.0,
+    progress: bool = True,
+) -> tuple[Summary, list[RequestResult]]:
     """Read the trace, replay it, summarize: the programmatic entry point (blocking)."""
     path = BUILTIN_TRACES.get(trace, Path(trace))
-    schedule = plan(read_trace(path), speedup=speedup, rate_scale=rate_scale, start_offset=start_offset,
-                    duration=duration, token_scale=token_scale, max_requests=max_requests)
-    results, wall = asyncio.run(replay(url, model, schedule, endpoint=endpoint, concurrency_limit=concurrency_limit,
-                                       timeout_s=timeout_s, progress=progress))
+    schedule = plan(
+        read_trace(path),
+        speedup=speedup,
+        rate_scale=rate_scale,
+        start_offset=start_offset,
+        duration=duration,
+        token_scale=token_scale,
+        max_requests=max_requests,
+    )
+    results, wall = asyncio.run(
+        replay(
+            url,
+            model,
+            schedule,
+            endpoint=endpoint,
+            concurrency_limit=concurrency_limit,
+            timeout_s=timeout_s,
+            progress=progress,
+        )
+    )
     return summarize(results, wall), results
 
 
@@ -264,8 +330,17 @@ def write_csv(path: str | Path, results: list[RequestResult]) -> None:
         writer = csv.writer(handle)
         writer.writerow(["scheduled_at", "sent_at", "latency_s", "status", "prompt_tokens", "max_tokens", "error"])
         for r in results:
-            writer.writerow([f"{r.scheduled_at:.4f}", f"{r.sent_at:.4f}", f"{r.latency:.4f}", r.status,
-                             r.prompt_tokens, r.max_tokens, r.error or ""])
+            writer.writerow(
+                [
+                    f"{r.scheduled_at:.4f}",
+                    f"{r.sent_at:.4f}",
+                    f"{r.latency:.4f}",
+                    r.status,
+                    r.prompt_tokens,
+                    r.max_tokens,
+                    r.error or "",
+                ]
+            )
 
 
 def _positive(text: str) -> float:
@@ -276,12 +351,15 @@ def _positive(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tailguard load", description="Replay an LLM trace against an "
-                                     "OpenAI-compatible endpoint, time-compressed.")
+    parser = argparse.ArgumentParser(
+        prog="tailguard load",
+        description="Replay an LLM trace against an OpenAI-compatible endpoint, time-compressed.",
+    )
     parser.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--model", required=True, help="the 'model' field to send")
-    parser.add_argument("--trace", default="conv", help="conv, code, or a CSV path (TIMESTAMP,ContextTokens,"
-                        "GeneratedTokens)")
+    parser.add_argument(
+        "--trace", default="conv", help="conv, code, or a CSV path (TIMESTAMP,ContextTokens,GeneratedTokens)"
+    )
     parser.add_argument("--speedup", type=_positive, default=10.0, help="time compression factor")
     parser.add_argument("--rate-scale", type=_positive, default=1.0, help="arrival rate multiplier")
     parser.add_argument("--start-offset", type=float, default=0.0, help="trace seconds to skip")
@@ -301,10 +379,20 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         summary, results = run_replay(
-            args.url, args.model, args.trace, speedup=args.speedup, rate_scale=args.rate_scale,
-            start_offset=args.start_offset, duration=args.duration, token_scale=args.token_scale,
-            max_requests=args.max_requests, concurrency_limit=args.concurrency_limit, endpoint=args.endpoint,
-            timeout_s=args.timeout, progress=not args.no_progress)
+            args.url,
+            args.model,
+            args.trace,
+            speedup=args.speedup,
+            rate_scale=args.rate_scale,
+            start_offset=args.start_offset,
+            duration=args.duration,
+            token_scale=args.token_scale,
+            max_requests=args.max_requests,
+            concurrency_limit=args.concurrency_limit,
+            endpoint=args.endpoint,
+            timeout_s=args.timeout,
+            progress=not args.no_progress,
+        )
     except TraceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -123,9 +123,7 @@ def resolve_profile(name_or_path: str, search_dirs: list[Path] | None = None) ->
             path = directory / f"{name_or_path}{suffix}"
             if path.is_file():
                 return load_profile(path)
-    raise ConfigFileError(
-        name_or_path, 0, "", f"no such profile; expected a file or one of {builtin_profile_names()}"
-    )
+    raise ConfigFileError(name_or_path, 0, "", f"no such profile; expected a file or one of {builtin_profile_names()}")
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
@@ -150,5 +148,8 @@ def profile_diff(a: EngineProfile, b: EngineProfile) -> dict[str, dict[str, Any]
         _flatten(section, getattr(a, section).model_dump(), left)
         _flatten(section, getattr(b, section).model_dump(), right)
     left["model"], right["model"] = a.model, b.model
-    return {key: {"from": left.get(key), "to": right.get(key)}
-            for key in sorted(set(left) | set(right)) if left.get(key) != right.get(key)}
+    return {
+        key: {"from": left.get(key), "to": right.get(key)}
+        for key in sorted(set(left) | set(right))
+        if left.get(key) != right.get(key)
+    }

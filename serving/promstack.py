@@ -45,8 +45,10 @@ def find_binary(name: str, *alternatives: str) -> str:
         found = shutil.which(candidate)
         if found:
             return found
-    raise MissingBinaryError(f"{name} is not installed (looked for {', '.join((name, *alternatives))} on PATH); "
-                             f"install it with: {INSTALL_HINT}")
+    raise MissingBinaryError(
+        f"{name} is not installed (looked for {', '.join((name, *alternatives))} on PATH); "
+        f"install it with: {INSTALL_HINT}"
+    )
 
 
 def free_port() -> int:
@@ -66,8 +68,13 @@ def http_get(url: str, timeout: float = HTTP_TIMEOUT) -> tuple[int, bytes]:
         return 0, b""
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.1,
-               alive: Callable[[], str | None] | None = None) -> None:
+def wait_until(
+    predicate: Callable[[], bool],
+    timeout: float,
+    what: str,
+    interval: float = 0.1,
+    alive: Callable[[], str | None] | None = None,
+) -> None:
     """Poll `predicate` until true; raise PromStackError naming `what` on timeout or when `alive` says it died."""
     deadline = time.monotonic() + timeout
     while True:
@@ -85,19 +92,37 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interva
 # -- configuration ----------------------------------------------------------------------------------
 
 
-def static_scrape_config(job: str, targets: Sequence[str], *, metrics_path: str = "/metrics",
-                         labels: Mapping[str, str] | None = None, scrape_interval: str | None = None) -> dict[str, Any]:
-    config: dict[str, Any] = {"job_name": job, "metrics_path": metrics_path,
-                              "static_configs": [{"targets": list(targets), "labels": dict(labels or {})}]}
+def static_scrape_config(
+    job: str,
+    targets: Sequence[str],
+    *,
+    metrics_path: str = "/metrics",
+    labels: Mapping[str, str] | None = None,
+    scrape_interval: str | None = None,
+) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "job_name": job,
+        "metrics_path": metrics_path,
+        "static_configs": [{"targets": list(targets), "labels": dict(labels or {})}],
+    }
     if scrape_interval:
         config["scrape_interval"] = scrape_interval
     return config
 
 
-def http_sd_scrape_config(job: str, sd_url: str, *, refresh_interval: str = "5s", metrics_path: str = "/metrics",
-                          scrape_interval: str | None = None) -> dict[str, Any]:
-    config: dict[str, Any] = {"job_name": job, "metrics_path": metrics_path,
-                              "http_sd_configs": [{"url": sd_url, "refresh_interval": refresh_interval}]}
+def http_sd_scrape_config(
+    job: str,
+    sd_url: str,
+    *,
+    refresh_interval: str = "5s",
+    metrics_path: str = "/metrics",
+    scrape_interval: str | None = None,
+) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "job_name": job,
+        "metrics_path": metrics_path,
+        "http_sd_configs": [{"url": sd_url, "refresh_interval": refresh_interval}],
+    }
     if scrape_interval:
         config["scrape_interval"] = scrape_interval
     return config
@@ -126,15 +151,25 @@ def write_prometheus_config(
     return target
 
 
-def write_alertmanager_config(path: str | Path, webhook_url: str | None = None, *,
-                              group_wait: str = "0s", group_interval: str = "1s",
-                              repeat_interval: str = "1h") -> Path:
+def write_alertmanager_config(
+    path: str | Path,
+    webhook_url: str | None = None,
+    *,
+    group_wait: str = "0s",
+    group_interval: str = "1s",
+    repeat_interval: str = "1h",
+) -> Path:
     receiver: dict[str, Any] = {"name": "default"}
     if webhook_url:
         receiver["webhook_configs"] = [{"url": webhook_url, "send_resolved": True}]
     config = {
-        "route": {"receiver": "default", "group_by": ["alertname"], "group_wait": group_wait,
-                  "group_interval": group_interval, "repeat_interval": repeat_interval},
+        "route": {
+            "receiver": "default",
+            "group_by": ["alertname"],
+            "group_wait": group_wait,
+            "group_interval": group_interval,
+            "repeat_interval": repeat_interval,
+        },
         "receivers": [receiver],
     }
     target = Path(path)
@@ -154,8 +189,13 @@ class BackfillResult:
     blocks: int
 
 
-def backfill_openmetrics(text_or_path: str | Path, data_dir: str | Path, *,
-                         expected_samples: int | None = None, timeout: float = 300.0) -> BackfillResult:
+def backfill_openmetrics(
+    text_or_path: str | Path,
+    data_dir: str | Path,
+    *,
+    expected_samples: int | None = None,
+    timeout: float = 300.0,
+) -> BackfillResult:
     """Create TSDB blocks in `data_dir` from OpenMetrics text (or a file) with promtool.
 
     Raises PromStackError when promtool fails or, given `expected_samples`, when it wrote a different
@@ -171,19 +211,33 @@ def backfill_openmetrics(text_or_path: str | Path, data_dir: str | Path, *,
             source = Path(scratch) / "history.om"
             source.write_text(text_or_path, encoding="utf-8")
         completed = subprocess.run(
-            [promtool, "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=24h",
-             str(source), str(data)],
-            capture_output=True, text=True, timeout=timeout, check=False,
+            [
+                promtool,
+                "tsdb",
+                "create-blocks-from",
+                "openmetrics",
+                "--max-block-duration=24h",
+                str(source),
+                str(data),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
     if completed.returncode != 0:
-        raise PromStackError(f"promtool create-blocks-from failed ({completed.returncode}): "
-                             f"{(completed.stderr or completed.stdout).strip()[:1000]}")
+        raise PromStackError(
+            f"promtool create-blocks-from failed ({completed.returncode}): "
+            f"{(completed.stderr or completed.stdout).strip()[:1000]}"
+        )
     rows = _BLOCK_ROW.findall(completed.stdout)
     samples = sum(int(row[2]) for row in rows)
     result = BackfillResult(samples, tuple(int(row[4]) for row in rows), len(rows))
     if expected_samples is not None and samples != expected_samples:
-        raise PromStackError(f"promtool wrote {samples} samples, expected {expected_samples}: samples out of "
-                             "order, duplicated, or with millisecond timestamps are dropped silently")
+        raise PromStackError(
+            f"promtool wrote {samples} samples, expected {expected_samples}: samples out of "
+            "order, duplicated, or with millisecond timestamps are dropped silently"
+        )
     return result
 
 
@@ -203,7 +257,10 @@ class ManagedProcess:
     def start(self) -> None:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            self.args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            self.args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
 
@@ -300,8 +357,9 @@ class _Server:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
 
@@ -310,9 +368,15 @@ class PrometheusServer(_Server):
 
     name = "prometheus"
 
-    def __init__(self, config: str | Path | None = None, data_dir: str | Path | None = None, *,
-                 workdir: str | Path | None = None, extra_args: Sequence[str] = (),
-                 keep_workdir: bool = False):
+    def __init__(
+        self,
+        config: str | Path | None = None,
+        data_dir: str | Path | None = None,
+        *,
+        workdir: str | Path | None = None,
+        extra_args: Sequence[str] = (),
+        keep_workdir: bool = False,
+    ):
         self.binary = find_binary("prometheus")
         work = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="tailguard-prom-"))
         work.mkdir(parents=True, exist_ok=True)
@@ -346,16 +410,20 @@ class PrometheusServer(_Server):
                 return False
             healthy = [t for t in targets if t.get("labels", {}).get("job") == job and t.get("health") == "up"]
             return len(healthy) >= count
+
         wait_until(up, timeout, f"{count} target(s) of job {job!r} up", interval=0.25, alive=self._alive)
 
     def wait_series(self, query: str, timeout: float = 30.0) -> None:
         """Wait until an instant query returns at least one series (e.g. the first scrape landed)."""
+
         def present() -> bool:
             from urllib.parse import quote
+
             try:
                 return bool(self.api(f"/api/v1/query?query={quote(query)}")["result"])
             except (PromStackError, ValueError, KeyError):
                 return False
+
         wait_until(present, timeout, f"series for {query!r}", interval=0.25, alive=self._alive)
 
     def wait_alertmanagers_discovered(self, count: int = 1, timeout: float = 30.0) -> None:
@@ -364,6 +432,7 @@ class PrometheusServer(_Server):
                 return len(self.api("/api/v1/alertmanagers")["activeAlertmanagers"]) >= count
             except (PromStackError, ValueError, KeyError):
                 return False
+
         wait_until(discovered, timeout, f"{count} alertmanager(s) discovered", interval=0.25, alive=self._alive)
 
     def _alive(self) -> str | None:
@@ -373,14 +442,21 @@ class PrometheusServer(_Server):
 class AlertmanagerServer(_Server):
     name = "alertmanager"
 
-    def __init__(self, config: str | Path | None = None, *, webhook_url: str | None = None,
-                 workdir: str | Path | None = None, keep_workdir: bool = False):
+    def __init__(
+        self,
+        config: str | Path | None = None,
+        *,
+        webhook_url: str | None = None,
+        workdir: str | Path | None = None,
+        keep_workdir: bool = False,
+    ):
         self.binary = find_binary("prometheus-alertmanager", "alertmanager")
         work = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="tailguard-am-"))
         work.mkdir(parents=True, exist_ok=True)
         super().__init__(work, keep_workdir or workdir is not None)
-        self.config = (Path(config) if config is not None
-                       else write_alertmanager_config(work / "alertmanager.yml", webhook_url))
+        self.config = (
+            Path(config) if config is not None else write_alertmanager_config(work / "alertmanager.yml", webhook_url)
+        )
 
     @property
     def address(self) -> str:
@@ -396,11 +472,11 @@ class AlertmanagerServer(_Server):
         ]
 
 
-def start_prometheus(config: str | Path | None = None, data_dir: str | Path | None = None,
-                     **kwargs: Any) -> PrometheusServer:
+def start_prometheus(
+    config: str | Path | None = None, data_dir: str | Path | None = None, **kwargs: Any
+) -> PrometheusServer:
     return PrometheusServer(config, data_dir, **kwargs).start()
 
 
 def start_alertmanager(config: str | Path | None = None, **kwargs: Any) -> AlertmanagerServer:
     return AlertmanagerServer(config, **kwargs).start()
-

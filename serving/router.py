@@ -66,22 +66,43 @@ class _ServiceRoutes:
 
 class RouterMetrics:
     def __init__(self, registry: CollectorRegistry):
-        self.duration = Histogram("tailguard_router_request_duration_seconds",
-                                  "Time from the router receiving a request to its answer, by upstream version.",
-                                  ["service", "version", "priority"], buckets=LATENCY_BUCKETS, registry=registry)
-        self.requests = Counter("tailguard_router_requests", "Requests answered by the router, by status code.",
-                                ["service", "version", "code"], registry=registry)
-        self.upstream_errors = Counter("tailguard_router_upstream_errors",
-                                       "Requests the router could not get an answer for from a replica.",
-                                       ["service", "version", "reason"], registry=registry)
-        self.overhead = Histogram("tailguard_router_proxy_overhead_seconds",
-                                  "Router time not spent waiting for the replica.", ["service"],
-                                  buckets=PROXY_OVERHEAD_BUCKETS, registry=registry)
+        self.duration = Histogram(
+            "tailguard_router_request_duration_seconds",
+            "Time from the router receiving a request to its answer, by upstream version.",
+            ["service", "version", "priority"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.requests = Counter(
+            "tailguard_router_requests",
+            "Requests answered by the router, by status code.",
+            ["service", "version", "code"],
+            registry=registry,
+        )
+        self.upstream_errors = Counter(
+            "tailguard_router_upstream_errors",
+            "Requests the router could not get an answer for from a replica.",
+            ["service", "version", "reason"],
+            registry=registry,
+        )
+        self.overhead = Histogram(
+            "tailguard_router_proxy_overhead_seconds",
+            "Router time not spent waiting for the replica.",
+            ["service"],
+            buckets=PROXY_OVERHEAD_BUCKETS,
+            registry=registry,
+        )
 
 
 class Router:
-    def __init__(self, *, upstream_timeout_s: float = 300.0, connect_timeout_s: float = 2.0,
-                 now: Callable[[], float] = time.monotonic, registry: CollectorRegistry | None = None):
+    def __init__(
+        self,
+        *,
+        upstream_timeout_s: float = 300.0,
+        connect_timeout_s: float = 2.0,
+        now: Callable[[], float] = time.monotonic,
+        registry: CollectorRegistry | None = None,
+    ):
         self.registry = registry or CollectorRegistry()
         self.metrics = RouterMetrics(self.registry)
         self.now = now
@@ -140,8 +161,11 @@ class Router:
         version = routes.pick_version()
         if version is None:
             self.metrics.upstream_errors.labels(routes.name, "none", "no_healthy_replica").inc()
-            return _error(503, f"service {routes.name!r} has no healthy replica with a non-zero weight",
-                          "ServiceUnavailableError")
+            return _error(
+                503,
+                f"service {routes.name!r} has no healthy replica with a non-zero weight",
+                "ServiceUnavailableError",
+            )
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
         tried: set[str] = set()
@@ -158,8 +182,7 @@ class Router:
                 assert self._session is not None
                 async with self._session.post(replica.url + request.path, data=raw, headers=headers) as upstream:
                     payload = await upstream.read()
-                    response = web.Response(body=payload, status=upstream.status,
-                                            content_type=upstream.content_type)
+                    response = web.Response(body=payload, status=upstream.status, content_type=upstream.content_type)
                 upstream_time += self.now() - sent
                 break
             except aiohttp.ClientConnectorError:
@@ -182,8 +205,9 @@ class Router:
                 if self._in_flight[replica.id] <= 0:
                     del self._in_flight[replica.id]
         if response is None:
-            response = _error(502, f"no replica of {routes.name} {version.version} accepted the connection",
-                              "BadGateway")
+            response = _error(
+                502, f"no replica of {routes.name} {version.version} accepted the connection", "BadGateway"
+            )
         elapsed = self.now() - received
         self.metrics.duration.labels(routes.name, version.version, priority).observe(elapsed)
         self.metrics.requests.labels(routes.name, version.version, str(response.status)).inc()
@@ -192,8 +216,10 @@ class Router:
         return response
 
     async def _models(self, _: web.Request) -> web.Response:
-        data = [{"id": s.model, "object": "model", "owned_by": "tailguard", "service": s.name}
-                for s in self._services.values()]
+        data = [
+            {"id": s.model, "object": "model", "owned_by": "tailguard", "service": s.name}
+            for s in self._services.values()
+        ]
         return web.json_response({"object": "list", "data": data})
 
     async def _health(self, _: web.Request) -> web.Response:
@@ -214,5 +240,6 @@ class Router:
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
-    return web.json_response({"object": "error", "message": message, "type": kind, "param": None,
-                              "code": status}, status=status)
+    return web.json_response(
+        {"object": "error", "message": message, "type": kind, "param": None, "code": status}, status=status
+    )

@@ -41,8 +41,15 @@ class EngineStopped(RuntimeError):
 
 
 class ReplicaEngine:
-    def __init__(self, profile: EngineProfile, model_name: str, *, hostname: str = "sim-0",
-                 now: Callable[[], float] = time.monotonic, seed: int = 0):
+    def __init__(
+        self,
+        profile: EngineProfile,
+        model_name: str,
+        *,
+        hostname: str = "sim-0",
+        now: Callable[[], float] = time.monotonic,
+        seed: int = 0,
+    ):
         self.profile = profile
         self.model_name = model_name
         self.now = now
@@ -78,8 +85,9 @@ class ReplicaEngine:
     def in_flight(self) -> int:
         return len(self._futures)
 
-    async def generate(self, prompt_tokens: int, max_tokens: int, *, priority: int = 0,
-                       request_id: str | None = None) -> SimRequest:
+    async def generate(
+        self, prompt_tokens: int, max_tokens: int, *, priority: int = 0, request_id: str | None = None
+    ) -> SimRequest:
         """Queue one request and wait for it to finish; raises RequestRejected for an impossible one."""
         self.core.check(prompt_tokens, max_tokens)
         fail = self._random.random() < self.profile.faults.error_ratio
@@ -127,6 +135,7 @@ class ReplicaEngine:
 
 # -- HTTP ----------------------------------------------------------------------------------------
 
+
 def count_tokens(text: str) -> int:
     """Prompt tokens of the simulator: whitespace-separated words (at least one)."""
     return max(1, len(text.split()))
@@ -137,8 +146,9 @@ class BadRequest(ValueError):
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
-    return web.json_response({"object": "error", "message": message, "type": kind, "param": None,
-                              "code": status}, status=status)
+    return web.json_response(
+        {"object": "error", "message": message, "type": kind, "param": None, "code": status}, status=status
+    )
 
 
 @dataclass(frozen=True)
@@ -207,8 +217,12 @@ def make_replica_app(engine: ReplicaEngine, served_model_names: tuple[str, ...])
             return _error(400, "the request body is not valid JSON")
         try:
             parsed = _parse(body, chat, served_model_names, max_model_len)
-            result = await engine.generate(parsed.prompt_tokens, parsed.max_tokens, priority=parsed.priority,
-                                           request_id=request.headers.get("X-Request-Id"))
+            result = await engine.generate(
+                parsed.prompt_tokens,
+                parsed.max_tokens,
+                priority=parsed.priority,
+                request_id=request.headers.get("X-Request-Id"),
+            )
         except LookupError as exc:
             return _error(404, str(exc), "NotFoundError")
         except (BadRequest, RequestRejected) as exc:
@@ -218,21 +232,50 @@ def make_replica_app(engine: ReplicaEngine, served_model_names: tuple[str, ...])
         if result.finish_reason == "error":
             return _error(500, "simulated engine error (faults.error_ratio)", "InternalServerError")
         text = " tok" * result.generated
-        usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.generated,
-                 "total_tokens": result.prompt_tokens + result.generated}
+        usage = {
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": result.generated,
+            "total_tokens": result.prompt_tokens + result.generated,
+        }
         created = int(time.time())
         model = body.get("model") or served_model_names[0]
         if chat:
-            return web.json_response({
-                "id": f"chatcmpl-{result.request_id}", "object": "chat.completion", "created": created,
-                "model": model, "usage": usage,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text.strip()},
-                             "finish_reason": result.finish_reason, "stop_reason": None, "logprobs": None}]})
-        return web.json_response({
-            "id": f"cmpl-{result.request_id}", "object": "text_completion", "created": created, "model": model,
-            "usage": usage,
-            "choices": [{"index": 0, "text": text, "finish_reason": result.finish_reason, "stop_reason": None,
-                         "logprobs": None}]})
+            return web.json_response(
+                {
+                    "id": f"chatcmpl-{result.request_id}",
+                    "object": "chat.completion",
+                    "created": created,
+                    "model": model,
+                    "usage": usage,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": text.strip()},
+                            "finish_reason": result.finish_reason,
+                            "stop_reason": None,
+                            "logprobs": None,
+                        }
+                    ],
+                }
+            )
+        return web.json_response(
+            {
+                "id": f"cmpl-{result.request_id}",
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "usage": usage,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": text,
+                        "finish_reason": result.finish_reason,
+                        "stop_reason": None,
+                        "logprobs": None,
+                    }
+                ],
+            }
+        )
 
     async def completions(request: web.Request) -> web.Response:
         return await complete(request, chat=False)
@@ -244,8 +287,16 @@ def make_replica_app(engine: ReplicaEngine, served_model_names: tuple[str, ...])
         return web.Response(status=200)
 
     async def models(_: web.Request) -> web.Response:
-        data = [{"id": name, "object": "model", "owned_by": "vllm", "root": engine.profile.model,
-                 "max_model_len": max_model_len} for name in served_model_names]
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "owned_by": "vllm",
+                "root": engine.profile.model,
+                "max_model_len": max_model_len,
+            }
+            for name in served_model_names
+        ]
         return web.json_response({"object": "list", "data": data})
 
     async def metrics(_: web.Request) -> web.Response:

@@ -57,6 +57,7 @@ DRAIN_TIMEOUT_S = 5.0
 
 # -- configuration -------------------------------------------------------------------------------
 
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -91,6 +92,7 @@ def load_tier_config(path: str | Path) -> TierConfig:
 
 # -- state ---------------------------------------------------------------------------------------
 
+
 @dataclass
 class Revision:
     revision: int
@@ -104,8 +106,14 @@ class Revision:
         return f"r{self.revision}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"revision": self.revision, "version": self.version, "profile": self.profile,
-                "created_at": self.created_at, "bad": self.bad, "reason": self.reason}
+        return {
+            "revision": self.revision,
+            "version": self.version,
+            "profile": self.profile,
+            "created_at": self.created_at,
+            "bad": self.bad,
+            "reason": self.reason,
+        }
 
 
 @dataclass
@@ -129,17 +137,28 @@ class ServiceState:
         return max(self.weights, key=lambda v: (self.weights[v], int(v[1:])))
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "namespace": self.namespace, "model": self.model,
-                "revisions": [r.to_json() for r in self.revisions], "weights": self.weights,
-                "replicas": self.replicas}
+        return {
+            "name": self.name,
+            "namespace": self.namespace,
+            "model": self.model,
+            "revisions": [r.to_json() for r in self.revisions],
+            "weights": self.weights,
+            "replicas": self.replicas,
+        }
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> ServiceState:
-        revisions = [Revision(r["revision"], r["profile"], r["created_at"], r["bad"], r["reason"])
-                     for r in data["revisions"]]
-        return ServiceState(data["name"], data["namespace"], data["model"], revisions,
-                            {k: int(v) for k, v in data["weights"].items()},
-                            {k: int(v) for k, v in data["replicas"].items()})
+        revisions = [
+            Revision(r["revision"], r["profile"], r["created_at"], r["bad"], r["reason"]) for r in data["revisions"]
+        ]
+        return ServiceState(
+            data["name"],
+            data["namespace"],
+            data["model"],
+            revisions,
+            {k: int(v) for k, v in data["weights"].items()},
+            {k: int(v) for k, v in data["replicas"].items()},
+        )
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -194,6 +213,7 @@ def split_weights(weights: dict[str, int], version: str, weight: int) -> dict[st
 
 # -- runtime -------------------------------------------------------------------------------------
 
+
 @dataclass
 class RunningReplica:
     id: str
@@ -228,21 +248,31 @@ class Tier:
                 self.services = {name: ServiceState.from_json(s) for name, s in data["services"].items()}
                 self.idempotency = dict(data["idempotency"])
             except (ValueError, KeyError, TypeError) as exc:
-                raise ConfigFileError(str(path), 1, "", f"unreadable tier state ({exc!r}); "
-                                      "expected the JSON the tier writes") from None
+                raise ConfigFileError(
+                    str(path), 1, "", f"unreadable tier state ({exc!r}); expected the JSON the tier writes"
+                ) from None
         for service in self.config.services:
             if service.name in self.services:
                 continue  # the state dir wins: it holds rollouts made since the config was written
             profile = self._resolve(service.profile)
             self.services[service.name] = ServiceState(
-                service.name, service.namespace, service.model,
-                [Revision(1, profile.model_dump(mode="json"), self.now())], {"r1": 100}, {"r1": service.replicas})
+                service.name,
+                service.namespace,
+                service.model,
+                [Revision(1, profile.model_dump(mode="json"), self.now())],
+                {"r1": 100},
+                {"r1": service.replicas},
+            )
         self.save()
 
     def save(self) -> None:
-        write_json_atomic(self.state_dir / STATE_FILE, {
-            "services": {name: s.to_json() for name, s in self.services.items()},
-            "idempotency": self.idempotency})
+        write_json_atomic(
+            self.state_dir / STATE_FILE,
+            {
+                "services": {name: s.to_json() for name, s in self.services.items()},
+                "idempotency": self.idempotency,
+            },
+        )
 
     def _resolve(self, name: str) -> EngineProfile:
         dirs = [self.config_dir]
@@ -265,14 +295,16 @@ class Tier:
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = runner.addresses[0][1]
-        self.replicas[replica_id] = RunningReplica(replica_id, service.name, version, engine, runner,
-                                                   f"http://127.0.0.1:{port}", port)
+        self.replicas[replica_id] = RunningReplica(
+            replica_id, service.name, version, engine, runner, f"http://127.0.0.1:{port}", port
+        )
 
     async def _stop_replica(self, replica: RunningReplica) -> None:
         replica.draining = True
         deadline = asyncio.get_running_loop().time() + DRAIN_TIMEOUT_S
-        while (replica.engine.in_flight or self.router.in_flight(replica.id)) and \
-                asyncio.get_running_loop().time() < deadline:
+        while (
+            replica.engine.in_flight or self.router.in_flight(replica.id)
+        ) and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
         await replica.runner.cleanup()
         self.replicas.pop(replica.id, None)
@@ -284,8 +316,7 @@ class Tier:
         task.add_done_callback(self._background.discard)
 
     def _live(self, service: str, version: str) -> list[RunningReplica]:
-        found = [r for r in self.replicas.values() if r.service == service and r.version == version
-                 and not r.draining]
+        found = [r for r in self.replicas.values() if r.service == service and r.version == version and not r.draining]
         return sorted(found, key=lambda r: int(r.id.rsplit("-", 1)[1]))
 
     async def reconcile(self, name: str) -> None:
@@ -298,33 +329,60 @@ class Tier:
             live = self._live(name, version)
             for replica in live[count:]:
                 self._drain_in_background(replica)
-            used = {int(r.id.rsplit("-", 1)[1]) for r in self.replicas.values()
-                    if r.service == name and r.version == version}
+            used = {
+                int(r.id.rsplit("-", 1)[1])
+                for r in self.replicas.values()
+                if r.service == name and r.version == version
+            }
             index = 0
             for _ in range(count - len(live)):
                 while index in used:
                     index += 1
                 used.add(index)
                 await self._start_replica(service, version, index)
-        self.router.set_service(name, service.model, [
-            VersionTarget(version, weight, tuple(ReplicaTarget(r.id, r.url) for r in self._live(name, version)))
-            for version, weight in sorted(service.weights.items(), key=lambda item: int(item[0][1:]))])
+        self.router.set_service(
+            name,
+            service.model,
+            [
+                VersionTarget(version, weight, tuple(ReplicaTarget(r.id, r.url) for r in self._live(name, version)))
+                for version, weight in sorted(service.weights.items(), key=lambda item: int(item[0][1:]))
+            ],
+        )
 
     # -- views ---
     def service_json(self, service: ServiceState) -> dict[str, Any]:
-        versions = [{"version": version, "revision": int(version[1:]), "weight": weight,
-                     "replicas": [{"id": r.id, "url": r.url, "healthy": True}
-                                  for r in self._live(service.name, version)]}
-                    for version, weight in sorted(service.weights.items(), key=lambda item: int(item[0][1:]))]
-        return {"name": service.name, "namespace": service.namespace, "model": service.model,
-                "active_revision": service.active_revision,
-                "replicas": service.replicas[service.primary_version], "versions": versions}
+        versions = [
+            {
+                "version": version,
+                "revision": int(version[1:]),
+                "weight": weight,
+                "replicas": [{"id": r.id, "url": r.url, "healthy": True} for r in self._live(service.name, version)],
+            }
+            for version, weight in sorted(service.weights.items(), key=lambda item: int(item[0][1:]))
+        ]
+        return {
+            "name": service.name,
+            "namespace": service.namespace,
+            "model": service.model,
+            "active_revision": service.active_revision,
+            "replicas": service.replicas[service.primary_version],
+            "versions": versions,
+        }
 
     def sd_json(self) -> list[dict[str, Any]]:
-        return [{"targets": [f"127.0.0.1:{r.port}"],
-                 "labels": {"service": r.service, "version": r.version, "replica": r.id,
-                            "namespace": self.services[r.service].namespace}}
-                for r in sorted(self.replicas.values(), key=lambda r: r.id) if not r.draining]
+        return [
+            {
+                "targets": [f"127.0.0.1:{r.port}"],
+                "labels": {
+                    "service": r.service,
+                    "version": r.version,
+                    "replica": r.id,
+                    "namespace": self.services[r.service].namespace,
+                },
+            }
+            for r in sorted(self.replicas.values(), key=lambda r: r.id)
+            if not r.draining
+        ]
 
     # -- mutations (called under the lock; return the answer without "replayed") ---
     def _service(self, name: str) -> ServiceState:
@@ -402,8 +460,10 @@ class Tier:
         service = self._service(name)
         version, weight = body.get("version"), body.get("weight")
         if not isinstance(version, str) or version not in service.weights:
-            raise ApiError(409 if isinstance(version, str) else 400,
-                           f"'version' must be one of the live versions {sorted(service.weights)}, got {version!r}")
+            raise ApiError(
+                409 if isinstance(version, str) else 400,
+                f"'version' must be one of the live versions {sorted(service.weights)}, got {version!r}",
+            )
         if isinstance(weight, bool) or not isinstance(weight, int) or not 0 <= weight <= 100:
             raise ApiError(400, f"'weight' must be an integer from 0 to 100, got {weight!r}")
         service.weights = split_weights(service.weights, version, weight)
@@ -413,8 +473,9 @@ class Tier:
     def control_app(self) -> web.Application:
         app = web.Application()
 
-        def mutation(operation: Callable[[str, dict[str, Any]], dict[str, Any]]) -> Callable[
-                [web.Request], Awaitable[web.Response]]:
+        def mutation(
+            operation: Callable[[str, dict[str, Any]], dict[str, Any]],
+        ) -> Callable[[web.Request], Awaitable[web.Response]]:
             async def handler(request: web.Request) -> web.Response:
                 try:
                     body = await request.json()
@@ -446,6 +507,7 @@ class Tier:
                         raise
                     await self.reconcile(name)
                 return web.json_response({**answer, "replayed": False})
+
             return handler
 
         async def healthz(_: web.Request) -> web.Response:
@@ -492,8 +554,14 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-async def serve(config: TierConfig, config_dir: Path, state_dir: Path, control_port: int,
-                ready: Callable[[dict[str, Any]], None], stop: asyncio.Event) -> None:
+async def serve(
+    config: TierConfig,
+    config_dir: Path,
+    state_dir: Path,
+    control_port: int,
+    ready: Callable[[dict[str, Any]], None],
+    stop: asyncio.Event,
+) -> None:
     tier = Tier(config, state_dir, config_dir)
     tier.load_state()
     runners: list[web.AppRunner] = []
@@ -507,8 +575,16 @@ async def serve(config: TierConfig, config_dir: Path, state_dir: Path, control_p
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", port).start()
             urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
-        ready({"event": "ready", "control_url": urls[1], "router_url": urls[0], "pid": os.getpid(),
-               "services": sorted(tier.services), "sd_url": urls[1] + "/api/v1/sd"})
+        ready(
+            {
+                "event": "ready",
+                "control_url": urls[1],
+                "router_url": urls[0],
+                "pid": os.getpid(),
+                "services": sorted(tier.services),
+                "sd_url": urls[1] + "/api/v1/sd",
+            }
+        )
         await stop.wait()
     finally:
         for runner in reversed(runners):

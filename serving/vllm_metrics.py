@@ -17,15 +17,90 @@ from serving.profiles import EngineProfile
 MIB = 1024**2
 GIB = 1024**3
 
-LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-                   240.0, 480.0, 960.0, 1920.0, 7680.0)
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0)
+LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 TOKEN_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0)
-ITERATION_TOKEN_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
-                           16384.0)
+ITERATION_TOKEN_BUCKETS = (
+    1.0,
+    8.0,
+    16.0,
+    32.0,
+    64.0,
+    128.0,
+    256.0,
+    512.0,
+    1024.0,
+    2048.0,
+    4096.0,
+    8192.0,
+    16384.0,
+)
 N_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0)
 PREEMPTION_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
@@ -43,74 +118,149 @@ class VllmMetrics:
         def hist(name: str, doc: str, buckets: Iterable[float]) -> Histogram:
             return Histogram(name, doc, _BASE, buckets=tuple(buckets), registry=r)
 
-        self.running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-                             _BASE, registry=r)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                             _BASE, registry=r)
+        self.running = Gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", _BASE, registry=r
+        )
+        self.waiting = Gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", _BASE, registry=r
+        )
         self.waiting_by_reason = Gauge(
             "vllm:num_requests_waiting_by_reason",
             "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; "
             "'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). "
-            "Sum of all reasons equals vllm:num_requests_waiting.", [*_BASE, "reason"], registry=r)
-        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                              _BASE, registry=r)
-        self.prefix_queries = Counter("vllm:prefix_cache_queries",
-                                      "Prefix cache queries, in terms of number of queried tokens.",
-                                      _BASE, registry=r)
-        self.prefix_hits = Counter("vllm:prefix_cache_hits",
-                                   "Prefix cache hits, in terms of number of cached tokens.", _BASE, registry=r)
-        self.preemptions = Counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-                                   _BASE, registry=r)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", _BASE,
-                                     registry=r)
-        self.prompt_tokens_cached = Counter("vllm:prompt_tokens_cached",
-                                            "Number of cached prompt tokens (local + external).", _BASE,
-                                            registry=r)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                                         _BASE, registry=r)
-        self.success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                               [*_BASE, "finished_reason"], registry=r)
-        self.request_prompt_tokens = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
-                                          TOKEN_BUCKETS)
-        self.request_generation_tokens = hist("vllm:request_generation_tokens",
-                                              "Number of generation tokens processed.", TOKEN_BUCKETS)
-        self.iteration_tokens = hist("vllm:iteration_tokens_total",
-                                     "Histogram of number of tokens per engine_step.", ITERATION_TOKEN_BUCKETS)
-        self.max_generation_tokens = hist("vllm:request_max_num_generation_tokens",
-                                          "Histogram of maximum number of requested generation tokens.",
-                                          TOKEN_BUCKETS)
+            "Sum of all reasons equals vllm:num_requests_waiting.",
+            [*_BASE, "reason"],
+            registry=r,
+        )
+        self.kv_usage = Gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", _BASE, registry=r
+        )
+        self.prefix_queries = Counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            _BASE,
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            _BASE,
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", _BASE, registry=r
+        )
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", _BASE, registry=r)
+        self.prompt_tokens_cached = Counter(
+            "vllm:prompt_tokens_cached",
+            "Number of cached prompt tokens (local + external).",
+            _BASE,
+            registry=r,
+        )
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", _BASE, registry=r
+        )
+        self.success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*_BASE, "finished_reason"],
+            registry=r,
+        )
+        self.request_prompt_tokens = hist(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", TOKEN_BUCKETS
+        )
+        self.request_generation_tokens = hist(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", TOKEN_BUCKETS
+        )
+        self.iteration_tokens = hist(
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            ITERATION_TOKEN_BUCKETS,
+        )
+        self.max_generation_tokens = hist(
+            "vllm:request_max_num_generation_tokens",
+            "Histogram of maximum number of requested generation tokens.",
+            TOKEN_BUCKETS,
+        )
         self.params_n = hist("vllm:request_params_n", "Histogram of the n request parameter.", N_BUCKETS)
-        self.params_max_tokens = hist("vllm:request_params_max_tokens",
-                                      "Histogram of the max_tokens request parameter.", TOKEN_BUCKETS)
-        self.ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                         TTFT_BUCKETS)
-        self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                        ITL_BUCKETS)
-        self.tpot = hist("vllm:request_time_per_output_token_seconds",
-                         "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)
-        self.e2e = hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                        LATENCY_BUCKETS)
-        self.queue = hist("vllm:request_queue_time_seconds",
-                          "Histogram of time spent in WAITING phase for request.", LATENCY_BUCKETS)
-        self.inference = hist("vllm:request_inference_time_seconds",
-                              "Histogram of time spent in RUNNING phase for request.", LATENCY_BUCKETS)
-        self.prefill = hist("vllm:request_prefill_time_seconds",
-                            "Histogram of time spent in PREFILL phase for request.", LATENCY_BUCKETS)
-        self.decode = hist("vllm:request_decode_time_seconds",
-                           "Histogram of time spent in DECODE phase for request.", LATENCY_BUCKETS)
-        self.request_preemptions = hist("vllm:request_num_preemptions",
-                                        "Histogram of the number of times a request was preempted.", PREEMPTION_BUCKETS)
-        self.prefill_kv_computed = hist("vllm:request_prefill_kv_computed_tokens",
-                                        "Histogram of new KV tokens computed during prefill "
-                                        "(excluding cached tokens).", TOKEN_BUCKETS)
+        self.params_max_tokens = hist(
+            "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", TOKEN_BUCKETS
+        )
+        self.ttft = hist(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS
+        )
+        self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self.tpot = hist(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            ITL_BUCKETS,
+        )
+        self.e2e = hist(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            LATENCY_BUCKETS,
+        )
+        self.queue = hist(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            LATENCY_BUCKETS,
+        )
+        self.inference = hist(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            LATENCY_BUCKETS,
+        )
+        self.prefill = hist(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            LATENCY_BUCKETS,
+        )
+        self.decode = hist(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            LATENCY_BUCKETS,
+        )
+        self.request_preemptions = hist(
+            "vllm:request_num_preemptions",
+            "Histogram of the number of times a request was preempted.",
+            PREEMPTION_BUCKETS,
+        )
+        self.prefill_kv_computed = hist(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+            TOKEN_BUCKETS,
+        )
         # Touch every labelled child so the page shows zeros before the first request, as vLLM does.
-        for family in (self.running, self.waiting, self.kv_usage, self.prefix_queries, self.prefix_hits,
-                       self.preemptions, self.prompt_tokens, self.prompt_tokens_cached, self.generation_tokens):
+        for family in (
+            self.running,
+            self.waiting,
+            self.kv_usage,
+            self.prefix_queries,
+            self.prefix_hits,
+            self.preemptions,
+            self.prompt_tokens,
+            self.prompt_tokens_cached,
+            self.generation_tokens,
+        ):
             family.labels(**self.labels)
-        for histogram in (self.request_prompt_tokens, self.request_generation_tokens, self.iteration_tokens,
-                          self.max_generation_tokens, self.params_n, self.params_max_tokens, self.ttft, self.itl,
-                          self.tpot, self.e2e, self.queue, self.inference, self.prefill, self.decode,
-                          self.request_preemptions, self.prefill_kv_computed):
+        for histogram in (
+            self.request_prompt_tokens,
+            self.request_generation_tokens,
+            self.iteration_tokens,
+            self.max_generation_tokens,
+            self.params_n,
+            self.params_max_tokens,
+            self.ttft,
+            self.itl,
+            self.tpot,
+            self.e2e,
+            self.queue,
+            self.inference,
+            self.prefill,
+            self.decode,
+            self.request_preemptions,
+            self.prefill_kv_computed,
+        ):
             histogram.labels(**self.labels)
         for reason in FINISHED_REASONS:
             self.success.labels(**self.labels, finished_reason=reason)
@@ -228,8 +378,11 @@ class DcgmCollector(Collector):
         model = self.hbm.profile.hardware.gpu_model
         used = GaugeMetricFamily("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", labels=names)
         free = GaugeMetricFamily("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", labels=names)
-        active = GaugeMetricFamily("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the device memory interface "
-                                   "is active sending or receiving data.", labels=names)
+        active = GaugeMetricFamily(
+            "DCGM_FI_PROF_DRAM_ACTIVE",
+            "Ratio of cycles the device memory interface is active sending or receiving data.",
+            labels=names,
+        )
         used_mib, free_mib, dram = self.hbm.fb_used_mib(), self.hbm.fb_free_mib(), self.hbm.dram_active()
         for gpu, gpu_uuid in self.gpus:
             values = [gpu, gpu_uuid, f"nvidia{gpu}", model, self.hostname]

@@ -119,4 +119,3 @@ def load_yaml_model(model: type[ModelT], path: str | Path) -> ModelT:
     if not isinstance(data, dict):
         raise ConfigFileError(file, root.line if root else 1, "", "expected a YAML mapping at the top level")
     return validate(model, data, root, file)
-

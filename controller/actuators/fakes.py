@@ -61,9 +61,7 @@ class _Recorder:
             if key is not None and key in self._answers:
                 self.calls.append(Call(method, args, key, replayed=True))
                 first = self._answers[key]
-                return ActionOutcome(
-                    first.status, {**first.detail, "replayed": True}, first.error, first.transient
-                )
+                return ActionOutcome(first.status, {**first.detail, "replayed": True}, first.error, first.transient)
             outcome: ActionOutcome = act()
             self.calls.append(Call(method, args, key))
             if key is not None and outcome.status is not OutcomeStatus.FAILED:
@@ -72,9 +70,7 @@ class _Recorder:
 
 
 class FakeDeployer(_Recorder):
-    def __init__(
-        self, replicas: Mapping[str, int] | None = None, revisions: Mapping[str, int] | None = None
-    ) -> None:
+    def __init__(self, replicas: Mapping[str, int] | None = None, revisions: Mapping[str, int] | None = None) -> None:
         super().__init__()
         self.replica_counts: dict[str, int] = dict(replicas or {})
         self.active_revision: dict[str, int] = dict(revisions or {})
@@ -115,9 +111,7 @@ class FakeRouter(_Recorder):
     def set_weight(self, service: str, version: str, weight: int, *, idempotency_key: str) -> ActionOutcome:
         def act() -> ActionOutcome:
             self.weights[(service, version)] = weight
-            return ActionOutcome(
-                OutcomeStatus.SUCCEEDED, {"weight": weight, "verified": True, "replayed": False}
-            )
+            return ActionOutcome(OutcomeStatus.SUCCEEDED, {"weight": weight, "verified": True, "replayed": False})
 
         return self._handle(
             "set_weight", {"service": service, "version": version, "weight": weight}, idempotency_key, act

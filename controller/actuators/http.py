@@ -143,8 +143,6 @@ def _once(
             body = None
     if 200 <= response.status_code < 300:
         return HttpAnswer(response.status_code, body, text, None, False, attempt)
-    answer = HttpAnswer(
-        response.status_code, body, text, None, response.status_code in TRANSIENT_STATUSES, attempt
-    )
+    answer = HttpAnswer(response.status_code, body, text, None, response.status_code in TRANSIENT_STATUSES, attempt)
     error = f"{shown}: HTTP {response.status_code}: {answer.server_message()}"
     return HttpAnswer(response.status_code, body, text, error, answer.transient, attempt)

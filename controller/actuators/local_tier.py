@@ -80,9 +80,7 @@ class LocalTierClient:
         detail: dict[str, Any] = {"http_status": answer.status, "attempts": answer.attempts}
         if answer.status == 409:
             # e.g. "no earlier good revision": the tier refused on purpose; retrying cannot help.
-            return ActionOutcome(
-                OutcomeStatus.FAILED, detail, f"{what} refused: {answer.server_message()}", False
-            )
+            return ActionOutcome(OutcomeStatus.FAILED, detail, f"{what} refused: {answer.server_message()}", False)
         return ActionOutcome(OutcomeStatus.FAILED, detail, f"{what} failed: {answer.error}", answer.transient)
 
     @staticmethod
@@ -125,16 +123,12 @@ class LocalTierClient:
         body = self.service(service)
         replicas = body.get("replicas")
         if not isinstance(replicas, int) or isinstance(replicas, bool):
-            raise TierError(
-                f"service {service!r}: 'replicas' is {replicas!r}, expected an integer", transient=False
-            )
+            raise TierError(f"service {service!r}: 'replicas' is {replicas!r}, expected an integer", transient=False)
         return replicas
 
     def weights(self, service: str) -> dict[str, int]:
         body = self.service(service)
-        return {
-            str(v["version"]): int(v.get("weight", 0)) for v in body.get("versions", []) if "version" in v
-        }
+        return {str(v["version"]): int(v.get("weight", 0)) for v in body.get("versions", []) if "version" in v}
 
     # -- Deployer -----------------------------------------------------------------------------------------
 

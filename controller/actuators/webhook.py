@@ -41,16 +41,12 @@ class WebhookReceiver(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str = Field(description="http(s) URL the notification is POSTed to")
-    secretEnv: str | None = Field(
-        default=None, description="name of the environment variable holding the secret"
-    )
+    secretEnv: str | None = Field(default=None, description="name of the environment variable holding the secret")
     secretFile: Path | None = Field(
         default=None, description="file holding the secret (surrounding whitespace is stripped)"
     )
     timeout: float = Field(default=5.0, gt=0, description="seconds per attempt")
-    retries: int = Field(
-        default=3, ge=1, description="attempts in all, on connection errors, 429 and 5xx only"
-    )
+    retries: int = Field(default=3, ge=1, description="attempts in all, on connection errors, 429 and 5xx only")
 
     @field_validator("url")
     @classmethod
@@ -62,9 +58,7 @@ class WebhookReceiver(BaseModel):
     @model_validator(mode="after")
     def _one_secret(self) -> WebhookReceiver:
         if (self.secretEnv is None) == (self.secretFile is None):
-            raise ValueError(
-                "set exactly one of secretEnv (an environment variable name) or secretFile (a path)"
-            )
+            raise ValueError("set exactly one of secretEnv (an environment variable name) or secretFile (a path)")
         return self
 
     def secret(self) -> bytes:
@@ -77,9 +71,7 @@ class WebhookReceiver(BaseModel):
         try:
             text = self.secretFile.read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise WebhookSecretError(
-                f"secret file {self.secretFile}: {exc.strerror or type(exc).__name__}"
-            ) from None
+            raise WebhookSecretError(f"secret file {self.secretFile}: {exc.strerror or type(exc).__name__}") from None
         if not text:
             raise WebhookSecretError(f"secret file {self.secretFile} is empty")
         return text.encode("utf-8")
@@ -99,9 +91,7 @@ def verify_signature(secret: str | bytes, timestamp: str, body: str | bytes, hea
     """For receivers: does `header` (X-Tailguard-Signature) match the raw body and timestamp?"""
     if not header.startswith("sha256="):
         return False
-    return hmac.compare_digest(
-        sign(secret, timestamp, body).encode("ascii"), header.strip().encode("ascii", "replace")
-    )
+    return hmac.compare_digest(sign(secret, timestamp, body).encode("ascii"), header.strip().encode("ascii", "replace"))
 
 
 class WebhookNotifier:
@@ -131,9 +121,7 @@ class WebhookNotifier:
         try:
             secret = settings.secret()
         except WebhookSecretError as exc:
-            return ActionOutcome(
-                OutcomeStatus.FAILED, {"receiver": receiver}, f"receiver {receiver!r}: {exc}", False
-            )
+            return ActionOutcome(OutcomeStatus.FAILED, {"receiver": receiver}, f"receiver {receiver!r}: {exc}", False)
         body = json.dumps(
             {**payload, "receiver": receiver, "idempotency_key": idempotency_key},
             sort_keys=True,
@@ -165,9 +153,7 @@ class WebhookNotifier:
             "attempts": answer.attempts,
         }
         if not answer.ok:
-            log.warning(
-                "notification to %s failed after %d attempt(s): %s", receiver, answer.attempts, answer.error
-            )
+            log.warning("notification to %s failed after %d attempt(s): %s", receiver, answer.attempts, answer.error)
             return ActionOutcome(
                 OutcomeStatus.FAILED, detail, f"receiver {receiver!r}: {answer.error}", answer.transient
             )

@@ -120,7 +120,10 @@ def build_session(settings: PrometheusSettings) -> requests.Session:
                 raise SourceConfigError(f"environment variable {settings.bearer.token_env!r} is unset or empty")
         session.headers["Authorization"] = f"Bearer {token}"
     if settings.basic is not None:
-        session.auth = (settings.basic.username, _read_secret(settings.basic.password_file, "basic auth password"))
+        session.auth = (
+            settings.basic.username,
+            _read_secret(settings.basic.password_file, "basic auth password"),
+        )
     tls = settings.tls
     if tls.insecure_skip_verify:
         session.verify = False
@@ -225,8 +228,12 @@ class PrometheusSource:
         session = build_session(settings)
         url = settings.url.rstrip("/")
         # The library annotates timeout as int; requests takes float seconds.
-        self._client = PrometheusConnect(url=url, session=session, timeout=settings.timeout,  # type: ignore[arg-type]
-                                         retry=Retry(total=0, raise_on_status=False))
+        self._client = PrometheusConnect(
+            url=url,
+            session=session,
+            timeout=settings.timeout,  # type: ignore[arg-type]
+            retry=Retry(total=0, raise_on_status=False),
+        )
         # Replace the library's adapter (mounted on the same prefix) with ours.
         session.mount(url, _KeyedAdapter(self._attempt))
 
@@ -246,8 +253,7 @@ class PrometheusSource:
 
     def instant(self, query: str, group_by: Sequence[str], at: float | None = None) -> SignalResult:
         params: dict[str, Any] = {} if at is None else {"time": _format_time(at)}
-        data, error = self._call(INSTANT, query, params,
-                                 lambda: self._client.custom_query(query, params=params))
+        data, error = self._call(INSTANT, query, params, lambda: self._client.custom_query(query, params=params))
         if error is not None:
             return SignalResult.failed(error)
         return vector_result(data, group_by)
@@ -257,10 +263,16 @@ class PrometheusSource:
         params: dict[str, Any] = {"start": _format_time(start), "end": _format_time(end)}
         step_text = format_duration(step)
         data, error = self._call(
-            RANGE, query, {**params, "step": step_text},
+            RANGE,
+            query,
+            {**params, "step": step_text},
             lambda: self._client.custom_query_range(
-                query, datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC),
-                step_text, params=params),
+                query,
+                datetime.fromtimestamp(start, UTC),
+                datetime.fromtimestamp(end, UTC),
+                step_text,
+                params=params,
+            ),
         )
         if error is not None:
             return RangeResult(error=error)
@@ -273,7 +285,9 @@ class PrometheusSource:
 
     # -- internals --------------------------------------------------------------------------------
 
-    def _call(self, kind: str, query: str, params: Mapping[str, Any], send: Callable[[], Any]) -> tuple[Any, str | None]:
+    def _call(
+        self, kind: str, query: str, params: Mapping[str, Any], send: Callable[[], Any]
+    ) -> tuple[Any, str | None]:
         material = json.dumps([kind, query, sorted((k, str(v)) for k, v in params.items())])
         self._attempt.key = hashlib.sha256(material.encode()).hexdigest()[:32]
         started = self._timer()
@@ -301,8 +315,14 @@ class PrometheusSource:
                 if failure.retry_after is not None:
                     delay = max(delay, failure.retry_after)
                 delay = min(delay, self._settings.max_backoff)
-                log.info("prometheus %s transient failure (%s); retry %d/%d in %.2fs",
-                         kind, failure.message, attempt + 1, self._settings.retries, delay)
+                log.info(
+                    "prometheus %s transient failure (%s); retry %d/%d in %.2fs",
+                    kind,
+                    failure.message,
+                    attempt + 1,
+                    self._settings.retries,
+                    delay,
+                )
                 self._clock.sleep(delay)
         finally:
             self._attempt.key = None
@@ -356,22 +376,27 @@ def _target(metric: Mapping[str, str], group_by: Sequence[str]) -> tuple[TargetK
     missing = [name for name in group_by if name not in metric]
     if missing:
         shown = "{" + ",".join(f'{k}="{v}"' for k, v in sorted(metric.items())) + "}"
-        return None, (f"series {shown} lacks group_by label(s) {', '.join(missing)}; "
-                      f"the query must aggregate `by ({', '.join(group_by)})`")
+        return None, (
+            f"series {shown} lacks group_by label(s) {', '.join(missing)}; "
+            f"the query must aggregate `by ({', '.join(group_by)})`"
+        )
     return target_key({name: metric[name] for name in group_by}), None
 
 
 def _duplicate(target: TargetKey, group_by: Sequence[str]) -> str:
     labels = ",".join(f'{k}="{v}"' for k, v in target)
-    return (f"two series map to the same target {{{labels}}}; the query must aggregate "
-            f"`by ({', '.join(group_by)})` so that each target has one series")
+    return (
+        f"two series map to the same target {{{labels}}}; the query must aggregate "
+        f"`by ({', '.join(group_by)})` so that each target has one series"
+    )
 
 
 def vector_result(data: Any, group_by: Sequence[str]) -> SignalResult:
     """Turn an instant query's `result` into values by target (one series per target, or an error)."""
     if not isinstance(data, list) or any(not isinstance(item, dict) for item in data):
-        return SignalResult.failed("query returned a scalar or string, expected an instant vector "
-                                   f"grouped by ({', '.join(group_by)})")
+        return SignalResult.failed(
+            f"query returned a scalar or string, expected an instant vector grouped by ({', '.join(group_by)})"
+        )
     values: dict[TargetKey, float] = {}
     for item in data:
         target, error = _target(item.get("metric", {}), group_by)

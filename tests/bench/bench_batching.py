@@ -33,18 +33,32 @@ from tests.support.openmetrics import VLLM_E2E, VLLM_E2E_BUCKETS, OpenMetricsWri
 T0 = 1_700_000_000.0
 STEP = 15.0
 POINTS = 21  # five minutes of 15 s scrapes
-QUERY = ("histogram_quantile(0.99, sum by (le, {{ by }}) "
-         "(rate(vllm:e2e_request_latency_seconds_bucket{ {{ selector }} }[1m])))")
+QUERY = (
+    "histogram_quantile(0.99, sum by (le, {{ by }}) "
+    "(rate(vllm:e2e_request_latency_seconds_bucket{ {{ selector }} }[1m])))"
+)
 
 
 def _policy(match: dict[str, str]) -> Policy:
-    return Policy.model_validate({
-        "apiVersion": "tailguard.io/v1alpha1", "kind": "Policy", "name": "bench",
-        "targets": {"groupBy": ["service"], "match": match},
-        "signals": [{"name": "p99", "query": QUERY}],
-        "conditions": [{"name": "slow", "signal": "p99", "when": {"op": ">", "value": 0.8}, "for": 3,
-                        "noData": "hold", "actions": [{"type": "rollback"}]}],
-    })
+    return Policy.model_validate(
+        {
+            "apiVersion": "tailguard.io/v1alpha1",
+            "kind": "Policy",
+            "name": "bench",
+            "targets": {"groupBy": ["service"], "match": match},
+            "signals": [{"name": "p99", "query": QUERY}],
+            "conditions": [
+                {
+                    "name": "slow",
+                    "signal": "p99",
+                    "when": {"op": ">", "value": 0.8},
+                    "for": 3,
+                    "noData": "hold",
+                    "actions": [{"type": "rollback"}],
+                }
+            ],
+        }
+    )
 
 
 def history(targets: int) -> tuple[str, int]:
@@ -56,16 +70,23 @@ def history(targets: int) -> tuple[str, int]:
         def constant(timestamp: float, value: float = latency) -> float:
             return value
 
-        writer.histogram(VLLM_E2E, {"namespace": f"bench{targets}", "service": f"svc-{index:04d}"},
-                         VLLM_E2E_BUCKETS, latency_histogram_points(times, lambda t: 50.0, constant))
+        writer.histogram(
+            VLLM_E2E,
+            {"namespace": f"bench{targets}", "service": f"svc-{index:04d}"},
+            VLLM_E2E_BUCKETS,
+            latency_histogram_points(times, lambda t: 50.0, constant),
+        )
     return writer.render(), writer.sample_count
 
 
 def child(mode: str, url: str, targets: int, cycles: int) -> dict[str, Any]:
     """One mode measured in this process: requests, wall and CPU time per cycle, peak RSS."""
     requests: list[int] = []
-    source = PrometheusSource(PrometheusSettings(url=url, timeout=30),
-                              SystemClock(), on_query=lambda kind, seconds, ok: requests.append(int(ok)))
+    source = PrometheusSource(
+        PrometheusSettings(url=url, timeout=30),
+        SystemClock(),
+        on_query=lambda kind, seconds, ok: requests.append(int(ok)),
+    )
     at = T0 + (POINTS - 1) * STEP
     match = {"namespace": f"bench{targets}"}
     walls: list[float] = []
@@ -80,15 +101,22 @@ def child(mode: str, url: str, targets: int, cycles: int) -> dict[str, Any]:
         else:
             values = 0
             for index in range(targets):  # one query per target, as per-target analysis runs do
-                per_target = render_query(QUERY, match={**match, "service": f"svc-{index:04d}"},
-                                          group_by=["service"], variables={})
+                per_target = render_query(
+                    QUERY, match={**match, "service": f"svc-{index:04d}"}, group_by=["service"], variables={}
+                )
                 values += len(source.instant(per_target, ["service"], at).values)
         walls.append(time.perf_counter() - wall)
         cpus.append(time.process_time() - cpu)
     source.close()
-    return {"mode": mode, "targets": targets, "requests_per_cycle": len(requests), "values": values,
-            "wall_s": min(walls), "cpu_s": min(cpus),
-            "peak_rss_mib": peak_rss_mib()}
+    return {
+        "mode": mode,
+        "targets": targets,
+        "requests_per_cycle": len(requests),
+        "values": values,
+        "wall_s": min(walls),
+        "cpu_s": min(cpus),
+        "peak_rss_mib": peak_rss_mib(),
+    }
 
 
 def peak_rss_mib() -> float:
@@ -132,26 +160,51 @@ def main(argv: list[str]) -> int:
                 measured = {}
                 for mode in ("batched", "per-target"):
                     done = subprocess.run(
-                        [sys.executable, __file__, "--cycles", str(args.cycles), "--child", mode, server.url,
-                         str(targets)], capture_output=True, text=True, check=True, timeout=600)
+                        [
+                            sys.executable,
+                            __file__,
+                            "--cycles",
+                            str(args.cycles),
+                            "--child",
+                            mode,
+                            server.url,
+                            str(targets),
+                        ],
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                        timeout=600,
+                    )
                     measured[mode] = json.loads(done.stdout)
                 batched, naive = measured["batched"], measured["per-target"]
                 if batched["values"] != targets or naive["values"] != targets:
-                    print(f"bench: expected {targets} values, got {batched['values']} / {naive['values']}",
-                          file=sys.stderr)
+                    print(
+                        f"bench: expected {targets} values, got {batched['values']} / {naive['values']}",
+                        file=sys.stderr,
+                    )
                     return 1
-                rows.append({
-                    "targets": targets, "batched": batched, "per_target": naive,
-                    "ratio": {key: (naive[key] / batched[key] if batched[key] else None)
-                              for key in ("requests_per_cycle", "wall_s", "cpu_s", "peak_rss_mib")},
-                })
-    print(f"{'targets':>7} | {'requests b/p':>13} | {'wall s b/p':>17} | {'cpu s b/p':>17} | "
-          f"{'peak RSS MiB b/p':>17} | {'wall x':>7} | {'cpu x':>7}")
+                rows.append(
+                    {
+                        "targets": targets,
+                        "batched": batched,
+                        "per_target": naive,
+                        "ratio": {
+                            key: (naive[key] / batched[key] if batched[key] else None)
+                            for key in ("requests_per_cycle", "wall_s", "cpu_s", "peak_rss_mib")
+                        },
+                    }
+                )
+    print(
+        f"{'targets':>7} | {'requests b/p':>13} | {'wall s b/p':>17} | {'cpu s b/p':>17} | "
+        f"{'peak RSS MiB b/p':>17} | {'wall x':>7} | {'cpu x':>7}"
+    )
     for row in rows:
         b, p, r = row["batched"], row["per_target"], row["ratio"]
-        print(f"{row['targets']:>7} | {b['requests_per_cycle']:>5} / {p['requests_per_cycle']:>5} | "
-              f"{b['wall_s']:>7.4f} / {p['wall_s']:>7.4f} | {b['cpu_s']:>7.4f} / {p['cpu_s']:>7.4f} | "
-              f"{b['peak_rss_mib']:>7.1f} / {p['peak_rss_mib']:>7.1f} | {r['wall_s']:>7.1f} | {r['cpu_s']:>7.1f}")
+        print(
+            f"{row['targets']:>7} | {b['requests_per_cycle']:>5} / {p['requests_per_cycle']:>5} | "
+            f"{b['wall_s']:>7.4f} / {p['wall_s']:>7.4f} | {b['cpu_s']:>7.4f} / {p['cpu_s']:>7.4f} | "
+            f"{b['peak_rss_mib']:>7.1f} / {p['peak_rss_mib']:>7.1f} | {r['wall_s']:>7.1f} | {r['cpu_s']:>7.1f}"
+        )
     if args.json is not None:
         args.json.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
     return 0

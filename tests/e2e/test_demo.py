@@ -68,7 +68,11 @@ def test_demo_command_fails_cleanly_when_prometheus_is_missing(tmp_path: Path) -
     env = {**os.environ, "PATH": "/nonexistent"}
     completed = subprocess.run(
         [sys.executable, "-m", "controller", "demo", "--out", str(tmp_path)],
-        capture_output=True, text=True, env=env, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
     )
     assert completed.returncode != 0
     assert "Traceback" not in completed.stderr

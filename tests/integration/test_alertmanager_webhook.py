@@ -105,14 +105,21 @@ def test_real_alertmanager_webhook_triggers_an_evaluation_of_the_matching_policy
         controller = Controller(
             policy_paths=[rules],
             source=source,
-            journal=journal, dispatcher=dispatcher, clock=clock, metrics=ControllerMetrics(registry),
+            journal=journal,
+            dispatcher=dispatcher,
+            clock=clock,
+            metrics=ControllerMetrics(registry),
             schedule=False,  # only the webhook evaluates: every evaluation counted below came from an alert
         )
         api = ControllerAPI(controller, "127.0.0.1", 0)
         alertmanager = AlertmanagerServer(webhook_url=f"{api.url}/api/v1/alerts", workdir=tmp_path / "am").start()
         (tmp_path / "rules.yml").write_text(RULES)
-        write_prometheus_config(prometheus.config, evaluation_interval="1s", rule_files=[tmp_path / "rules.yml"],
-                                alertmanagers=[alertmanager.address])
+        write_prometheus_config(
+            prometheus.config,
+            evaluation_interval="1s",
+            rule_files=[tmp_path / "rules.yml"],
+            alertmanagers=[alertmanager.address],
+        )
         prometheus.start()
         source.target = PrometheusSource(PrometheusSettings(url=prometheus.url, timeout=5, retries=1), clock)
         controller.start()
@@ -133,7 +140,8 @@ def test_real_alertmanager_webhook_triggers_an_evaluation_of_the_matching_policy
             controller.wait_for_triggered(timeout=30)
         decisions = controller.recent_decisions(5)
         assert [(d["policy"], d["kind"], d["target"]) for d in decisions] == [
-            ("llm-alerts", "fire", {"service": "checkout"})]
+            ("llm-alerts", "fire", {"service": "checkout"})
+        ]
         assert "checkout has 1 firing alert(s)" in annotations.read_text()
     finally:
         if api is not None:

@@ -38,7 +38,8 @@ def _entries(report: BacktestReport, service: str) -> list[dict[str, Any]]:
 
 
 def test_regression_fires_after_three_breaching_evaluations_and_resolves_after_two_healthy(
-        report: BacktestReport) -> None:
+    report: BacktestReport,
+) -> None:
     (entry,) = _entries(report, "regress")
     # Slow requests start at T0+1200: the first 1m-rate window that holds them is evaluated at T0+1200.
     assert entry["onset"] == T0 + 1200
@@ -73,19 +74,43 @@ def test_evaluation_count_and_no_signal_errors(report: BacktestReport) -> None:
     assert report.signal_errors == []
 
 
-def test_cli_prints_the_decisions_as_json(backfilled_prometheus: BackfilledPrometheus,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
-    code = backtest_main(["--prometheus", backfilled_prometheus.url, "--rules", str(RULES),
-                          "--start", str(T0 + 60), "--end", "2023-11-14T23:13:20Z", "--step", "15s",
-                          "--output", "json"])
+def test_cli_prints_the_decisions_as_json(
+    backfilled_prometheus: BackfilledPrometheus, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = backtest_main(
+        [
+            "--prometheus",
+            backfilled_prometheus.url,
+            "--rules",
+            str(RULES),
+            "--start",
+            str(T0 + 60),
+            "--end",
+            "2023-11-14T23:13:20Z",
+            "--step",
+            "15s",
+            "--output",
+            "json",
+        ]
+    )
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) >= {"decisions", "evaluations"}
     assert out["evaluations"] == (3600 - 60) // 15 + 1
     assert {tuple(sorted(d["target"].items())) for d in out["decisions"]} == {
-        (("service", "gap"),), (("service", "regress"),)}
+        (("service", "gap"),),
+        (("service", "regress"),),
+    }
     for decision in out["decisions"]:
-        assert set(decision) >= {"policy", "condition", "target", "onset", "fired_at", "resolved_at", "actions"}
+        assert set(decision) >= {
+            "policy",
+            "condition",
+            "target",
+            "onset",
+            "fired_at",
+            "resolved_at",
+            "actions",
+        }
         assert decision["policy"] == "p99-rollback"
         assert decision["condition"] == "p99-above-800ms"
         assert isinstance(decision["onset"], float)
@@ -93,8 +118,20 @@ def test_cli_prints_the_decisions_as_json(backfilled_prometheus: BackfilledProme
 
 
 def test_cli_markdown_table(backfilled_prometheus: BackfilledPrometheus, capsys: pytest.CaptureFixture[str]) -> None:
-    code = backtest_main(["--prometheus", backfilled_prometheus.url, "--rules", str(RULES),
-                          "--start", str(T0 + 60), "--end", str(T0 + 3600), "--output", "markdown"])
+    code = backtest_main(
+        [
+            "--prometheus",
+            backfilled_prometheus.url,
+            "--rules",
+            str(RULES),
+            "--start",
+            str(T0 + 60),
+            "--end",
+            str(T0 + 3600),
+            "--output",
+            "markdown",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
-    assert "| p99-rollback | p99-above-800ms | {service=\"regress\"} | 2023-11-14T22:33:20Z |" in out
+    assert '| p99-rollback | p99-above-800ms | {service="regress"} | 2023-11-14T22:33:20Z |' in out

@@ -23,7 +23,10 @@ POLICY = (REPO / "rules" / "examples" / "p99-rollback.yaml").read_text().replace
 def children_of(pid: int) -> list[int]:
     found: list[int] = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
+        try:
+            text = (task / "children").read_text().split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread exited while we looked: it has no children to report
         found.extend(int(child) for child in text)
     return found
 
@@ -55,7 +58,10 @@ def test_tailguard_run_serves_and_stops_cleanly(tmp_path: Path, stop_signal: sig
     log = (tmp_path / "controller.log").open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "controller", "run", "--config", str(tmp_path / "controller.yaml")],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     try:

@@ -26,13 +26,25 @@ pytestmark = pytest.mark.integration
 
 
 def _policy(match: dict[str, str], query: str, group_by: list[str] | None = None) -> Policy:
-    return Policy.model_validate({
-        "apiVersion": "tailguard.io/v1alpha1", "kind": "Policy", "name": "probe",
-        "targets": {"groupBy": group_by or ["service"], "match": match},
-        "signals": [{"name": "probe", "query": query}],
-        "conditions": [{"name": "high", "signal": "probe", "when": {"op": ">", "value": 0.8}, "for": 1,
-                        "noData": "hold", "actions": [{"type": "annotate", "text": "x"}]}],
-    })
+    return Policy.model_validate(
+        {
+            "apiVersion": "tailguard.io/v1alpha1",
+            "kind": "Policy",
+            "name": "probe",
+            "targets": {"groupBy": group_by or ["service"], "match": match},
+            "signals": [{"name": "probe", "query": query}],
+            "conditions": [
+                {
+                    "name": "high",
+                    "signal": "probe",
+                    "when": {"op": ">", "value": 0.8},
+                    "for": 1,
+                    "noData": "hold",
+                    "actions": [{"type": "annotate", "text": "x"}],
+                }
+            ],
+        }
+    )
 
 
 @pytest.fixture
@@ -43,7 +55,8 @@ def source(backfilled_prometheus: BackfilledPrometheus) -> Iterator[PrometheusSo
 
 @pytest.mark.parametrize("value", sorted(ESCAPE_SERIES))
 def test_label_value_with_quote_and_backslash_selects_exactly_its_own_series(
-        source: PrometheusSource, value: str) -> None:
+    source: PrometheusSource, value: str
+) -> None:
     policy = _policy({"service": value}, f"sum by ({{{{ by }}}}) ({ESCAPE_METRIC}{{ {{{{ selector }}}} }})")
     results = query_signals(source, policy, at=T0 + 600)
     assert results["probe"] == SignalResult({target_key({"service": value}): ESCAPE_SERIES[value]})
@@ -66,8 +79,11 @@ def test_series_without_group_by_label_makes_the_signal_an_error(source: Prometh
 
 def test_one_request_per_signal_for_all_targets(source: PrometheusSource) -> None:
     calls: list[tuple[str, bool]] = []
-    counted = PrometheusSource(PrometheusSettings(url=source._settings.url), ManualClock(),
-                               on_query=lambda kind, seconds, ok: calls.append((kind, ok)))
+    counted = PrometheusSource(
+        PrometheusSettings(url=source._settings.url),
+        ManualClock(),
+        on_query=lambda kind, seconds, ok: calls.append((kind, ok)),
+    )
     policy = _policy({"namespace": "llm"}, f"max by ({{{{ by }}}}) ({ESCAPE_METRIC}{{ {{{{ selector }}}} }})")
     result = query_signals(counted, policy, at=T0 + 600)["probe"]
     assert len(result.values) == len(ESCAPE_SERIES)
@@ -95,8 +111,13 @@ def _text_format_handler(registry: CollectorRegistry) -> type[BaseHTTPRequestHan
 
 def test_live_scrape_of_a_vllm_histogram(tmp_path: Path) -> None:
     registry = CollectorRegistry()
-    histogram = Histogram("vllm:e2e_request_latency_seconds", "e2e", ["service", "namespace"],
-                          buckets=VLLM_E2E_BUCKETS, registry=registry)
+    histogram = Histogram(
+        "vllm:e2e_request_latency_seconds",
+        "e2e",
+        ["service", "namespace"],
+        buckets=VLLM_E2E_BUCKETS,
+        registry=registry,
+    )
     server = ThreadingHTTPServer(("127.0.0.1", 0), _text_format_handler(registry))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -114,13 +135,17 @@ def test_live_scrape_of_a_vllm_histogram(tmp_path: Path) -> None:
     try:
         workdir = tmp_path
         config = write_prometheus_config(
-            workdir / "prometheus.yml", scrape_interval="1s",
-            scrape_configs=[static_scrape_config("vllm", [f"127.0.0.1:{server.server_address[1]}"])])
+            workdir / "prometheus.yml",
+            scrape_interval="1s",
+            scrape_configs=[static_scrape_config("vllm", [f"127.0.0.1:{server.server_address[1]}"])],
+        )
         with PrometheusServer(config=config, workdir=workdir / "prom").start() as prom:
             prom.wait_target_up("vllm", timeout=30)
-            policy = _policy({"namespace": "llm"},
-                             "histogram_quantile(0.99, sum by (le, {{ by }}) "
-                             "(rate(vllm:e2e_request_latency_seconds_bucket{ {{ selector }} }[10s])))")
+            policy = _policy(
+                {"namespace": "llm"},
+                "histogram_quantile(0.99, sum by (le, {{ by }}) "
+                "(rate(vllm:e2e_request_latency_seconds_bucket{ {{ selector }} }[10s])))",
+            )
             query = render_signal_queries(policy)["probe"]
             prom.wait_series(query, timeout=30)
             with PrometheusSource(PrometheusSettings(url=prom.url), ManualClock()) as live:

@@ -84,9 +84,7 @@ def running_tier(tmp: Path) -> Iterator[str]:
         yield url
 
 
-def run_driver(
-    tmp: Path, tier_url: str, mode: str, onset: float = 1_700_000_000.0
-) -> subprocess.CompletedProcess[str]:
+def run_driver(tmp: Path, tier_url: str, mode: str, onset: float = 1_700_000_000.0) -> subprocess.CompletedProcess[str]:
     script = tmp / "driver.py"
     script.write_text(DRIVER)
     return subprocess.run(

@@ -35,8 +35,23 @@ class TierProcess:
     def __init__(self, config: Path, state_dir: Path):
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "serving.tier", "--config", str(config), "--state-dir", str(state_dir),
-             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+            [
+                sys.executable,
+                "-m",
+                "serving.tier",
+                "--config",
+                str(config),
+                "--state-dir",
+                str(state_dir),
+                "--port",
+                "0",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
         assert self.process.stdout is not None
         line = self.process.stdout.readline()  # the ready line; EOF if the tier died
         if not line:
@@ -58,8 +73,11 @@ class TierProcess:
         return answer
 
     def complete(self, max_tokens: int = 2) -> requests.Response:
-        return requests.post(f"{self.router}/v1/completions", timeout=TIMEOUT,
-                             json={"model": "llama-test", "prompt": "a b c", "max_tokens": max_tokens})
+        return requests.post(
+            f"{self.router}/v1/completions",
+            timeout=TIMEOUT,
+            json={"model": "llama-test", "prompt": "a b c", "max_tokens": max_tokens},
+        )
 
     def stop(self) -> int:
         if self.process.poll() is None:
@@ -98,66 +116,92 @@ def test_service_view_sd_and_metrics(tier: TierProcess) -> None:
     assert [v["version"] for v in service["versions"]] == ["r1"]
     sd = requests.get(f"{tier.control}/api/v1/sd", timeout=TIMEOUT).json()
     assert [t["labels"] for t in sd] == [
-        {"service": "chat", "version": "r1", "replica": f"chat-r1-{i}", "namespace": "llm"} for i in range(2)]
+        {"service": "chat", "version": "r1", "replica": f"chat-r1-{i}", "namespace": "llm"} for i in range(2)
+    ]
     assert tier.complete().status_code == 200
     pages = [requests.get(f"http://{t['targets'][0]}/metrics", timeout=TIMEOUT).text for t in sd]
-    counts = [s.value for page in pages for f in text_string_to_metric_families(page) for s in f.samples
-              if s.name == "vllm:e2e_request_latency_seconds_count"]
+    counts = [
+        s.value
+        for page in pages
+        for f in text_string_to_metric_families(page)
+        for s in f.samples
+        if s.name == "vllm:e2e_request_latency_seconds_count"
+    ]
     assert sorted(counts) == [0.0, 1.0]
     router_page = requests.get(f"{tier.router}/metrics", timeout=TIMEOUT).text
-    assert 'tailguard_router_request_duration_seconds_count{priority="0",service="chat",version="r1"} 1.0' \
-        in router_page
+    assert (
+        'tailguard_router_request_duration_seconds_count{priority="0",service="chat",version="r1"} 1.0' in router_page
+    )
     assert requests.get(f"{tier.control}/api/v1/services/nope", timeout=TIMEOUT).status_code == 404
 
 
 def test_rollout_rollback_scale_weights_and_routing(tier: TierProcess) -> None:
-    answer = tier.post("rollout", {"profile_name": "bad-max-num-seqs", "idempotency_key": "k1",
-                                   "canary_weight": 50}).json()
+    answer = tier.post(
+        "rollout", {"profile_name": "bad-max-num-seqs", "idempotency_key": "k1", "canary_weight": 50}
+    ).json()
     assert answer == {"revision": 2, "version": "r2", "replayed": False}
     service = tier.service()
     assert {v["version"]: v["weight"] for v in service["versions"]} == {"r1": 50, "r2": 50}
     seen = collections.Counter(tier.complete().headers["X-Tailguard-Version"] for _ in range(10))
     assert seen == {"r1": 5, "r2": 5}
 
-    assert tier.post("weights", {"version": "r2", "weight": 0, "idempotency_key": "k2"}).json() == \
-        {"weights": {"r2": 0, "r1": 100}, "replayed": False}
+    assert tier.post("weights", {"version": "r2", "weight": 0, "idempotency_key": "k2"}).json() == {
+        "weights": {"r2": 0, "r1": 100},
+        "replayed": False,
+    }
     assert {tier.complete().headers["X-Tailguard-Version"] for _ in range(4)} == {"r1"}
     assert tier.post("weights", {"version": "r9", "weight": 5, "idempotency_key": "k3"}).status_code == 409
 
-    assert tier.post("scale", {"replicas": 3, "idempotency_key": "k4"}).json() == \
-        {"from": 2, "to": 3, "replayed": False}
+    assert tier.post("scale", {"replicas": 3, "idempotency_key": "k4"}).json() == {
+        "from": 2,
+        "to": 3,
+        "replayed": False,
+    }
     assert tier.service()["replicas"] == 3
 
     rollback = tier.post("rollback", {"idempotency_key": "k5", "reason": "p99 above 0.8 s"}).json()
     assert rollback == {"from_revision": 2, "to_revision": 1, "replayed": False}
     revisions = requests.get(f"{tier.control}/api/v1/services/chat/revisions", timeout=TIMEOUT).json()
     assert [(r["version"], r["bad"], r["reason"]) for r in revisions] == [
-        ("r1", False, None), ("r2", True, "p99 above 0.8 s")]
+        ("r1", False, None),
+        ("r2", True, "p99 above 0.8 s"),
+    ]
     assert revisions[1]["profile"]["engineArgs"]["max_num_seqs"] == 2
     service = tier.service()
     assert [v["version"] for v in service["versions"]] == ["r1"] and service["replicas"] == 3
     conflict = tier.post("rollback", {"idempotency_key": "k6"})
     assert conflict.status_code == 409 and "no good revision" in conflict.json()["error"]
 
-    bad = tier.post("rollout", {"profile": {"name": "x", "model": "m", "engineArgs": {"max_num_seq": 1}},
-                                "idempotency_key": "k7"})
+    bad = tier.post(
+        "rollout",
+        {"profile": {"name": "x", "model": "m", "engineArgs": {"max_num_seq": 1}}, "idempotency_key": "k7"},
+    )
     assert bad.status_code == 400 and "engineArgs.max_num_seq" in bad.json()["error"]
 
 
 def test_idempotent_replay_survives_a_restart(paths: tuple[Path, Path]) -> None:
     first = TierProcess(*paths)
     try:
-        assert first.post("rollout", {"profile_name": "small-kv-cache", "idempotency_key": "d1:fire:0"}).json() \
-            == {"revision": 2, "version": "r2", "replayed": False}
+        assert first.post("rollout", {"profile_name": "small-kv-cache", "idempotency_key": "d1:fire:0"}).json() == {
+            "revision": 2,
+            "version": "r2",
+            "replayed": False,
+        }
         assert first.post("scale", {"replicas": 1, "idempotency_key": "d2:fire:0"}).json()["replayed"] is False
     finally:
         assert first.stop() == 0
     second = TierProcess(*paths)
     try:
-        assert second.post("rollout", {"profile_name": "small-kv-cache", "idempotency_key": "d1:fire:0"}).json() \
-            == {"revision": 2, "version": "r2", "replayed": True}
-        assert second.post("scale", {"replicas": 1, "idempotency_key": "d2:fire:0"}).json() == \
-            {"from": 2, "to": 1, "replayed": True}
+        assert second.post("rollout", {"profile_name": "small-kv-cache", "idempotency_key": "d1:fire:0"}).json() == {
+            "revision": 2,
+            "version": "r2",
+            "replayed": True,
+        }
+        assert second.post("scale", {"replicas": 1, "idempotency_key": "d2:fire:0"}).json() == {
+            "from": 2,
+            "to": 1,
+            "replayed": True,
+        }
         service = second.service()
         assert (service["active_revision"], service["replicas"]) == (2, 1)
         assert len(requests.get(f"{second.control}/api/v1/services/chat/revisions", timeout=TIMEOUT).json()) == 2
@@ -169,10 +213,15 @@ def test_idempotent_replay_survives_a_restart(paths: tuple[Path, Path]) -> None:
 def test_bad_config_is_reported_without_a_traceback(tmp_path: Path) -> None:
     config = tmp_path / "tier.yaml"
     config.write_text("services:\n  - name: chat\n    model: m\n    replica: 2\n")
-    result = subprocess.run([sys.executable, "-m", "serving.tier", "--config", str(config), "--state-dir",
-                             str(tmp_path / "s")], check=False, capture_output=True, text=True, timeout=30,
-                            cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    result = subprocess.run(
+        [sys.executable, "-m", "serving.tier", "--config", str(config), "--state-dir", str(tmp_path / "s")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert result.returncode == 2
     assert f"{config}:4: services[0].replica: unknown field" in result.stderr
     assert "Traceback" not in result.stderr
@@ -180,9 +229,25 @@ def test_bad_config_is_reported_without_a_traceback(tmp_path: Path) -> None:
 
 def test_replay_through_the_router(tier: TierProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out_csv, out_json = tmp_path / "r.csv", tmp_path / "s.json"
-    code = load_main(["--url", tier.router, "--model", "llama-test", "--trace", "conv", "--speedup", "20",
-                      "--max-requests", "30", "--csv", str(out_csv), "--summary-json", str(out_json),
-                      "--no-progress"])
+    code = load_main(
+        [
+            "--url",
+            tier.router,
+            "--model",
+            "llama-test",
+            "--trace",
+            "conv",
+            "--speedup",
+            "20",
+            "--max-requests",
+            "30",
+            "--csv",
+            str(out_csv),
+            "--summary-json",
+            str(out_json),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     summary = json.loads(out_json.read_text())
     assert (summary["count"], summary["ok"], summary["errors"]) == (30, 30, 0)

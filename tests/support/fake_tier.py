@@ -138,9 +138,7 @@ class FakeTierState:
             leaving = service.active
             earlier = [r for r in service.revisions if r["revision"] < leaving and not r["bad"]]
             if not earlier:
-                return 409, {
-                    "error": f"service {service.name!r} has no good revision earlier than r{leaving}"
-                }
+                return 409, {"error": f"service {service.name!r} has no good revision earlier than r{leaving}"}
             target = max(earlier, key=lambda r: r["revision"])
             service.revisions[leaving - 1].update(bad=True, reason=body.get("reason") or "rolled back")
             service.weights = {target["version"]: 100}
@@ -265,8 +263,7 @@ def running_serving_tier(tmp: Path, config_text: str) -> Iterator[str]:
             ready = json.loads(lines.get(timeout=60))
         except queue.Empty:
             raise AssertionError(
-                "the serving tier did not report ready within 60 s: "
-                + (tmp / "tier.stderr").read_text()[-2000:]
+                "the serving tier did not report ready within 60 s: " + (tmp / "tier.stderr").read_text()[-2000:]
             ) from None
         assert ready["event"] == "ready", ready
         yield str(ready["control_url"])

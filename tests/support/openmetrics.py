@@ -14,8 +14,27 @@ from dataclasses import dataclass, field
 
 # vllm:e2e_request_latency_seconds bucket boundaries, from a real vLLM 0.32 /metrics page.
 VLLM_E2E_BUCKETS: tuple[float, ...] = (
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
 )
 VLLM_E2E = "vllm:e2e_request_latency_seconds"
 
@@ -93,8 +112,9 @@ class OpenMetricsWriter:
             lines.append(f"{name}{_labels(labels)} {_number(value)} {_time(timestamp)}")
             family.samples += 1
 
-    def histogram(self, name: str, labels: Mapping[str, str], bounds: Sequence[float],
-                  points: Iterable[HistogramPoint]) -> None:
+    def histogram(
+        self, name: str, labels: Mapping[str, str], bounds: Sequence[float], points: Iterable[HistogramPoint]
+    ) -> None:
         family = self._family(name, "histogram")
         lines = family.series.setdefault(tuple(sorted(labels.items())), [])
         last = -math.inf

@@ -101,6 +101,9 @@ def build_history() -> History:
         labels = {"namespace": NAMESPACE, "service": service, "model_name": "tiny", "engine": "0"}
         writer.histogram(VLLM_E2E, labels, VLLM_E2E_BUCKETS, _cumulative(steps))
     for value_label, value in ESCAPE_SERIES.items():
-        writer.gauge(ESCAPE_METRIC, {"service": value_label, "namespace": NAMESPACE},
-                     [(t, value) for t in _timestamps()])
+        writer.gauge(
+            ESCAPE_METRIC,
+            {"service": value_label, "namespace": NAMESPACE},
+            [(t, value) for t in _timestamps()],
+        )
     return History(writer.render(), writer.sample_count, T0, T0 + DURATION)

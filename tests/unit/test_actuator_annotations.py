@@ -61,9 +61,7 @@ def test_unwritable_path_is_a_failed_outcome(tmp_path: Path) -> None:
     blocker.write_text("x")
     outcome = JsonlAnnotator(blocker / "annotations.jsonl").annotate(ANNOTATION, idempotency_key="k")
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is False
-    assert outcome.error is not None and outcome.error.startswith(
-        f"annotation log {blocker / 'annotations.jsonl'}"
-    )
+    assert outcome.error is not None and outcome.error.startswith(f"annotation log {blocker / 'annotations.jsonl'}")
 
 
 def test_fanout_reaches_all_and_reports_failures(tmp_path: Path) -> None:

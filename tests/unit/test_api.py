@@ -66,12 +66,14 @@ class Served:
         return requests.get(self.api.url + path, timeout=TIMEOUT)
 
     def post(self, path: str, body: bytes) -> requests.Response:
-        return requests.post(self.api.url + path, data=body, timeout=TIMEOUT,
-                             headers={"Content-Type": "application/json"})
+        return requests.post(
+            self.api.url + path, data=body, timeout=TIMEOUT, headers={"Content-Type": "application/json"}
+        )
 
     def evaluations(self, policy: str, trigger: str) -> float:
-        return self.registry.get_sample_value("tailguard_evaluations_total",
-                                              {"policy": policy, "trigger": trigger}) or 0.0
+        return (
+            self.registry.get_sample_value("tailguard_evaluations_total", {"policy": policy, "trigger": trigger}) or 0.0
+        )
 
 
 @pytest.fixture
@@ -82,8 +84,13 @@ def served(tmp_path: Path) -> Iterator[Served]:
     (rules / "llm.yaml").write_text(policy_yaml("llm-p99", {"namespace": "llm"}))
     registry = CollectorRegistry()
     controller = Controller(
-        policy_paths=[rules], source=_source(), journal=Journal(tmp_path / "journal.db"),
-        dispatcher=NullDispatcher(), clock=ManualClock(), metrics=ControllerMetrics(registry), schedule=False,
+        policy_paths=[rules],
+        source=_source(),
+        journal=Journal(tmp_path / "journal.db"),
+        dispatcher=NullDispatcher(),
+        clock=ManualClock(),
+        metrics=ControllerMetrics(registry),
+        schedule=False,
     )
     api = ControllerAPI(controller, "127.0.0.1", 0)
     api.start()
@@ -111,7 +118,10 @@ def test_readyz_is_503_until_started_and_evaluated_then_200(served: Served) -> N
     served.controller.start()
     answer = served.get("/readyz")
     assert answer.status_code == 503
-    assert answer.json()["reasons"] == ["policy checkout-p99: not evaluated yet", "policy llm-p99: not evaluated yet"]
+    assert answer.json()["reasons"] == [
+        "policy checkout-p99: not evaluated yet",
+        "policy llm-p99: not evaluated yet",
+    ]
     served.controller.evaluate("checkout-p99")
     served.controller.evaluate("llm-p99")
     answer = served.get("/readyz")
@@ -129,8 +139,15 @@ def test_metrics_exposes_the_injected_registry(served: Served) -> None:
         for sample in family.samples
     }
     assert samples[("tailguard_evaluations_total", (("policy", "checkout-p99"), ("trigger", "schedule")))] == 1
-    assert samples[("tailguard_decisions_total",
-                    (("condition", "p99-high"), ("kind", "fire"), ("policy", "checkout-p99")))] == 1
+    assert (
+        samples[
+            (
+                "tailguard_decisions_total",
+                (("condition", "p99-high"), ("kind", "fire"), ("policy", "checkout-p99")),
+            )
+        ]
+        == 1
+    )
     assert samples[("tailguard_policies_loaded", ())] == 2
 
 
@@ -198,19 +215,23 @@ def test_unknown_paths_and_bad_limits(served: Served) -> None:
 def test_matching_rule_table(tmp_path: Path) -> None:
     (tmp_path / "p.yaml").write_text(
         policy_yaml("svc", {"namespace": "llm"})
-        + "---\n" + policy_yaml("svc-version", {"namespace": "llm"}, ("service", "version"))
-        + "---\n" + policy_yaml("anything", {})
+        + "---\n"
+        + policy_yaml("svc-version", {"namespace": "llm"}, ("service", "version"))
+        + "---\n"
+        + policy_yaml("anything", {})
     )
     loaded, errors = load_policies([tmp_path / "p.yaml"])
     assert not errors
     policies = {entry.policy.name: entry.policy for entry in loaded}
     assert policies_for_alert(policies, {"namespace": "llm", "service": "chat"}) == ["anything", "svc"]
     assert policies_for_alert(policies, {"namespace": "llm", "service": "chat", "version": "r2"}) == [
-        "anything", "svc", "svc-version"]
+        "anything",
+        "svc",
+        "svc-version",
+    ]
     assert policies_for_alert(policies, {"namespace": "batch", "service": "chat"}) == ["anything"]
     assert policies_for_alert(policies, {"namespace": "llm"}) == []  # cannot name a target
-    assert policies_for_alert(policies, {"namespace": "llm", "service": "chat", "tailguard_policy": "svc"}) == [
-        "svc"]
+    assert policies_for_alert(policies, {"namespace": "llm", "service": "chat", "tailguard_policy": "svc"}) == ["svc"]
 
 
 def test_payload_parser_accepts_both_real_fixtures() -> None:

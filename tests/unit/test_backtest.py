@@ -20,15 +20,28 @@ B = target_key({"service": "b"})
 
 
 def _policy(cooldown: str = "10m") -> Policy:
-    return Policy.model_validate({
-        "apiVersion": "tailguard.io/v1alpha1", "kind": "Policy", "name": "p99", "interval": "15s",
-        "targets": {"groupBy": ["service"]},
-        "signals": [{"name": "p99", "query": "q"}],
-        "conditions": [{"name": "slow", "signal": "p99", "when": {"op": ">", "value": 0.8}, "for": 2,
-                        "noData": "hold", "actions": [{"type": "rollback"}],
-                        "recovery": {"for": 1, "actions": [{"type": "annotate", "text": "ok {{ service }}"}]}}],
-        "limits": {"cooldown": cooldown},
-    })
+    return Policy.model_validate(
+        {
+            "apiVersion": "tailguard.io/v1alpha1",
+            "kind": "Policy",
+            "name": "p99",
+            "interval": "15s",
+            "targets": {"groupBy": ["service"]},
+            "signals": [{"name": "p99", "query": "q"}],
+            "conditions": [
+                {
+                    "name": "slow",
+                    "signal": "p99",
+                    "when": {"op": ">", "value": 0.8},
+                    "for": 2,
+                    "noData": "hold",
+                    "actions": [{"type": "rollback"}],
+                    "recovery": {"for": 1, "actions": [{"type": "annotate", "text": "ok {{ service }}"}]},
+                }
+            ],
+            "limits": {"cooldown": cooldown},
+        }
+    )
 
 
 def _source(series: dict[tuple[tuple[str, str], ...], dict[float, float]]) -> FakeSource:
@@ -44,13 +57,23 @@ def test_fire_and_resolve_merge_into_one_entry_and_open_incidents_have_null_reso
     assert report.evaluations == 5
     out = report.to_json()
     first, second = out["decisions"]
-    assert (first["target"], first["onset"], first["fired_at"], first["resolved_at"]) == ({"service": "a"}, 15.0,
-                                                                                          30.0, 45.0)
+    assert (first["target"], first["onset"], first["fired_at"], first["resolved_at"]) == (
+        {"service": "a"},
+        15.0,
+        30.0,
+        45.0,
+    )
     assert [(x["type"], x["on"], x["executed"]) for x in first["actions"]] == [
-        ("rollback", "fire", False), ("annotate", "resolve", False)]
+        ("rollback", "fire", False),
+        ("annotate", "resolve", False),
+    ]
     assert first["actions"][1]["params"]["text"] == "ok a"
     assert (second["target"], second["onset"], second["fired_at"], second["resolved_at"]) == (
-        {"service": "b"}, 30.0, 45.0, None)
+        {"service": "b"},
+        30.0,
+        45.0,
+        None,
+    )
     assert "still firing" in report.to_markdown()
 
 
@@ -85,8 +108,18 @@ def test_parse_time() -> None:
 
 
 def test_cli_bad_time_exits_2_without_traceback(capsys: pytest.CaptureFixture[str]) -> None:
-    code = backtest_main(["--prometheus", "http://127.0.0.1:1", "--rules", str(RULES),
-                          "--start", "soon", "--end", "1700000000"])
+    code = backtest_main(
+        [
+            "--prometheus",
+            "http://127.0.0.1:1",
+            "--rules",
+            str(RULES),
+            "--start",
+            "soon",
+            "--end",
+            "1700000000",
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "--start: expected epoch seconds or an RFC3339 time" in err and "Traceback" not in err
@@ -96,16 +129,38 @@ def test_cli_unreachable_prometheus_exits_2(capsys: pytest.CaptureFixture[str]) 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    code = backtest_main(["--prometheus", f"http://127.0.0.1:{port}", "--rules", str(RULES),
-                          "--start", "1700000000", "--end", "1700003600", "--timeout", "1"])
+    code = backtest_main(
+        [
+            "--prometheus",
+            f"http://127.0.0.1:{port}",
+            "--rules",
+            str(RULES),
+            "--start",
+            "1700000000",
+            "--end",
+            "1700003600",
+            "--timeout",
+            "1",
+        ]
+    )
     assert code == 2
     assert "Prometheus is not usable" in capsys.readouterr().err
 
 
 def test_cli_bad_rules_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "bad.yaml").write_text("apiVersion: tailguard.io/v1alpha1\nkind: Policy\nname: x\n")
-    code = backtest_main(["--prometheus", "http://127.0.0.1:1", "--rules", str(tmp_path),
-                          "--start", "1700000000", "--end", "1700003600"])
+    code = backtest_main(
+        [
+            "--prometheus",
+            "http://127.0.0.1:1",
+            "--rules",
+            str(tmp_path),
+            "--start",
+            "1700000000",
+            "--end",
+            "1700003600",
+        ]
+    )
     assert code == 2
     assert "bad.yaml:" in capsys.readouterr().err
 

@@ -39,8 +39,9 @@ def test_validate_with_nothing_to_validate(tmp_path: Path, capsys: pytest.Captur
     assert "cannot read policy file" in capsys.readouterr().err
 
 
-def test_schema_is_written_pretty_sorted_with_a_trailing_newline(tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_schema_is_written_pretty_sorted_with_a_trailing_newline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     output = tmp_path / "out" / "schema.json"
     assert cli.main(["rules", "schema", "--output", str(output)]) == 0
     text = output.read_text()
@@ -65,12 +66,14 @@ def test_delegated_commands_get_their_arguments(monkeypatch: pytest.MonkeyPatch)
     assert seen == [["--rules", "r.yaml", "--help"]]
 
 
-def test_a_missing_delegate_fails_with_a_clear_message(monkeypatch: pytest.MonkeyPatch,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_missing_delegate_fails_with_a_clear_message(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setitem(cli.DELEGATED, "demo", ("controller.no_such_demo", "main", "demo"))
     assert cli.main(["demo", "--fast"]) == 2
     assert capsys.readouterr().err == (
-        "tailguard demo: not available in this installation (controller.no_such_demo is missing)\n")
+        "tailguard demo: not available in this installation (controller.no_such_demo is missing)\n"
+    )
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -82,8 +85,10 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 def _config(tmp_path: Path, policies: str, extra: str = "") -> Path:
     config = tmp_path / "controller.yaml"
-    config.write_text(f"prometheus: {{url: 'http://127.0.0.1:9', retries: 0}}\npolicies: [{policies}]\n"
-                      f"journal: j.db\nlisten: 127.0.0.1:0\n{extra}")
+    config.write_text(
+        f"prometheus: {{url: 'http://127.0.0.1:9', retries: 0}}\npolicies: [{policies}]\n"
+        f"journal: j.db\nlisten: 127.0.0.1:0\n{extra}"
+    )
     return config
 
 
@@ -91,7 +96,8 @@ def test_run_refuses_a_bad_configuration(tmp_path: Path, capsys: pytest.CaptureF
     config = _config(tmp_path, "rules", "listen_port: 1\n")
     assert cli.main(["run", "--config", str(config)]) == 2
     assert capsys.readouterr().err == (
-        f"{config}:5: listen_port: unknown field (not part of the controller configuration)\n")
+        f"{config}:5: listen_port: unknown field (not part of the controller configuration)\n"
+    )
 
 
 def test_run_refuses_broken_policies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -101,10 +107,17 @@ def test_run_refuses_broken_policies(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert not (tmp_path / "j.db").exists()
 
 
-def test_run_refuses_a_notify_action_with_an_unknown_receiver(tmp_path: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    policy = (REPO / "rules" / "examples" / "p99-rollback.yaml").read_text().replace(
-        "      - type: rollback\n", "      - type: notify\n        receiver: pager\n      - type: rollback\n")
+def test_run_refuses_a_notify_action_with_an_unknown_receiver(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = (
+        (REPO / "rules" / "examples" / "p99-rollback.yaml")
+        .read_text()
+        .replace(
+            "      - type: rollback\n",
+            "      - type: notify\n        receiver: pager\n      - type: rollback\n",
+        )
+    )
     (tmp_path / "p.yaml").write_text(policy)
     config = _config(tmp_path, "p.yaml")
     assert cli.main(["run", "--config", str(config)]) == 2

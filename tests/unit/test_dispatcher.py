@@ -43,9 +43,7 @@ class Rig:
     def actuators(self) -> Actuators:
         return Actuators(self.deployer, self.router, self.annotator, self.notifier)
 
-    def dispatcher(
-        self, crash_at: str | None = None, crash_type: str = "rollback", **kwargs: Any
-    ) -> Dispatcher:
+    def dispatcher(self, crash_at: str | None = None, crash_type: str = "rollback", **kwargs: Any) -> Dispatcher:
         def hook(point: str, record: ActionRecord) -> None:
             if point == crash_at and record.type.value == crash_type:
                 raise SimulatedCrash(point)
@@ -273,9 +271,7 @@ def test_global_cooldown_across_policies(tmp_path: Path) -> None:
 def test_non_mutating_actions_are_never_limited(tmp_path: Path) -> None:
     rig = Rig(tmp_path / "j.db", GlobalLimits(cooldown=300.0, maxActionsPerHour=0))
     try:
-        records = rig.dispatcher().dispatch(
-            make_decision([ANNOTATE, ("notify", {"receiver": "r"}), ROLLBACK])
-        )
+        records = rig.dispatcher().dispatch(make_decision([ANNOTATE, ("notify", {"receiver": "r"}), ROLLBACK]))
         assert [r.status for r in records] == [
             ActionStatus.SUCCEEDED,
             ActionStatus.SUCCEEDED,
@@ -300,9 +296,7 @@ def test_global_budget_counts_all_policies_and_survives_reopening(tmp_path: Path
         blocked = rig.dispatcher().dispatch(_shift("c", 3.0))[0]
         assert blocked.status is ActionStatus.SUPPRESSED
         assert (
-            blocked.error
-            == "global budget: 2 mutating action(s) on chat in the last hour across all policies "
-            "(max 2)"
+            blocked.error == "global budget: 2 mutating action(s) on chat in the last hour across all policies (max 2)"
         )
         rig.clock.advance(3600 - 10)  # the first action leaves the hour window
         assert rig.dispatcher().dispatch(_shift("d", 4.0))[0].status is ActionStatus.SUCCEEDED
@@ -392,9 +386,7 @@ def test_scale_reads_current_count_and_sets_the_desired_one(rig: Rig) -> None:
 
 
 def test_scale_to_the_current_count_is_skipped(rig: Rig) -> None:
-    [record] = rig.dispatcher().dispatch(
-        make_decision([("scale", {"service": "chat", "replicas": 2, "max": 8})])
-    )
+    [record] = rig.dispatcher().dispatch(make_decision([("scale", {"service": "chat", "replicas": 2, "max": 8})]))
     assert record.status is ActionStatus.SKIPPED and record.attempts == 0
     assert rig.deployer.performed("set_replicas") == []
 
@@ -443,9 +435,7 @@ def test_concurrent_policies_cannot_both_pass_the_cooldown(tmp_path: Path) -> No
         dispatcher = rig.dispatcher()
         decisions = [_shift(f"policy-{n}", float(n)) for n in range(4)]
         results: list[ActionRecord] = []
-        threads = [
-            threading.Thread(target=lambda d=d: results.extend(dispatcher.dispatch(d))) for d in decisions
-        ]
+        threads = [threading.Thread(target=lambda d=d: results.extend(dispatcher.dispatch(d))) for d in decisions]
         for thread in threads:
             thread.start()
         for thread in threads:

@@ -124,8 +124,14 @@ TABLES: dict[str, tuple[dict[str, Any], list[Step]]] = {
     ),
     "ok resets the streak": (
         {},
-        [(0, 0.9, P, []), (15, 0.9, P, []), (30, 0.5, OK, []), (45, 0.9, P, []), (60, 0.9, P, []),
-         (75, 0.9, F, ["fire"])],
+        [
+            (0, 0.9, P, []),
+            (15, 0.9, P, []),
+            (30, 0.5, OK, []),
+            (45, 0.9, P, []),
+            (60, 0.9, P, []),
+            (75, 0.9, F, ["fire"]),
+        ],
     ),
     "value equal to the threshold is not a breach (op >)": (
         {"for_": 1},
@@ -165,13 +171,26 @@ TABLES: dict[str, tuple[dict[str, Any], list[Step]]] = {
     ),
     "a held streak goes stale and is dropped; stale data never completes a breach": (
         {"stale_after": "30s"},
-        [(0, 0.9, P, []), (15, 0.9, P, []), (30, ABSENT, P, []), (45, ABSENT, P, []), (60, ABSENT, GONE, []),
-         (75, 0.9, P, []), (90, 0.9, P, []), (105, 0.9, F, ["fire"])],
+        [
+            (0, 0.9, P, []),
+            (15, 0.9, P, []),
+            (30, ABSENT, P, []),
+            (45, ABSENT, P, []),
+            (60, ABSENT, GONE, []),
+            (75, 0.9, P, []),
+            (90, 0.9, P, []),
+            (105, 0.9, F, ["fire"]),
+        ],
     ),
     "absence never resolves a firing condition, even when stale": (
         {"for_": 1, "stale_after": "30s"},
-        [(0, 0.9, F, ["fire"]), (15, ABSENT, F, []), (60, ABSENT, F, []), (600, ABSENT, F, []),
-         (615, 0.5, OK, ["resolve"])],
+        [
+            (0, 0.9, F, ["fire"]),
+            (15, ABSENT, F, []),
+            (60, ABSENT, F, []),
+            (600, ABSENT, F, []),
+            (615, 0.5, OK, ["resolve"]),
+        ],
     ),
     "an idle target is forgotten once stale": (
         {"stale_after": "30s"},
@@ -183,8 +202,17 @@ TABLES: dict[str, tuple[dict[str, Any], list[Step]]] = {
     ),
     "source errors keep a streak until the limit, then report errored once and drop it": (
         {"max_source_errors": 2},
-        [(0, 0.9, P, []), (15, 0.9, P, []), (30, ERR, P, []), (45, ERR, P, []), (60, ERR, OK, ["errored"]),
-         (75, ERR, OK, []), (90, 0.9, P, []), (105, 0.9, P, []), (120, 0.9, F, ["fire"])],
+        [
+            (0, 0.9, P, []),
+            (15, 0.9, P, []),
+            (30, ERR, P, []),
+            (45, ERR, P, []),
+            (60, ERR, OK, ["errored"]),
+            (75, ERR, OK, []),
+            (90, 0.9, P, []),
+            (105, 0.9, P, []),
+            (120, 0.9, F, ["fire"]),
+        ],
     ),
     "errors within the limit do not break a streak": (
         {"max_source_errors": 2},
@@ -192,8 +220,13 @@ TABLES: dict[str, tuple[dict[str, Any], list[Step]]] = {
     ),
     "source errors never resolve a firing condition": (
         {"for_": 1, "max_source_errors": 1},
-        [(0, 0.9, F, ["fire"]), (15, ERR, F, []), (30, ERR, F, ["errored"]), (45, ERR, F, []),
-         (60, 0.5, OK, ["resolve"])],
+        [
+            (0, 0.9, F, ["fire"]),
+            (15, ERR, F, []),
+            (30, ERR, F, ["errored"]),
+            (45, ERR, F, []),
+            (60, 0.5, OK, ["resolve"]),
+        ],
     ),
     "for as a duration": (
         {"for_": "60s"},
@@ -201,30 +234,59 @@ TABLES: dict[str, tuple[dict[str, Any], list[Step]]] = {
     ),
     "for as a duration restarts its clock after an ok": (
         {"for_": "30s"},
-        [(0, 0.9, P, []), (15, 0.9, P, []), (30, 0.1, OK, []), (45, 0.9, P, []), (60, 0.9, P, []),
-         (75, 0.9, F, ["fire"])],
+        [
+            (0, 0.9, P, []),
+            (15, 0.9, P, []),
+            (30, 0.1, OK, []),
+            (45, 0.9, P, []),
+            (60, 0.9, P, []),
+            (75, 0.9, F, ["fire"]),
+        ],
     ),
     "recovery needs its own streak; a breach in between restarts it": (
         {"for_": 1, "recovery": {"for": 2}},
-        [(0, 0.9, F, ["fire"]), (15, 0.5, F, []), (30, 0.9, F, []), (45, 0.5, F, []),
-         (60, 0.5, OK, ["resolve"]),
-         (75, 0.9, F, ["fire"])],
+        [
+            (0, 0.9, F, ["fire"]),
+            (15, 0.5, F, []),
+            (30, 0.9, F, []),
+            (45, 0.5, F, []),
+            (60, 0.5, OK, ["resolve"]),
+            (75, 0.9, F, ["fire"]),
+        ],
     ),
     "cooldown suppresses once, then fires when it has passed": (
         {"for_": 1, "cooldown": "10m"},
-        [(0, 0.9, F, ["fire"]), (15, 0.5, OK, ["resolve"]), (30, 0.9, P, ["suppressed"]), (45, 0.9, P, []),
-         (585, 0.9, P, []), (600, 0.9, F, ["fire"])],
+        [
+            (0, 0.9, F, ["fire"]),
+            (15, 0.5, OK, ["resolve"]),
+            (30, 0.9, P, ["suppressed"]),
+            (45, 0.9, P, []),
+            (585, 0.9, P, []),
+            (600, 0.9, F, ["fire"]),
+        ],
     ),
     "a suppressed breach that ends does not fire later": (
         {"for_": 1, "cooldown": "10m"},
-        [(0, 0.9, F, ["fire"]), (15, 0.5, OK, ["resolve"]), (30, 0.9, P, ["suppressed"]), (45, 0.5, OK, []),
-         (700, 0.5, OK, []), (715, 0.9, F, ["fire"])],
+        [
+            (0, 0.9, F, ["fire"]),
+            (15, 0.5, OK, ["resolve"]),
+            (30, 0.9, P, ["suppressed"]),
+            (45, 0.5, OK, []),
+            (700, 0.5, OK, []),
+            (715, 0.9, F, ["fire"]),
+        ],
     ),
     "budget: at most N mutating actions per hour per target": (
         {"for_": 1, "budget": 2},
-        [(0, 0.9, F, ["fire"]), (15, 0.5, OK, ["resolve"]), (30, 0.9, F, ["fire"]),
-         (45, 0.5, OK, ["resolve"]),
-         (60, 0.9, P, ["suppressed"]), (3599, 0.9, P, []), (3600, 0.9, F, ["fire"])],
+        [
+            (0, 0.9, F, ["fire"]),
+            (15, 0.5, OK, ["resolve"]),
+            (30, 0.9, F, ["fire"]),
+            (45, 0.5, OK, ["resolve"]),
+            (60, 0.9, P, ["suppressed"]),
+            (3599, 0.9, P, []),
+            (3600, 0.9, F, ["fire"]),
+        ],
     ),
     "budget 0 never acts": (
         {"for_": 1, "budget": 0},
@@ -235,14 +297,22 @@ TABLES: dict[str, tuple[dict[str, Any], list[Step]]] = {
         [(0, 0.9, F, ["fire"]), (15, 0.5, OK, ["resolve"]), (30, 0.9, F, ["fire"])],
     ),
     "mutating recovery actions wait for the cooldown": (
-        {"for_": 1, "cooldown": "60s",
-         "recovery": {"actions": [{"type": "shift_traffic", "version": "v1", "weight": 100}]}},
+        {
+            "for_": 1,
+            "cooldown": "60s",
+            "recovery": {"actions": [{"type": "shift_traffic", "version": "v1", "weight": 100}]},
+        },
         [(0, 0.9, F, ["fire"]), (15, 0.5, F, []), (45, 0.5, F, []), (60, 0.5, OK, ["resolve"])],
     ),
     "a cooldown longer than the budget window is still honoured": (
         {"for_": 1, "cooldown": "2h"},
-        [(0, 0.9, F, ["fire"]), (15, 0.5, OK, ["resolve"]), (3700, 0.9, P, ["suppressed"]),
-         (7199, 0.9, P, []), (7200, 0.9, F, ["fire"])],
+        [
+            (0, 0.9, F, ["fire"]),
+            (15, 0.5, OK, ["resolve"]),
+            (3700, 0.9, P, ["suppressed"]),
+            (7199, 0.9, P, []),
+            (7200, 0.9, F, ["fire"]),
+        ],
     ),
 }
 
@@ -275,11 +345,18 @@ def test_state_json_is_plain_json_and_restores_equal() -> None:
 
 
 ERROR_RATE: list[Step] = [
-    (0, 0.20, P, []), (15, 0.20, P, []), (30, 0.20, P, []), (45, 0.20, P, []), (60, 0.20, F, ["fire"]),
+    (0, 0.20, P, []),
+    (15, 0.20, P, []),
+    (30, 0.20, P, []),
+    (45, 0.20, P, []),
+    (60, 0.20, F, ["fire"]),
     (75, 0.10, F, []),  # between 3% and 15%: still firing
-    (90, 0.02, F, []), (105, 0.02, F, []),
+    (90, 0.02, F, []),
+    (105, 0.02, F, []),
     (120, 0.05, F, []),  # back between the thresholds: the recovery clock restarts
-    (135, 0.02, F, []), (150, 0.02, F, []), (165, 0.01, OK, ["resolve"]),  # <3% for 30s
+    (135, 0.02, F, []),
+    (150, 0.02, F, []),
+    (165, 0.01, OK, ["resolve"]),  # <3% for 30s
 ]
 
 
@@ -297,7 +374,10 @@ def test_error_rate_example_has_hysteresis() -> None:
     for now, value, phase, kinds in ERROR_RATE:
         decisions = run.step(now, {target: value}, signal="error-ratio")
         assert (now, run.phase(target, "error-rate-above-15pct"), [d.kind.value for d in decisions]) == (
-            now, phase, kinds)
+            now,
+            phase,
+            kinds,
+        )
     fire, resolve = run.decisions or []
     assert [a.params["weight"] for a in fire.actions if a.type is ActionType.SHIFT_TRAFFIC] == [10]
     assert [a.params["weight"] for a in resolve.actions if a.type is ActionType.SHIFT_TRAFFIC] == [100]
@@ -308,8 +388,10 @@ def test_p99_example_fires_rollback_after_three_evaluations() -> None:
     policy = _example("p99-rollback")
     run = Run(policy)
     target = target_key({"service": "chat"})
-    kinds = [[d.kind.value for d in run.step(t, {target: v}, "p99-e2e-latency")]
-             for t, v in [(0, 0.9), (15, 1.2), (30, 0.95), (45, 0.5), (60, 0.4)]]
+    kinds = [
+        [d.kind.value for d in run.step(t, {target: v}, "p99-e2e-latency")]
+        for t, v in [(0, 0.9), (15, 1.2), (30, 0.95), (45, 0.5), (60, 0.4)]
+    ]
     assert kinds == [[], [], ["fire"], [], ["resolve"]]
     fire = (run.decisions or [])[0]
     assert [a.type for a in fire.actions] == [ActionType.ANNOTATE, ActionType.ROLLBACK]
@@ -318,17 +400,23 @@ def test_p99_example_fires_rollback_after_three_evaluations() -> None:
 
 
 def test_dry_run_decisions_are_flagged() -> None:
-    run = drive(make_policy(for_=1, dry_run=True, cooldown="10m"),
-                [(0, 0.9, F, ["fire"]), (15, 0.5, OK, ["resolve"]), (30, 0.9, P, ["suppressed"])])
+    run = drive(
+        make_policy(for_=1, dry_run=True, cooldown="10m"),
+        [(0, 0.9, F, ["fire"]), (15, 0.5, OK, ["resolve"]), (30, 0.9, P, ["suppressed"])],
+    )
     assert [d.dry_run for d in run.decisions or []] == [True, True, True]
     wet = drive(make_policy(for_=1), [(0, 0.9, F, ["fire"])])
     assert [d.dry_run for d in wet.decisions or []] == [False]
 
 
 def test_decision_ids_are_deterministic_and_shared_by_an_incident() -> None:
-    steps: list[Step] = [(100, 0.9, P, []), (115, 0.9, P, []), (130, 0.9, F, ["fire"]),
-                         (145, 0.1, OK, ["resolve"]),
-                         (160, 0.9, P, [])]
+    steps: list[Step] = [
+        (100, 0.9, P, []),
+        (115, 0.9, P, []),
+        (130, 0.9, F, ["fire"]),
+        (145, 0.1, OK, ["resolve"]),
+        (160, 0.9, P, []),
+    ]
     first = drive(make_policy(), steps).decisions or []
     second = drive(make_policy(), steps).decisions or []
     assert [d.id for d in first] == [d.id for d in second]
@@ -342,9 +430,15 @@ def test_decision_ids_are_deterministic_and_shared_by_an_incident() -> None:
 
 
 def test_suppressed_and_later_fire_share_the_incident_id() -> None:
-    run = drive(make_policy(for_=1, cooldown="10m"),
-                [(0, 0.9, F, ["fire"]), (15, 0.5, OK, ["resolve"]), (30, 0.9, P, ["suppressed"]),
-                 (600, 0.9, F, ["fire"])])
+    run = drive(
+        make_policy(for_=1, cooldown="10m"),
+        [
+            (0, 0.9, F, ["fire"]),
+            (15, 0.5, OK, ["resolve"]),
+            (30, 0.9, P, ["suppressed"]),
+            (600, 0.9, F, ["fire"]),
+        ],
+    )
     decisions = run.decisions or []
     assert decisions[2].id == decisions[3].id == decision_id("table", "slow", A, 30.0)
     assert decisions[2].actions == ()
@@ -378,8 +472,14 @@ def test_targets_appear_and_disappear_independently() -> None:
 
 
 def test_multiple_conditions_on_one_signal() -> None:
-    warn = {"name": "warn", "signal": "p99", "when": {"op": ">", "value": 0.5}, "for": 1, "noData": "hold",
-            "actions": [{"type": "notify", "receiver": "team"}]}
+    warn = {
+        "name": "warn",
+        "signal": "p99",
+        "when": {"op": ">", "value": 0.5},
+        "for": 1,
+        "noData": "hold",
+        "actions": [{"type": "notify", "receiver": "team"}],
+    }
     run = Run(make_policy(for_=2, extra_conditions=[warn]))
     kinds = []
     for now, value in [(0, 0.6), (15, 0.9), (30, 0.9), (45, 0.4)]:
@@ -394,9 +494,12 @@ def test_multiple_conditions_on_one_signal() -> None:
 
 def test_rendered_action_params() -> None:
     actions: list[dict[str, Any]] = [
-        {"type": "annotate", "text": "{{ policy }}/{{ condition }} {{ target }} in {{ namespace }}: "
-                                     "{{ value }} > {{ threshold }} onset {{ onset }} id {{ decision_id }}",
-         "tags": ["{{ service }}", "fixed"]},
+        {
+            "type": "annotate",
+            "text": "{{ policy }}/{{ condition }} {{ target }} in {{ namespace }}: "
+            "{{ value }} > {{ threshold }} onset {{ onset }} id {{ decision_id }}",
+            "tags": ["{{ service }}", "fixed"],
+        },
         {"type": "scale", "targetPerReplica": 20, "max": 8},
         {"type": "shift_traffic", "version": "{{ service }}-canary", "weight": 5},
         {"type": "notify", "receiver": "team"},
@@ -408,8 +511,15 @@ def test_rendered_action_params() -> None:
         "text": f'table/slow {{service="a"}} in llm: 1.235e+06 > 0.8 onset 1700000000.250 id {fire.id}',
         "tags": ["a", "fixed"],
     }
-    assert scale.params == {"service": "a", "replicas": None, "delta": None, "targetPerReplica": 20.0,
-                            "min": 1, "max": 8, "observed": 1234567.891}
+    assert scale.params == {
+        "service": "a",
+        "replicas": None,
+        "delta": None,
+        "targetPerReplica": 20.0,
+        "min": 1,
+        "max": 8,
+        "observed": 1234567.891,
+    }
     assert shift.params == {"service": "a", "version": "a-canary", "weight": 5}
     assert notify.params == {"receiver": "team", "message": 'table/slow on {service="a"}: 1.235e+06'}
     assert [a.mutating for a in fire.actions] == [False, True, True, False]

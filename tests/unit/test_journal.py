@@ -95,9 +95,7 @@ def test_started_and_finish_semantics(tmp_path: Path) -> None:
 def test_actions_since_counts_mutating_actions_per_resource_across_policies(tmp_path: Path) -> None:
     rollback = make_decision([("rollback", {"service": "chat"}), ("annotate", {"text": "x"})], policy="a")
     shift = make_decision([("shift_traffic", {"service": "chat", "version": "r2", "weight": 10})], policy="b")
-    other = make_decision(
-        [("scale", {"service": "code", "replicas": 2, "max": 4})], policy="c", service="code"
-    )
+    other = make_decision([("scale", {"service": "code", "replicas": 2, "max": 4})], policy="c", service="code")
     with Journal(tmp_path / "j.db") as journal:
         journal.commit_evaluation("a", PolicyState(), [rollback], NOW)
         journal.commit_evaluation("b", PolicyState(), [shift], NOW)

@@ -26,10 +26,16 @@ from controller.sources.prometheus import (
     vector_result,
 )
 
-VECTOR_OK = {"status": "success", "data": {"resultType": "vector", "result": [
-    {"metric": {"service": "a"}, "value": [1700000000, "0.5"]},
-    {"metric": {"service": "b"}, "value": [1700000000, "NaN"]},
-]}}
+VECTOR_OK = {
+    "status": "success",
+    "data": {
+        "resultType": "vector",
+        "result": [
+            {"metric": {"service": "a"}, "value": [1700000000, "0.5"]},
+            {"metric": {"service": "b"}, "value": [1700000000, "NaN"]},
+        ],
+    },
+}
 
 
 @dataclass
@@ -73,8 +79,11 @@ def prom() -> Iterator[tuple[str, Script]]:
 
 def _source(url: str, clock: ManualClock, **settings: Any) -> tuple[PrometheusSource, list[tuple[str, bool]]]:
     calls: list[tuple[str, bool]] = []
-    source = PrometheusSource(PrometheusSettings(url=url, **settings), clock,
-                              on_query=lambda kind, seconds, ok: calls.append((kind, ok)))
+    source = PrometheusSource(
+        PrometheusSettings(url=url, **settings),
+        clock,
+        on_query=lambda kind, seconds, ok: calls.append((kind, ok)),
+    )
     return source, calls
 
 
@@ -85,7 +94,11 @@ def _error(status: int, error_type: str, message: str) -> Any:
 @pytest.mark.integration
 def test_retries_503_with_backoff_then_succeeds(prom: tuple[str, Script]) -> None:
     url, script = prom
-    script.responses = [(503, {}, _error(503, "unavailable", "busy")), (503, {}, b"oops"), (200, {}, VECTOR_OK)]
+    script.responses = [
+        (503, {}, _error(503, "unavailable", "busy")),
+        (503, {}, b"oops"),
+        (200, {}, VECTOR_OK),
+    ]
     clock = ManualClock(1000.0)
     source, calls = _source(url, clock, retries=3, backoff=0.5)
     result = source.instant("up", ["service"], at=1700000000.0)
@@ -138,8 +151,19 @@ def test_429_honours_retry_after(prom: tuple[str, Script]) -> None:
 @pytest.mark.integration
 def test_range_query_sends_exact_times_and_step(prom: tuple[str, Script]) -> None:
     url, script = prom
-    script.responses = [(200, {}, {"status": "success", "data": {"resultType": "matrix", "result": [
-        {"metric": {"service": "a"}, "values": [[1700000000.5, "1"], [1700000015.5, "+Inf"]]}]}})]
+    script.responses = [
+        (
+            200,
+            {},
+            {
+                "status": "success",
+                "data": {
+                    "resultType": "matrix",
+                    "result": [{"metric": {"service": "a"}, "values": [[1700000000.5, "1"], [1700000015.5, "+Inf"]]}],
+                },
+            },
+        )
+    ]
     source, calls = _source(url, ManualClock())
     result = source.range("up", ["service"], 1700000000.5, 1700000015.5, 15.0)
     assert result.error is None
@@ -152,13 +176,15 @@ def test_range_query_sends_exact_times_and_step(prom: tuple[str, Script]) -> Non
 
 @pytest.mark.integration
 def test_bearer_token_is_sent_but_never_logged_or_in_errors(
-        prom: tuple[str, Script], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    prom: tuple[str, Script], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     url, script = prom
     token_file = tmp_path / "token"
     token_file.write_text("s3cr3t-token\n")
     script.responses = [(503, {}, b"s"), (401, {}, _error(401, "unauthorized", "no"))]
-    source = PrometheusSource(PrometheusSettings(url=url, bearer={"token_file": token_file}, retries=2,
-                                                 backoff=0.01), ManualClock())
+    source = PrometheusSource(
+        PrometheusSettings(url=url, bearer={"token_file": token_file}, retries=2, backoff=0.01), ManualClock()
+    )
     with caplog.at_level(logging.DEBUG):
         result = source.instant("up", ["service"])
     assert script.requests[0]["headers"]["Authorization"] == "Bearer s3cr3t-token"
@@ -170,14 +196,17 @@ def test_bearer_token_is_sent_but_never_logged_or_in_errors(
 def test_basic_auth_from_password_file(prom: tuple[str, Script], tmp_path: Path) -> None:
     url, script = prom
     (tmp_path / "pw").write_text("hunter2")
-    source = PrometheusSource(PrometheusSettings(url=url, basic={"username": "sre", "password_file":
-                                                                 tmp_path / "pw"}), ManualClock())
+    source = PrometheusSource(
+        PrometheusSettings(url=url, basic={"username": "sre", "password_file": tmp_path / "pw"}),
+        ManualClock(),
+    )
     assert source.instant("up", ["service"]).ok
     assert script.requests[0]["headers"]["Authorization"].startswith("Basic ")
 
 
 def test_connection_refused_is_an_error_after_retries() -> None:
     import socket
+
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -192,23 +221,34 @@ def test_connection_refused_is_an_error_after_retries() -> None:
 def test_bearer_env_must_be_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TG_TEST_TOKEN", raising=False)
     with pytest.raises(SourceConfigError, match="TG_TEST_TOKEN"):
-        PrometheusSource(PrometheusSettings(url="http://127.0.0.1:1", bearer={"token_env": "TG_TEST_TOKEN"}),
-                         ManualClock())
+        PrometheusSource(
+            PrometheusSettings(url="http://127.0.0.1:1", bearer={"token_env": "TG_TEST_TOKEN"}), ManualClock()
+        )
 
 
 def test_settings_reject_unknown_fields_and_two_auths(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="extra"):
         PrometheusSettings.model_validate({"url": "http://x", "tiemout": 3})
     with pytest.raises(ValidationError, match="not both"):
-        PrometheusSettings.model_validate({"url": "http://x", "bearer": {"token_env": "T"},
-                                           "basic": {"username": "u", "password_file": str(tmp_path)}})
+        PrometheusSettings.model_validate(
+            {
+                "url": "http://x",
+                "bearer": {"token_env": "T"},
+                "basic": {"username": "u", "password_file": str(tmp_path)},
+            }
+        )
 
 
 def test_vector_conversion_errors() -> None:
     missing = vector_result([{"metric": {"pod": "x"}, "value": [1, "1"]}], ["service"])
     assert missing.error is not None and "lacks group_by label(s) service" in missing.error
-    twice = vector_result([{"metric": {"service": "a", "pod": "1"}, "value": [1, "1"]},
-                           {"metric": {"service": "a", "pod": "2"}, "value": [1, "2"]}], ["service"])
+    twice = vector_result(
+        [
+            {"metric": {"service": "a", "pod": "1"}, "value": [1, "1"]},
+            {"metric": {"service": "a", "pod": "2"}, "value": [1, "2"]},
+        ],
+        ["service"],
+    )
     assert twice.error is not None and "same target" in twice.error
     scalar = vector_result([1700000000, "1"], ["service"])
     assert scalar.error is not None and "scalar" in scalar.error

@@ -20,8 +20,9 @@ from controller.signals import render_signal_queries
 from controller.sources.fakes import FakeSource
 
 
-def policy_yaml(name: str, *, namespace: str = "llm", interval: str = "15s", threshold: float = 0.8,
-                for_: int = 2) -> str:
+def policy_yaml(
+    name: str, *, namespace: str = "llm", interval: str = "15s", threshold: float = 0.8, for_: int = 2
+) -> str:
     return f"""\
 apiVersion: tailguard.io/v1alpha1
 kind: Policy
@@ -79,12 +80,24 @@ def rules(tmp_path: Path) -> Path:
     return directory
 
 
-def make_controller(rules: Path, tmp_path: Path, source: Any, clock: ManualClock,
-                    registry: CollectorRegistry | None = None, **kwargs: Any) -> tuple[Controller, RecordingDispatcher]:
+def make_controller(
+    rules: Path,
+    tmp_path: Path,
+    source: Any,
+    clock: ManualClock,
+    registry: CollectorRegistry | None = None,
+    **kwargs: Any,
+) -> tuple[Controller, RecordingDispatcher]:
     dispatcher = RecordingDispatcher()
     controller = Controller(
-        policy_paths=[rules], source=source, journal=Journal(tmp_path / "journal.db"), dispatcher=dispatcher,
-        clock=clock, metrics=ControllerMetrics(registry or CollectorRegistry()), schedule=False, **kwargs,
+        policy_paths=[rules],
+        source=source,
+        journal=Journal(tmp_path / "journal.db"),
+        dispatcher=dispatcher,
+        clock=clock,
+        metrics=ControllerMetrics(registry or CollectorRegistry()),
+        schedule=False,
+        **kwargs,
     )
     return controller, dispatcher
 
@@ -92,7 +105,9 @@ def make_controller(rules: Path, tmp_path: Path, source: Any, clock: ManualClock
 def test_evaluation_fires_journals_dispatches_and_counts(rules: Path, tmp_path: Path) -> None:
     clock = ManualClock()
     registry = CollectorRegistry()
-    source = FakeSource(instant_answers={query_of(rules / "a.yaml"): SignalResult({target_key({"service": "chat"}): 0.93})})
+    source = FakeSource(
+        instant_answers={query_of(rules / "a.yaml"): SignalResult({target_key({"service": "chat"}): 0.93})}
+    )
     controller, dispatcher = make_controller(rules, tmp_path, source, clock, registry)
     controller.start()
     try:
@@ -250,8 +265,9 @@ def test_alert_and_scheduled_evaluations_of_one_policy_never_interleave(rules: P
         return SignalResult({target_key({"service": "chat"}): 0.1})
 
     clock = ManualClock()
-    controller, _ = make_controller(rules, tmp_path, FakeSource(instant_answers={query_of(rules / "a.yaml"): answer}),
-                                    clock)
+    controller, _ = make_controller(
+        rules, tmp_path, FakeSource(instant_answers={query_of(rules / "a.yaml"): answer}), clock
+    )
     controller.start()
     try:
         scheduled = threading.Thread(target=controller.evaluate, args=("lat-a",))
@@ -283,9 +299,14 @@ def test_scheduler_evaluates_at_start_and_stop_waits_and_closes(rules: Path, tmp
     dispatcher = RecordingDispatcher()
     registry = CollectorRegistry()
     controller = Controller(
-        policy_paths=[rules], source=FakeSource(instant_answers={query_of(rules / "a.yaml"): answer}),
-        journal=Journal(tmp_path / "journal.db"), dispatcher=dispatcher, clock=clock,
-        metrics=ControllerMetrics(registry), schedule=True, reload_interval=3600,
+        policy_paths=[rules],
+        source=FakeSource(instant_answers={query_of(rules / "a.yaml"): answer}),
+        journal=Journal(tmp_path / "journal.db"),
+        dispatcher=dispatcher,
+        clock=clock,
+        metrics=ControllerMetrics(registry),
+        schedule=True,
+        reload_interval=3600,
     )
     controller.start()
     try:
@@ -330,9 +351,13 @@ def test_actions_run_by_the_real_dispatcher_are_counted(rules: Path, tmp_path: P
     annotator = FakeAnnotator()
     source = FakeSource(instant_answers={query_of(rules / "a.yaml"): SignalResult({target_key({"service": "x"}): 2.0})})
     controller = Controller(
-        policy_paths=[rules], source=source, journal=journal,
+        policy_paths=[rules],
+        source=source,
+        journal=journal,
         dispatcher=Dispatcher(journal, Actuators(annotator=annotator), clock, GlobalLimits()),
-        clock=clock, metrics=ControllerMetrics(registry), schedule=False,
+        clock=clock,
+        metrics=ControllerMetrics(registry),
+        schedule=False,
     )
     controller.start()
     try:
@@ -347,9 +372,14 @@ def test_actions_run_by_the_real_dispatcher_are_counted(rules: Path, tmp_path: P
 
 def test_the_reload_job_picks_up_edits_on_its_own(rules: Path, tmp_path: Path) -> None:
     controller = Controller(
-        policy_paths=[rules], source=FakeSource(default=SignalResult({})), journal=Journal(tmp_path / "j.db"),
-        dispatcher=RecordingDispatcher(), clock=ManualClock(), metrics=ControllerMetrics(CollectorRegistry()),
-        schedule=True, reload_interval=0.2,
+        policy_paths=[rules],
+        source=FakeSource(default=SignalResult({})),
+        journal=Journal(tmp_path / "j.db"),
+        dispatcher=RecordingDispatcher(),
+        clock=ManualClock(),
+        metrics=ControllerMetrics(CollectorRegistry()),
+        schedule=True,
+        reload_interval=0.2,
     )
     controller.start()
     try:

@@ -87,8 +87,14 @@ def test_prefix_caching_skips_cached_prompt_tokens() -> None:
 
 def test_priority_scheduling_admits_the_lowest_priority_value_first() -> None:
     profile = _with_args(resolve_profile("stable"), max_num_seqs=1, scheduling_policy="priority")
-    requests = simulate(profile, [Arrival(0.0, 10, 10, priority=0), Arrival(0.001, 10, 10, priority=5),
-                                  Arrival(0.002, 10, 10, priority=-1)])
+    requests = simulate(
+        profile,
+        [
+            Arrival(0.0, 10, 10, priority=0),
+            Arrival(0.001, 10, 10, priority=5),
+            Arrival(0.002, 10, 10, priority=-1),
+        ],
+    )
     low, high, urgent = requests
     assert low.finished_at is not None and urgent.finished_at is not None and high.finished_at is not None
     assert low.finished_at < urgent.finished_at < high.finished_at
@@ -101,8 +107,9 @@ def test_requests_longer_than_the_model_are_rejected() -> None:
 
 
 def test_engine_metrics_count_every_request() -> None:
-    fast = resolve_profile("stable").model_copy(update={"hardware": resolve_profile("stable").hardware.model_copy(
-        update={"decode_step_base_s": 0.001})})
+    fast = resolve_profile("stable").model_copy(
+        update={"hardware": resolve_profile("stable").hardware.model_copy(update={"decode_step_base_s": 0.001})}
+    )
 
     async def run() -> ReplicaEngine:
         engine = ReplicaEngine(fast, "m")

@@ -31,13 +31,22 @@ def test_vendored_traces_parse() -> None:
     assert abs(conv[1].offset - 4.314579) < 1e-6  # 7-digit fractions are kept
 
 
-@pytest.mark.parametrize("body, message", [
-    ("2023-11-16 18:15:46.1,12\n", "t.csv:2: expected 3 columns"),
-    ("2023-11-16 18:15:46.1,12,x\n", "t.csv:2: GeneratedTokens: expected a non-negative integer, got 'x'"),
-    ("yesterday,1,2\n", "t.csv:2: TIMESTAMP: expected a time like"),
-    ("2023-11-16 18:15:47.0,1,2\n2023-11-16 18:15:46.0,1,2\n", "t.csv:3: TIMESTAMP: expected times in ascending"),
-    ("", "the trace has no requests"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("2023-11-16 18:15:46.1,12\n", "t.csv:2: expected 3 columns"),
+        (
+            "2023-11-16 18:15:46.1,12,x\n",
+            "t.csv:2: GeneratedTokens: expected a non-negative integer, got 'x'",
+        ),
+        ("yesterday,1,2\n", "t.csv:2: TIMESTAMP: expected a time like"),
+        (
+            "2023-11-16 18:15:47.0,1,2\n2023-11-16 18:15:46.0,1,2\n",
+            "t.csv:3: TIMESTAMP: expected times in ascending",
+        ),
+        ("", "the trace has no requests"),
+    ],
+)
 def test_bad_traces_name_file_and_line(tmp_path: Path, body: str, message: str) -> None:
     with pytest.raises(TraceError, match=message.replace(".", r"\.")):
         read_trace(_trace(tmp_path, body))
@@ -50,8 +59,9 @@ def test_bad_header(tmp_path: Path) -> None:
         read_trace(path)
 
 
-def test_cli_reports_a_bad_trace_with_exit_2_and_no_traceback(tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_reports_a_bad_trace_with_exit_2_and_no_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = _trace(tmp_path, "2023-11-16 18:15:46.1,-3,2\n")
     code = main(["--url", "http://127.0.0.1:9", "--model", "m", "--trace", str(path), "--no-progress"])
     err = capsys.readouterr().err

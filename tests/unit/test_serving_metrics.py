@@ -13,12 +13,24 @@ from serving.simulator import ReplicaEngine
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-0.32-cpu-metrics.txt"
 REQUIRED = {
-    "vllm:e2e_request_latency_seconds", "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
-    "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
-    "vllm:request_inference_time_seconds", "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
-    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-    "vllm:num_preemptions", "vllm:request_success", "vllm:prompt_tokens", "vllm:generation_tokens",
-    "vllm:prefix_cache_queries", "vllm:prefix_cache_hits",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds",
+    "vllm:request_inference_time_seconds",
+    "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_preemptions",
+    "vllm:request_success",
+    "vllm:prompt_tokens",
+    "vllm:generation_tokens",
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
 }
 
 
@@ -27,8 +39,7 @@ def _shape(text: str) -> dict[str, tuple[str, str, frozenset[str], tuple[str, ..
     shapes = {}
     for family in text_string_to_metric_families(text):
         labels = frozenset(k for s in family.samples for k in s.labels if k != "le")
-        buckets = tuple(sorted({s.labels["le"] for s in family.samples if s.name.endswith("_bucket")},
-                               key=float))
+        buckets = tuple(sorted({s.labels["le"] for s in family.samples if s.name.endswith("_bucket")}, key=float))
         shapes[family.name] = (family.type, family.documentation, labels, buckets)
     return shapes
 
@@ -42,6 +53,7 @@ def _simulator_page() -> str:
         finally:
             await engine.stop()
         return generate_latest(engine.registry).decode()
+
     return asyncio.run(run())
 
 

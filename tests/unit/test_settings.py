@@ -65,8 +65,11 @@ def test_unknown_field_is_reported_with_file_line_and_field(tmp_path: Path) -> N
 
 
 def test_nested_errors_point_at_their_line(tmp_path: Path) -> None:
-    text = VALID.replace("url: http://127.0.0.1:9090", "url: 127.0.0.1:9090").replace(
-        "maxActionsPerHour: 5", "maxActionsPerHour: -1").replace("listen: 127.0.0.1:0", "listen: localhost")
+    text = (
+        VALID.replace("url: http://127.0.0.1:9090", "url: 127.0.0.1:9090")
+        .replace("maxActionsPerHour: 5", "maxActionsPerHour: -1")
+        .replace("listen: 127.0.0.1:0", "listen: localhost")
+    )
     errors = errors_of(write(tmp_path, text))
     assert len(errors) == 3
     assert errors[0].split(": ", 1)[0].endswith(":2") and ": prometheus.url: " in errors[0]
@@ -81,7 +84,8 @@ def test_receiver_needs_a_secret_source(tmp_path: Path) -> None:
 
 def test_missing_required_fields_and_bad_yaml(tmp_path: Path) -> None:
     assert errors_of(write(tmp_path, "policies: [x]\n")) == [
-        f"{tmp_path / 'controller.yaml'}:1: prometheus: required field is missing"]
+        f"{tmp_path / 'controller.yaml'}:1: prometheus: required field is missing"
+    ]
     assert "invalid YAML" in errors_of(write(tmp_path, "prometheus: [\n"))[0]
     assert errors_of(write(tmp_path, "- a\n"))[0].endswith("expected a mapping (the controller configuration)")
     assert errors_of(write(tmp_path, ""))[0].endswith("the configuration file is empty")

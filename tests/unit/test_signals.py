@@ -18,15 +18,29 @@ from controller.sources.fakes import FakeSource
 
 
 def _policy(match: dict[str, str] | None = None, signals: int = 1) -> Policy:
-    return Policy.model_validate({
-        "apiVersion": "tailguard.io/v1alpha1", "kind": "Policy", "name": "p",
-        "targets": {"groupBy": ["service", "version"], "match": match or {"namespace": "llm"}},
-        "vars": {"model": 'm"x\\y'},
-        "signals": [{"name": f"s{i}", "query": f"sum by ({{{{ by }}}}) (m{i}{{ {{{{ selector }}}} }})"}
-                    for i in range(signals)],
-        "conditions": [{"name": "c", "signal": "s0", "when": {"op": ">", "value": 1}, "for": 1,
-                        "noData": "hold", "actions": [{"type": "annotate", "text": "x"}]}],
-    })
+    return Policy.model_validate(
+        {
+            "apiVersion": "tailguard.io/v1alpha1",
+            "kind": "Policy",
+            "name": "p",
+            "targets": {"groupBy": ["service", "version"], "match": match or {"namespace": "llm"}},
+            "vars": {"model": 'm"x\\y'},
+            "signals": [
+                {"name": f"s{i}", "query": f"sum by ({{{{ by }}}}) (m{i}{{ {{{{ selector }}}} }})"}
+                for i in range(signals)
+            ],
+            "conditions": [
+                {
+                    "name": "c",
+                    "signal": "s0",
+                    "when": {"op": ">", "value": 1},
+                    "for": 1,
+                    "noData": "hold",
+                    "actions": [{"type": "annotate", "text": "x"}],
+                }
+            ],
+        }
+    )
 
 
 def test_rendered_queries_group_by_target_labels_and_escape_values() -> None:
@@ -75,8 +89,12 @@ def test_range_queries_are_chunked_and_merged() -> None:
     source = FakeSource(range_answers={query: answer})
     result = query_signals_range(source, policy, 0, 15 * 12_000, 15)["s0"]
     assert len(source.sent) == 2
-    assert result.series[key] == {0: 0, 15 * 10_999: 15 * 10_999, 15 * 11_000: 15 * 11_000,
-                                  15 * 12_000: 15 * 12_000}
+    assert result.series[key] == {
+        0: 0,
+        15 * 10_999: 15 * 10_999,
+        15 * 11_000: 15 * 11_000,
+        15 * 12_000: 15 * 12_000,
+    }
 
 
 def test_an_error_in_any_chunk_fails_the_whole_range() -> None:

@@ -102,9 +102,7 @@ def test_notify_posts_signed_json(secret_env: str) -> None:
 def test_503_is_retried_then_succeeds(secret_env: str) -> None:
     clock = ManualClock()
     with receiver(503, 503) as (url, state):
-        notifier = WebhookNotifier(
-            {"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=3)}, clock, backoff=1.0
-        )
+        notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=3)}, clock, backoff=1.0)
         start = clock.now()
         outcome = notifier.notify("r", {"decision": {}}, idempotency_key="k")
     assert outcome.status is OutcomeStatus.SUCCEEDED and outcome.detail["attempts"] == 3
@@ -116,9 +114,7 @@ def test_503_is_retried_then_succeeds(secret_env: str) -> None:
 
 def test_400_is_not_retried(secret_env: str) -> None:
     with receiver(400) as (url, state):
-        notifier = WebhookNotifier(
-            {"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=3)}, ManualClock()
-        )
+        notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=3)}, ManualClock())
         outcome = notifier.notify("r", {}, idempotency_key="k")
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is False
     assert outcome.error is not None and "HTTP 400" in outcome.error
@@ -127,9 +123,7 @@ def test_400_is_not_retried(secret_env: str) -> None:
 
 def test_503_until_the_bound_is_a_transient_failure(secret_env: str) -> None:
     with receiver(503, 503, 503) as (url, state):
-        notifier = WebhookNotifier(
-            {"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=2)}, ManualClock()
-        )
+        notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=2)}, ManualClock())
         outcome = notifier.notify("r", {}, idempotency_key="k")
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is True
     assert len(state.requests) == 2
@@ -138,9 +132,7 @@ def test_503_until_the_bound_is_a_transient_failure(secret_env: str) -> None:
 def test_secret_never_logged_nor_in_errors(secret_env: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)  # every logger, urllib3's included
     with receiver(503, 503, 500) as (url, _state):
-        notifier = WebhookNotifier(
-            {"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=3)}, ManualClock()
-        )
+        notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=3)}, ManualClock())
         outcome = notifier.notify("r", {"decision": {}}, idempotency_key="k")
     assert outcome.status is OutcomeStatus.FAILED
     assert caplog.records, "the failures should have been logged"
@@ -148,9 +140,7 @@ def test_secret_never_logged_nor_in_errors(secret_env: str, caplog: pytest.LogCa
     assert SECRET not in (outcome.error or "") and SECRET not in json.dumps(outcome.to_json())
 
 
-def test_url_credentials_stay_out_of_our_logs_and_errors(
-    secret_env: str, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_url_credentials_stay_out_of_our_logs_and_errors(secret_env: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="controller")
     token = "url-token-123"
     with receiver(503, 400) as (url, _state):
@@ -168,9 +158,7 @@ def test_url_credentials_stay_out_of_our_logs_and_errors(
 def test_missing_secret_is_a_clear_failure_without_sending(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TG_UNSET_SECRET", raising=False)
     with receiver() as (url, state):
-        notifier = WebhookNotifier(
-            {"r": WebhookReceiver(url=url, secretEnv="TG_UNSET_SECRET")}, ManualClock()
-        )
+        notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv="TG_UNSET_SECRET")}, ManualClock())
         outcome = notifier.notify("r", {}, idempotency_key="k")
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is False
     assert outcome.error == "receiver 'r': environment variable TG_UNSET_SECRET is not set or empty"
