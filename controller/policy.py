@@ -193,13 +193,38 @@ class TargetSpec(StrictModel):
     )
 
 
+class SlaDimension(StrEnum):
+    CPU = "cpu"  # scheduling: request queue time
+    GPU = "gpu"  # engine inference time (prefill + decode), HBM/DRAM where DCGM exists
+    NETWORK = "network"  # router-observed latency minus engine-reported latency
+
+
+class Prediction(StrictModel):
+    """A learned signal: the SLA model's probability that `dimension` breaches within its horizon."""
+
+    model: str = Field(min_length=1, description="a model named in the controller configuration's `predictors`")
+    dimension: SlaDimension
+
+
 class Signal(StrictModel):
     name: Identifier
-    query: str = Field(
+    query: str | None = Field(
+        default=None,
         min_length=1,
         description="PromQL returning one series per target, grouped by the target labels. "
         "{{ selector }}, {{ by }} and {{ variable }} (an escaped string literal) are substituted.",
     )
+    predict: Prediction | None = Field(
+        default=None,
+        description="instead of a query: the breach probability (0..1) predicted by a trained SLA model; a missing, "
+        "stale or incompatible model makes it no-data, never a breach",
+    )
+
+    @model_validator(mode="after")
+    def _query_or_prediction(self) -> Signal:
+        if (self.query is None) == (self.predict is None):
+            raise ValueError("a signal needs exactly one of `query` (PromQL) or `predict` (a trained SLA model)")
+        return self
 
 
 class _ActionBase(StrictModel):
@@ -208,9 +233,7 @@ class _ActionBase(StrictModel):
 
 class RollbackAction(_ActionBase):
     type: Literal["rollback"]
-    service: str = Field(
-        default="{{ service }}", description="service to roll back to its last good revision"
-    )
+    service: str = Field(default="{{ service }}", description="service to roll back to its last good revision")
 
 
 class ScaleAction(_ActionBase):
@@ -272,9 +295,7 @@ class Condition(StrictModel):
     signal: Identifier
     when: Threshold = Field(description="a breach is an observation for which this holds")
     for_: For = Field(alias="for")
-    noData: NoDataPolicy = Field(
-        description="what an absent or NaN value means; there is no default on purpose"
-    )
+    noData: NoDataPolicy = Field(description="what an absent or NaN value means; there is no default on purpose")
     staleAfter: Duration = Field(
         default=300.0,
         description="held state older than this is dropped: stale data never completes a breach",
@@ -287,9 +308,7 @@ class Condition(StrictModel):
 
 
 class Limits(StrictModel):
-    cooldown: Duration = Field(
-        default=300.0, description="minimum time between mutating actions on one target"
-    )
+    cooldown: Duration = Field(default=300.0, description="minimum time between mutating actions on one target")
     maxActionsPerHour: int = Field(default=6, ge=0, description="mutating actions per target in any hour")
 
 
@@ -336,7 +355,7 @@ class Policy(StrictModel):
                 )
         query_vars = set(self.targets.match) | set(self.vars) | QUERY_BUILTINS
         for index, signal in enumerate(self.signals):
-            unknown = sorted(set(variables_in(signal.query)) - query_vars)
+            unknown = sorted(set(variables_in(signal.query or "")) - query_vars)
             if unknown:
                 raise PolicyReferenceError(
                     f"undefined template variable(s) {', '.join(unknown)}; "

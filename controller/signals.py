@@ -24,12 +24,16 @@ MAX_POINTS_PER_QUERY = 11_000
 
 
 def render_signal_queries(policy: Policy) -> dict[str, str]:
-    """The PromQL each signal sends, by signal name."""
+    """The PromQL each query signal sends, by signal name (prediction signals are answered by predictors)."""
     return {
         signal.name: render_query(
-            signal.query, match=policy.targets.match, group_by=list(policy.targets.groupBy), variables=policy.vars
+            signal.query,
+            match=policy.targets.match,
+            group_by=list(policy.targets.groupBy),
+            variables=policy.vars,
         )
         for signal in policy.signals
+        if signal.query is not None
     }
 
 
@@ -46,8 +50,9 @@ def query_signals(source: MetricsSource, policy: Policy, at: float | None) -> di
     return results
 
 
-def range_chunks(start: float, end: float, step: float,
-                 max_points: int = MAX_POINTS_PER_QUERY) -> list[tuple[float, float]]:
+def range_chunks(
+    start: float, end: float, step: float, max_points: int = MAX_POINTS_PER_QUERY
+) -> list[tuple[float, float]]:
     """Split [start, end] into windows of at most `max_points` evaluation timestamps each, on the same grid."""
     if step <= 0:
         raise ValueError(f"step must be positive, got {step}")
