@@ -31,6 +31,9 @@ DELEGATED = {
     "backtest": ("controller.backtest", "backtest_main", "replay policies over Prometheus history"),
     "load": ("serving.load", "main", "generate load against the serving tier"),
     "demo": ("controller.demo", "main", "run the end-to-end demo"),
+    "train": ("predictors.train", "main", "train the SLA-breach model from Prometheus history"),
+    "evaluate": ("predictors.evaluate", "main", "evaluate a trained SLA-breach model against baselines"),
+    "dashboards": ("controller.dashboards", "main", "generate the Grafana dashboards, or push them to Grafana"),
 }
 
 logger = logging.getLogger("tailguard.cli")
