@@ -290,6 +290,45 @@ class Recovery(StrictModel):
     actions: list[Action] = Field(default_factory=list)
 
 
+class AttributionSpec(StrictModel):
+    """Which rollouts a breach may be attributed to: same target labels, within `window` before the onset."""
+
+    window: Duration = Field(default=1800.0, description="a rollout at most this long before the onset counts")
+    labels: list[LabelName] = Field(
+        min_length=1, description="target labels a rollout must share with the target (e.g. [service])"
+    )
+
+
+class BranchIf(StrictModel):
+    """A branch's guard; every field given must hold (a signal test needs `signal`, `op` and `value`)."""
+
+    attributedToRollout: bool | None = Field(
+        default=None, description="true: the breach is attributed to a rollout; false: it is not"
+    )
+    signal: Identifier | None = Field(
+        default=None, description="a signal of this policy, read from the same evaluation (e.g. saturation)"
+    )
+    op: Comparison | None = None
+    value: float | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> BranchIf:
+        given = [self.signal is not None, self.op is not None, self.value is not None]
+        if any(given) and not all(given):
+            raise ValueError("a signal test needs all of `signal`, `op` and `value`")
+        if self.attributedToRollout is None and not any(given):
+            raise ValueError("`if` needs `attributedToRollout` or a signal test (`signal`, `op`, `value`)")
+        if self.value is not None and not math.isfinite(self.value):
+            raise ValueError("`value` must be a finite number")
+        return self
+
+
+class Branch(StrictModel):
+    name: Identifier
+    if_: BranchIf | None = Field(default=None, alias="if", description="no `if`: otherwise (must be the last branch)")
+    actions: list[Action] = Field(min_length=1)
+
+
 class Condition(StrictModel):
     name: Identifier
     signal: Identifier
@@ -303,8 +342,30 @@ class Condition(StrictModel):
     maxSourceErrors: int = Field(
         default=4, ge=1, description="consecutive source errors tolerated before the condition is 'errored'"
     )
-    actions: list[Action] = Field(min_length=1)
+    actions: list[Action] = Field(
+        default_factory=list, description="what to do when it fires (exactly one of `actions` or `choose`)"
+    )
+    attribution: AttributionSpec | None = Field(
+        default=None, description="tie a breach to the most recent rollout of the same target before its onset"
+    )
+    choose: list[Branch] | None = Field(
+        default=None,
+        min_length=1,
+        description="ordered branches; the first whose `if` holds at fire time runs its actions",
+    )
     recovery: Recovery = Field(default_factory=Recovery)
+
+    @model_validator(mode="after")
+    def _actions_or_choose(self) -> Condition:
+        if bool(self.actions) == (self.choose is not None):
+            raise ValueError("a condition needs exactly one of `actions` (a non-empty list) or `choose` (branches)")
+        return self
+
+    def all_actions(self) -> list[Any]:
+        """Every action the condition may run when it fires: its `actions`, or those of every branch."""
+        if self.choose is None:
+            return list(self.actions)
+        return [action for branch in self.choose for action in branch.actions]
 
 
 class Limits(StrictModel):
@@ -313,6 +374,8 @@ class Limits(StrictModel):
 
 
 TEXT_VARIABLES = frozenset({"value", "threshold", "policy", "condition", "target", "onset", "decision_id"})
+# What attribution adds to action text (empty / "none" when the breach is not attributed to a rollout).
+ATTRIBUTION_VARIABLES = frozenset({"rollout_revision", "rollout_diff", "branch"})
 
 
 class Policy(StrictModel):
@@ -333,6 +396,8 @@ class Policy(StrictModel):
         if self.interval <= 0:
             raise PolicyReferenceError("interval must be positive", ("interval",))
         reserved = QUERY_BUILTINS | TEXT_VARIABLES
+        if any(c.attribution is not None or c.choose is not None for c in self.conditions):
+            reserved |= ATTRIBUTION_VARIABLES
         for section, names in (("targets", list(self.targets.match)), ("vars", list(self.vars))):
             for name in names:
                 if name in reserved:
@@ -362,15 +427,21 @@ class Policy(StrictModel):
                     f"expected one of {', '.join(sorted(query_vars))}",
                     ("signals", index, "query"),
                 )
-        action_vars = self.action_variables()
         for index, condition in enumerate(self.conditions):
+            action_vars = self.action_variables(condition)
             if condition.signal not in signal_names:
                 raise PolicyReferenceError(
                     f"undefined signal {condition.signal!r}; expected one of {', '.join(signal_names)}",
                     ("conditions", index, "signal"),
                 )
+            _check_attribution(self, index, condition, signal_names)
             located: list[tuple[tuple[str | int, ...], BaseModel]] = [
                 *((("conditions", index, "actions", i), a) for i, a in enumerate(condition.actions)),
+                *(
+                    (("conditions", index, "choose", b, "actions", i), a)
+                    for b, branch in enumerate(condition.choose or [])
+                    for i, a in enumerate(branch.actions)
+                ),
                 *(
                     (("conditions", index, "recovery", "actions", i), a)
                     for i, a in enumerate(condition.recovery.actions)
@@ -387,11 +458,52 @@ class Policy(StrictModel):
                         )
         return self
 
-    def action_variables(self) -> frozenset[str]:
-        return frozenset(self.targets.groupBy) | set(self.targets.match) | set(self.vars) | TEXT_VARIABLES
+    def action_variables(self, condition: Condition | None = None) -> frozenset[str]:
+        """Variables of action text; a condition with `attribution` or `choose` also gets the attribution ones."""
+        names = frozenset(self.targets.groupBy) | set(self.targets.match) | set(self.vars) | TEXT_VARIABLES
+        if condition is not None and (condition.attribution is not None or condition.choose is not None):
+            names |= ATTRIBUTION_VARIABLES
+        return names
 
     def signal(self, name: str) -> Signal:
         return next(s for s in self.signals if s.name == name)
+
+
+def _check_attribution(policy: Policy, index: int, condition: Condition, signal_names: list[str]) -> None:
+    """Branch guards name real signals, need `attribution` to ask about rollouts, and `otherwise` comes last."""
+    if condition.attribution is not None:
+        known = set(policy.targets.groupBy) | set(policy.targets.match)
+        for position, label in enumerate(condition.attribution.labels):
+            if label not in known:
+                raise PolicyReferenceError(
+                    f"attribution label {label!r} is not a target label; expected one of {', '.join(sorted(known))}",
+                    ("conditions", index, "attribution", "labels", position),
+                )
+    branches = condition.choose or []
+    names = [branch.name for branch in branches]
+    for position, branch in enumerate(branches):
+        where: tuple[str | int, ...] = ("conditions", index, "choose", position)
+        if branch.name in names[:position]:
+            raise PolicyReferenceError(f"branch names must be unique; {branch.name!r} is repeated", (*where, "name"))
+        guard = branch.if_
+        if guard is None:
+            if position != len(branches) - 1:
+                raise PolicyReferenceError(
+                    f"branch {branch.name!r} has no `if` (otherwise) but is not the last branch; "
+                    "the branches after it could never run",
+                    where,
+                )
+            continue
+        if guard.attributedToRollout is not None and condition.attribution is None:
+            raise PolicyReferenceError(
+                "`attributedToRollout` needs the condition's `attribution` (window and labels)",
+                (*where, "if", "attributedToRollout"),
+            )
+        if guard.signal is not None and guard.signal not in signal_names:
+            raise PolicyReferenceError(
+                f"undefined signal {guard.signal!r}; expected one of {', '.join(signal_names)}",
+                (*where, "if", "signal"),
+            )
 
 
 def _template_fields(action: BaseModel) -> list[tuple[tuple[str | int, ...], str]]:
