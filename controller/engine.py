@@ -26,11 +26,21 @@ Per (condition, target) the engine keeps a small state machine:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from controller.attribution import (
+    AttributedDecision,
+    Attribution,
+    BranchChoice,
+    Rollout,
+    attribute,
+    choose_branch,
+    no_branch_choice,
+    text_variables,
+)
 from controller.model import (
     ActionRequest,
     ActionType,
@@ -150,8 +160,10 @@ def render_actions(
     value: float | None,
     threshold: float,
     onset: float,
+    extra_variables: Mapping[str, str] | None = None,
 ) -> tuple[ActionRequest, ...]:
     variables = {
+        **(extra_variables or {}),
         **policy.targets.match,
         **policy.vars,
         **target_labels(target),
@@ -177,6 +189,10 @@ def render_actions(
                 params[name] = raw
         if action.type == ActionType.SCALE:
             params["observed"] = value
+        attributed_revision = (extra_variables or {}).get("rollout_revision", "none")
+        if action.type == ActionType.ROLLBACK and attributed_revision != "none":
+            # The revision the breach is attributed to: the deployer rolls back to the one before it.
+            params["rollout_revision"] = attributed_revision
         rendered.append(ActionRequest(ActionType(action.type), params, f"{incident}:{kind.value}:{index}"))
     return tuple(rendered)
 
@@ -206,9 +222,20 @@ def _with_evidence(state: ConditionState, now: float, value: float | None) -> tu
 class _Step:
     """Accumulates the new state and decisions of one evaluation."""
 
-    def __init__(self, policy: Policy, state: PolicyState, now: float):
+    def __init__(
+        self,
+        policy: Policy,
+        state: PolicyState,
+        now: float,
+        observations: Mapping[str, SignalResult] | None = None,
+        rollouts: Sequence[Rollout] = (),
+        rollouts_error: str | None = None,
+    ):
         self.policy = policy
         self.now = now
+        self.observations: Mapping[str, SignalResult] = observations or {}
+        self.rollouts = rollouts
+        self.rollouts_error = rollouts_error
         self.conditions: dict[StateKey, ConditionState] = dict(state.conditions)
         # Pruned to the budget window, or to the cooldown when that is longer (a 2h cooldown must
         # still see an action taken 61 minutes ago).
@@ -238,9 +265,12 @@ class _Step:
         fired_at: float | None = None,
         resolved_at: float | None = None,
         reason: str,
+        attribution: Attribution | None = None,
+        branch: BranchChoice | None = None,
     ) -> None:
+        attributed = attribution is not None or branch is not None
         self.decisions.append(
-            Decision(
+            (AttributedDecision if attributed else Decision)(
                 id=incident,
                 kind=kind,
                 policy=self.policy.name,
@@ -256,8 +286,30 @@ class _Step:
                 actions=actions,
                 dry_run=self.policy.dryRun,
                 reason=reason,
+                **({"attribution": attribution, "branch": branch} if attributed else {}),
             )
         )
+
+    def choose(
+        self, condition: Condition, target: TargetKey, onset: float
+    ) -> tuple[list[Any], Attribution | None, BranchChoice | None]:
+        """The actions to run when `condition` fires on `target`: its own, or those of the first branch that holds."""
+        attribution = None
+        if condition.attribution is not None:
+            attribution = attribute(
+                condition.attribution,
+                target_labels(target),
+                onset,
+                self.rollouts,
+                source_error=self.rollouts_error,
+            )
+        if condition.choose is None:
+            return list(condition.actions), attribution, None
+        chosen = choose_branch(condition, attribution, self.observations, target, self.now)
+        if chosen is None:
+            return [], attribution, no_branch_choice(condition, attribution, self.observations, target, self.now)
+        branch, choice = chosen
+        return list(branch.actions), attribution, choice
 
 
 def _needs_limits(actions: list[Any]) -> bool:
@@ -319,7 +371,8 @@ def _on_breach(
     if not condition.for_.satisfied(state.breach_count, onset, now):
         return state
     incident = decision_id(step.policy.name, condition.name, target, onset)
-    block = step.limits_block(target) if _needs_limits(condition.actions) else None
+    chosen_actions, attribution, branch = step.choose(condition, target, onset)
+    block = step.limits_block(target) if _needs_limits(chosen_actions) else None
     if block is not None:
         if not state.suppression_reported:
             step.decide(
@@ -330,19 +383,24 @@ def _on_breach(
                 incident=incident,
                 value=value,
                 reason=f"breach held for {condition.for_.describe()} but {block}",
+                attribution=attribution,
+                branch=branch,
             )
             state = replace(state, suppression_reported=True)
         return state
     actions = render_actions(
         step.policy,
         condition,
-        condition.actions,
+        chosen_actions,
         target,
         kind=DecisionKind.FIRE,
         incident=incident,
         value=value,
         threshold=condition.when.value,
         onset=onset,
+        extra_variables=text_variables(attribution, branch)
+        if condition.attribution is not None or condition.choose is not None
+        else None,
     )
     step.record_actions(target, actions)
     state = replace(state, phase=Phase.FIRING, fired_at=now, decision_id=incident, recover_count=0, recover_since=None)
@@ -355,7 +413,10 @@ def _on_breach(
         value=value,
         actions=actions,
         fired_at=now,
-        reason=f"{condition.when.op.value} {condition.when.value} for {condition.for_.describe()}",
+        reason=f"{condition.when.op.value} {condition.when.value} for {condition.for_.describe()}"
+        + (f"; {branch.reason}" if branch is not None else ""),
+        attribution=attribution,
+        branch=branch,
     )
     return state
 
@@ -397,6 +458,9 @@ def _on_ok(
         value=value,
         threshold=condition.when.value,
         onset=state.onset,
+        extra_variables=text_variables(None, None)
+        if condition.attribution is not None or condition.choose is not None
+        else None,
     )
     step.record_actions(target, actions)
     step.decide(
@@ -437,9 +501,17 @@ def observe(
 
 
 def transition(
-    policy: Policy, observations: Mapping[str, SignalResult], state: PolicyState, now: float
+    policy: Policy,
+    observations: Mapping[str, SignalResult],
+    state: PolicyState,
+    now: float,
+    rollouts: Sequence[Rollout] = (),
+    *,
+    rollouts_error: str | None = None,
 ) -> tuple[PolicyState, list[Decision]]:
-    step = _Step(policy, state, now)
+    """`rollouts`: what the change tracker saw (data, fetched by the runtime); `rollouts_error`: it failed,
+    so attribution is "unknown" (never "attributed"), and nothing else changes."""
+    step = _Step(policy, state, now, observations, rollouts, rollouts_error)
     for condition in policy.conditions:
         result = observations.get(condition.signal)
         targets = {target for (name, target) in state.conditions if name == condition.name}
