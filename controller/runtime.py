@@ -27,7 +27,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from controller.engine import Phase, PolicyState, transition
 from controller.metrics import ControllerMetrics
-from controller.model import Decision, SignalResult, format_target
+from controller.model import Decision, SignalResult, TargetKey, format_target
 from controller.policy import Policy
 from controller.policy_files import LoadedPolicy, PolicyError, load_policies, policy_paths
 from controller.protocols import Clock, MetricsSource
@@ -64,6 +64,14 @@ class DispatcherPort(Protocol):
     def resume(self) -> Sequence[Any]: ...
 
 
+class PredictionPort(Protocol):
+    """What the controller needs of predictors.serving.PredictionProvider (the SLA model's signals)."""
+
+    def predict(self, source: MetricsSource, policy: Policy, at: float | None = None) -> Mapping[str, SignalResult]: ...
+
+    def warnings(self) -> list[str]: ...
+
+
 class PolicyLoadError(Exception):
     """The initial policy set has errors; the controller refuses to start on a broken set."""
 
@@ -98,12 +106,15 @@ class Readiness:
     reasons: tuple[str, ...]
     reload_errors: tuple[str, ...]
     policies: Mapping[str, float | None] = field(default_factory=dict)
+    # Listed on /readyz without making the controller unready (e.g. an unusable prediction model).
+    warnings: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
             "ready": self.ready,
             "reasons": list(self.reasons),
             "reload_errors": list(self.reload_errors),
+            "warnings": list(self.warnings),
             "policies": {name: {"last_evaluation": at} for name, at in sorted(self.policies.items())},
         }
 
@@ -153,6 +164,7 @@ class Controller:
         reload_interval: float = 5.0,
         schedule: bool = True,
         alert_workers: int = 4,
+        predictions: PredictionPort | None = None,
     ) -> None:
         self._paths = [Path(p) for p in policy_paths]
         self._source = source
@@ -161,6 +173,7 @@ class Controller:
         self._clock = clock
         self.metrics = metrics if metrics is not None else ControllerMetrics()
         self._query_signals = query_signals
+        self._predictions = predictions
         self._dry_run = dry_run
         self._reload_interval = reload_interval
         self._schedule = schedule
@@ -406,6 +419,8 @@ class Controller:
         results: dict[str, SignalResult] = {}
         errors: list[str] = []
         for signal in policy.signals:
+            if signal.predict is not None:
+                continue  # answered below, all of the policy's prediction signals from one feature fetch
             single = policy.model_copy(update={"signals": [signal]})
             started = self._clock.now()
             try:
@@ -418,7 +433,44 @@ class Controller:
             if result.error is not None:
                 errors.append(f"{signal.name}: {result.error}")
             results[signal.name] = result
+        for name, result in self._predict(policy).items():
+            if result.error is not None:
+                errors.append(f"{name}: {result.error}")
+            results[name] = result
         return results, errors
+
+    def _predict(self, policy: Policy) -> dict[str, SignalResult]:
+        """The policy's prediction signals; a missing or broken model is no-data (never a breach, never a crash)."""
+        signals = [signal for signal in policy.signals if signal.predict is not None]
+        if not signals:
+            return {}
+        started = self._clock.now()
+        try:
+            answer: Mapping[str, SignalResult] = self._prediction_port().predict(self._source, policy, None)
+        except Exception as failure:  # the provider returns data; anything raised is an error, not a breach
+            logger.exception("prediction signals of %s: provider raised", policy.name)
+            answer = {s.name: SignalResult.failed(f"prediction raised {type(failure).__name__}") for s in signals}
+        # The feature fetch is shared, so each prediction signal is timed with the whole batch.
+        elapsed = self._clock.now() - started
+        results: dict[str, SignalResult] = {}
+        probabilities: dict[tuple[str, str], Mapping[TargetKey, float]] = {}
+        for signal in signals:
+            assert signal.predict is not None
+            result = answer.get(signal.name) or SignalResult(values={})
+            self.metrics.record_query(policy.name, signal.name, elapsed, result.ok)
+            probabilities[(signal.predict.model, signal.predict.dimension.value)] = result.values
+            results[signal.name] = result
+        self.metrics.set_breach_probabilities(policy.name, probabilities)
+        return results
+
+    def _prediction_port(self) -> PredictionPort:
+        with self._lock:
+            if self._predictions is None:
+                # No models configured: every prediction signal is no-data ("model not configured"), logged once.
+                from predictors.serving import PredictionProvider
+
+                self._predictions = PredictionProvider({}, self._clock)
+            return self._predictions
 
     def _run_scheduled(self, name: str) -> None:
         try:
@@ -490,8 +542,13 @@ class Controller:
                 elif now - at > limit:
                     reasons.append(f"policy {name}: last evaluation {now - at:.0f}s ago (limit {limit:.0f}s)")
             reload_errors = tuple(str(error) for error in self._reload_errors)
+            predictions = self._predictions
         # A rejected reload is reported but does not make the controller unready: the last good set still runs.
-        return Readiness(not reasons, tuple(reasons), reload_errors, last)
+        # Likewise an unusable prediction model: its conditions are no-data (they hold, never act) while every
+        # other policy keeps working; an unready controller would be restarted or cut off, which fixes no model
+        # file and stops the policies that do work.
+        warnings = tuple(predictions.warnings()) if predictions is not None else ()
+        return Readiness(not reasons, tuple(reasons), reload_errors, last, warnings)
 
     def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]:
         with self._lock:
