@@ -7,18 +7,24 @@ interference and two controllers in one process do not collide.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from controller.engine import Phase, PolicyState
-from controller.model import Decision
+from controller.model import Decision, TargetKey
 
 EXPOSITION_CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # Prometheus answers in milliseconds on loopback and in seconds when overloaded; timeouts are ~10 s.
 QUERY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def target_label(target: TargetKey) -> str:
+    """One `target` label for any groupBy: 'namespace=llm,service=chat' (label names sorted)."""
+    return ",".join(f"{name}={value}" for name, value in target)
 
 
 class ControllerMetrics:
@@ -79,6 +85,14 @@ class ControllerMetrics:
             "Policy reloads rejected because a file had errors.",
             registry=self.registry,
         )
+        self.breach_probability = Gauge(
+            "tailguard_sla_breach_probability",
+            "Predicted probability that the SLA of a dimension breaches within the model's horizon, per target.",
+            ["policy", "model", "dimension", "target"],
+            registry=self.registry,
+        )
+        # The probability series each policy wrote last, so targets that disappear are dropped (bounded).
+        self._probability_series: dict[str, set[tuple[str, str, str]]] = {}
 
     def record_evaluation(self, policy: str, trigger: str, at: float) -> None:
         self.evaluations.labels(policy=policy, trigger=trigger).inc()
@@ -94,6 +108,28 @@ class ControllerMetrics:
         self.query_duration.labels(policy=policy, signal=signal).observe(max(0.0, seconds))
         if not ok:
             self.source_errors.labels(policy=policy, signal=signal).inc()
+
+    def set_breach_probabilities(
+        self, policy: str, probabilities: Mapping[tuple[str, str], Mapping[TargetKey, float]]
+    ) -> None:
+        """Replace the policy's probability series: {(model, dimension): {target: p}}; NaN or absent = no series."""
+        current: set[tuple[str, str, str]] = set()
+        for (model, dimension), values in probabilities.items():
+            for target, probability in values.items():
+                if math.isnan(probability):
+                    continue
+                labels = (model, dimension, target_label(target))
+                self.breach_probability.labels(policy, *labels).set(probability)
+                current.add(labels)
+        self._drop_probabilities(policy, self._probability_series.get(policy, set()) - current)
+        self._probability_series[policy] = current
+
+    def _drop_probabilities(self, policy: str, series: Iterable[tuple[str, str, str]]) -> None:
+        for labels in series:
+            try:
+                self.breach_probability.remove(policy, *labels)
+            except KeyError:
+                pass
 
     def record_condition_states(self, policy: str, conditions: Iterable[str], state: PolicyState) -> None:
         """Set the per-phase target counts; every phase is written so a phase left empty reads 0, not stale."""
@@ -122,6 +158,7 @@ class ControllerMetrics:
                     self.last_evaluation.remove(policy)
                 except KeyError:
                     pass
+                self._drop_probabilities(policy, self._probability_series.pop(policy, set()))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
