@@ -2,7 +2,7 @@
 
 Strict like the policies (unknown fields are errors) and reported the same way,
 `file:line: field: message`, through policy_files' located-YAML machinery.
-Relative paths (policies, journal, stateDir, annotations.path) are relative to
+Relative paths (policies, journal, stateDir, annotations.path, predictors.*.path) are relative to
 the configuration file, so a config works from any working directory.
 Secrets are never values here: receivers and Prometheus name an environment
 variable or a file holding them.
@@ -29,6 +29,7 @@ from controller.policy_files import (
     _message,
 )
 from controller.sources.prometheus import PrometheusSettings
+from predictors.serving import ModelSpec, PredictorSettings, model_specs
 
 DEFAULT_PORT = 9464
 
@@ -74,6 +75,9 @@ class ControllerSettings(_Strict):
     annotations: AnnotationSettings | None = None
     receivers: dict[str, WebhookReceiver] = Field(default_factory=dict, description="notify action receivers")
     limits: GlobalLimits = Field(default_factory=GlobalLimits)
+    predictors: dict[str, PredictorSettings] = Field(
+        default_factory=dict, description="trained SLA models that policies' `predict` signals name"
+    )
     reloadInterval: Duration = Field(default=5.0, description="how often policy files are checked for changes")
     dryRun: bool | None = Field(default=None, description="true/false overrides every policy's dryRun")
     logFormat: Literal["text", "json"] = "text"
@@ -93,6 +97,9 @@ class ControllerSettings(_Strict):
 
     def state_path(self) -> Path:
         return self.path(self.stateDir)
+
+    def predictor_specs(self) -> dict[str, ModelSpec]:
+        return model_specs(self.predictors, self.path)
 
     def annotations_path(self) -> Path | None:
         return self.path(self.annotations.path) if self.annotations is not None else None
