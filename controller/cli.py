@@ -162,6 +162,7 @@ def run_controller(config: Path) -> int:
     from controller.runtime import Controller, PolicyLoadError, configure_logging
     from controller.settings import SettingsError, load_settings
     from controller.sources.prometheus import PrometheusSource, SourceConfigError
+    from predictors.serving import PredictionProvider
 
     try:
         settings = load_settings(config)
@@ -209,6 +210,7 @@ def run_controller(config: Path) -> int:
         metrics=metrics,
         dry_run=settings.dryRun,
         reload_interval=settings.reloadInterval,
+        predictions=PredictionProvider(settings.predictor_specs(), clock),
     )
     try:
         api = ControllerAPI(controller, settings.listen.host, settings.listen.port)
