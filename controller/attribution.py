@@ -127,6 +127,14 @@ def _selector(spec: AttributionSpec, labels: Mapping[str, str]) -> dict[str, str
     return {name: labels[name] for name in spec.labels if name in labels}
 
 
+def _window(seconds: float) -> str:
+    """30m rather than 1800s: the window as the policy author wrote it."""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return format_duration(seconds)
+
+
 def _format_selector(selector: Mapping[str, str]) -> str:
     return ",".join(f"{name}={value}" for name, value in sorted(selector.items())) or "any target"
 
@@ -141,7 +149,7 @@ def attribute(
 ) -> Attribution:
     """The most recent rollout of the same target (spec.labels) at or before `onset`, within `spec.window`."""
     selector = _selector(spec, labels)
-    window = format_duration(spec.window)
+    window = _window(spec.window)
     if source_error is not None:
         return Attribution(AttributionStatus.UNKNOWN, f"unknown (change source error: {source_error})")
     missing = [name for name in spec.labels if name not in labels]
