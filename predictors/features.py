@@ -1,0 +1,225 @@
+"""The SLA model's features and SLIs: batched PromQL shared by training (range queries) and serving (instant).
+
+Every feature is ONE query for every target at once: it aggregates `by ({{ by }})`, the policy's target
+labels, and selects with `{{ selector }}`, the policy's equality matchers (controller.templating escapes
+them). A query only reads samples at or before its evaluation time, so a feature evaluated at t uses
+only data available at prediction time t. Metric names are those of vLLM 0.32
+(tests/fixtures/vllm-0.32-cpu-metrics.txt), the tier's router (serving/router.py) and the DCGM exporter.
+
+The three SLIs (one per SLA dimension; docs/sla-model.md):
+- cpu: P99 of vllm:request_queue_time_seconds over 1m (scheduling: time spent WAITING);
+- gpu: P99 of vllm:request_inference_time_seconds over 1m (RUNNING = prefill + decode);
+- network: P99 router-observed latency (tailguard_router_request_duration_seconds) minus P99 engine
+  end-to-end latency (vllm:e2e_request_latency_seconds), over 1m.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from controller.model import SignalResult, TargetKey
+from controller.templating import render_query
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    name: str
+    query: str  # PromQL template with {{ selector }} and {{ by }}
+    description: str
+
+
+def _quantile(q: float, metric: str, window: str = "1m") -> str:
+    return (
+        f"histogram_quantile({q}, sum by (le, {{{{ by }}}}) (rate({metric}_bucket{{ {{{{ selector }}}} }}[{window}])))"
+    )
+
+
+def _ratio(numerator: str, denominator: str) -> str:
+    return f"(sum by ({{{{ by }}}}) ({numerator}) / sum by ({{{{ by }}}}) ({denominator}))"
+
+
+def _rate(metric: str, window: str) -> str:
+    return f"rate({metric}{{ {{{{ selector }}}} }}[{window}])"
+
+
+def _agg(how: str, expression: str) -> str:
+    return f"{how} by ({{{{ by }}}}) ({expression})"
+
+
+def _cumulative_entropy(metric: str, window: str = "5m") -> str:
+    # Entropy needs per-bucket shares, which PromQL cannot difference out of cumulative buckets. The
+    # cumulative entropy sum_le H(F(le)) (H = binary entropy, F = share of prompts <= le) is computable in
+    # one query and measures the same thing: 0 when every prompt falls in one bucket, larger as they spread.
+    share = (
+        f"clamp(sum by (le, {{{{ by }}}}) (rate({metric}_bucket{{ {{{{ selector }}}} }}[{window}]))"
+        f" / ignoring(le) group_left sum by ({{{{ by }}}}) (rate({metric}_count{{ {{{{ selector }}}} }}[{window}])),"
+        " 0.000001, 0.999999)"
+    )
+    return f"sum by ({{{{ by }}}}) (-({share}) * ln({share}) - (1 - ({share})) * ln(1 - ({share})))"
+
+
+CPU_SLI = _quantile(0.99, "vllm:request_queue_time_seconds")
+GPU_SLI = _quantile(0.99, "vllm:request_inference_time_seconds")
+NETWORK_SLI = (
+    f"({_quantile(0.99, 'tailguard_router_request_duration_seconds')})"
+    f" - ({_quantile(0.99, 'vllm:e2e_request_latency_seconds')})"
+)
+# The SLI of each SLA dimension: a breach is SLI > threshold (seconds).
+SLI_QUERIES: dict[str, str] = {"cpu": CPU_SLI, "gpu": GPU_SLI, "network": NETWORK_SLI}
+DEFAULT_SLI_THRESHOLDS: dict[str, float] = {"cpu": 1.0, "gpu": 20.0, "network": 0.5}
+
+_OVERHEAD_MEAN = _ratio(
+    _rate("tailguard_router_proxy_overhead_seconds_sum", "30s"),
+    _rate("tailguard_router_proxy_overhead_seconds_count", "30s"),
+)
+
+FEATURES: tuple[FeatureSpec, ...] = (
+    FeatureSpec(
+        "request_rate",
+        _agg("sum", _rate("vllm:request_success_total", "1m")),
+        "finished requests per second over 1m (all finished reasons)",
+    ),
+    FeatureSpec(
+        "request_surge_ratio",
+        f"{_agg('sum', _rate('vllm:request_success_total', '1m'))}"
+        f" / {_agg('sum', _rate('vllm:request_success_total', '10m'))}",
+        "request rate over 1m divided by the rate over 10m: > 1 while load is rising",
+    ),
+    FeatureSpec(
+        "prompt_token_entropy",
+        _cumulative_entropy("vllm:request_prompt_tokens"),
+        "spread of the prompt-length distribution over 5m: cumulative entropy sum_le H(F(le)) of the "
+        "vllm:request_prompt_tokens histogram (0 = all prompts in one bucket)",
+    ),
+    FeatureSpec(
+        "mean_prompt_tokens",
+        _ratio(_rate("vllm:request_prompt_tokens_sum", "5m"), _rate("vllm:request_prompt_tokens_count", "5m")),
+        "mean prompt length (tokens) of the requests finished in the last 5m",
+    ),
+    FeatureSpec(
+        "mean_output_tokens",
+        _ratio(_rate("vllm:request_generation_tokens_sum", "5m"), _rate("vllm:request_generation_tokens_count", "5m")),
+        "mean generated length (tokens) of the requests finished in the last 5m",
+    ),
+    FeatureSpec(
+        "queue_waiting", _agg("sum", "vllm:num_requests_waiting{ {{ selector }} }"), "requests waiting, all replicas"
+    ),
+    FeatureSpec(
+        "queue_running", _agg("sum", "vllm:num_requests_running{ {{ selector }} }"), "requests running, all replicas"
+    ),
+    FeatureSpec(
+        "waiting_per_replica",
+        _agg("avg", "vllm:num_requests_waiting{ {{ selector }} }"),
+        "mean waiting requests per replica",
+    ),
+    FeatureSpec(
+        "kv_cache_usage",
+        _agg("max", "vllm:kv_cache_usage_perc{ {{ selector }} }"),
+        "KV-cache usage (0..1) of the fullest replica",
+    ),
+    FeatureSpec(
+        "kv_cache_slope",
+        _agg("max", "deriv(vllm:kv_cache_usage_perc{ {{ selector }} }[2m])"),
+        "fastest-growing replica's KV-cache usage slope (per second, least squares over 2m)",
+    ),
+    FeatureSpec(
+        "preemption_rate",
+        _agg("sum", _rate("vllm:num_preemptions_total", "1m")),
+        "preemptions per second over 1m (KV cache exhausted, sequences recomputed)",
+    ),
+    FeatureSpec(
+        "prefix_cache_hit_ratio",
+        _ratio(_rate("vllm:prefix_cache_hits_total", "5m"), _rate("vllm:prefix_cache_queries_total", "5m")),
+        "share of queried prompt tokens found in the prefix cache over 5m",
+    ),
+    FeatureSpec("ttft_p90", _quantile(0.9, "vllm:time_to_first_token_seconds"), "P90 time to first token over 1m"),
+    FeatureSpec("itl_p90", _quantile(0.9, "vllm:inter_token_latency_seconds"), "P90 inter-token latency over 1m"),
+    FeatureSpec("queue_time_p99", CPU_SLI, "current CPU SLI: P99 queue time over 1m"),
+    FeatureSpec("inference_time_p99", GPU_SLI, "current GPU SLI: P99 inference (prefill + decode) time over 1m"),
+    FeatureSpec("prefill_time_p99", _quantile(0.99, "vllm:request_prefill_time_seconds"), "P99 prefill time, 1m"),
+    FeatureSpec("decode_time_p99", _quantile(0.99, "vllm:request_decode_time_seconds"), "P99 decode time, 1m"),
+    FeatureSpec("e2e_p99", _quantile(0.99, "vllm:e2e_request_latency_seconds"), "P99 engine end-to-end latency"),
+    FeatureSpec("network_overhead_p99", NETWORK_SLI, "current network SLI: router P99 minus engine P99, 1m"),
+    FeatureSpec(
+        "replicas",
+        _agg("count", "vllm:num_requests_running{ {{ selector }} }"),
+        "replicas scraped (one vllm:num_requests_running series each)",
+    ),
+    FeatureSpec(
+        "hbm_used_ratio",
+        _ratio(
+            "DCGM_FI_DEV_FB_USED{ {{ selector }} }",
+            "DCGM_FI_DEV_FB_USED{ {{ selector }} } + DCGM_FI_DEV_FB_FREE{ {{ selector }} }",
+        ),
+        "HBM used / total (DCGM; absent without a GPU exporter -> NaN)",
+    ),
+    FeatureSpec(
+        "dram_active",
+        _agg("max", "DCGM_FI_PROF_DRAM_ACTIVE{ {{ selector }} }"),
+        "busiest GPU's DRAM activity ratio (DCGM; absent without a GPU exporter -> NaN)",
+    ),
+    FeatureSpec(
+        "process_cpu",
+        _agg("sum", _rate("process_cpu_seconds_total", "1m")),
+        "CPU seconds per second used by the serving processes (scheduler/tokenizer pressure)",
+    ),
+    FeatureSpec(
+        "network_jitter",
+        f"stddev_over_time(({_OVERHEAD_MEAN})[5m:15s])",
+        "standard deviation over 5m of the router's mean proxy overhead (30s means, every 15s)",
+    ),
+)
+
+
+def feature_names() -> list[str]:
+    return [spec.name for spec in FEATURES]
+
+
+def feature_hash(names: Sequence[str] | None = None) -> str:
+    """sha256 over the ordered feature names and their query texts: a model trained on other features mismatches."""
+    by_name = {spec.name: spec for spec in FEATURES}
+    chosen = list(names) if names is not None else feature_names()
+    digest = hashlib.sha256()
+    for name in chosen:
+        spec = by_name.get(name)
+        if spec is None:
+            raise KeyError(f"unknown feature {name!r}; expected one of {', '.join(by_name)}")
+        digest.update(name.encode())
+        digest.update(b"\x00")
+        digest.update(spec.query.encode())
+        digest.update(b"\x00")
+    return digest.hexdigest()
+
+
+def render(template: str, match: Mapping[str, str], group_by: Sequence[str]) -> str:
+    return render_query(template, match=match, group_by=list(group_by), variables={})
+
+
+def feature_queries(match: Mapping[str, str], group_by: Sequence[str]) -> dict[str, str]:
+    """The rendered PromQL of every feature, by feature name: one query per feature for all targets."""
+    return {spec.name: render(spec.query, match, group_by) for spec in FEATURES}
+
+
+def sli_queries(match: Mapping[str, str], group_by: Sequence[str]) -> dict[str, str]:
+    """The rendered PromQL of each dimension's SLI, by dimension."""
+    return {dimension: render(query, match, group_by) for dimension, query in SLI_QUERIES.items()}
+
+
+def feature_matrix(results: Mapping[str, SignalResult], targets: Sequence[TargetKey]) -> npt.NDArray[np.float64]:
+    """(n_targets, n_features) in FEATURES order; NaN where a feature is missing, errored or not finite."""
+    matrix = np.full((len(targets), len(FEATURES)), np.nan, dtype=np.float64)
+    for column, spec in enumerate(FEATURES):
+        result = results.get(spec.name)
+        if result is None or result.error is not None:
+            continue
+        for row, target in enumerate(targets):
+            value = result.values.get(target)
+            if value is not None and math.isfinite(value):
+                matrix[row, column] = value
+    return matrix
