@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from serving.yamlfile import ConfigFileError, load_yaml_model, validate
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+# Calibrated profiles (serving.calibration): a base profile plus engine/hardware values fitted on a real engine.
+CALIBRATIONS_DIR = Path(__file__).resolve().parent / "calibrations"
 GIB = 1024**3
 
 
@@ -60,6 +62,9 @@ class Hardware(_Strict):
     prefill_tokens_per_s: float = Field(60000.0, gt=0)
     # Fraction of prompt tokens found in the prefix cache when enable_prefix_caching is on.
     prefix_cache_hit_ratio: float = Field(0.12, ge=0.0, lt=1.0)
+    # Client-observed minus engine-reported latency per request (HTTP, tokenization), fitted by
+    # serving.calibration; the fidelity comparison adds it to the simulated e2e latency.
+    request_overhead_s: float = Field(0.0, ge=0.0)
 
 
 class Faults(_Strict):
@@ -123,6 +128,11 @@ def resolve_profile(name_or_path: str, search_dirs: list[Path] | None = None) ->
             path = directory / f"{name_or_path}{suffix}"
             if path.is_file():
                 return load_profile(path)
+    calibrated = CALIBRATIONS_DIR / f"{name_or_path}.yaml"
+    if calibrated.is_file():
+        from serving.calibration import load_calibrated_profile  # lazy: calibration imports this module
+
+        return load_calibrated_profile(calibrated, search_dirs)
     raise ConfigFileError(name_or_path, 0, "", f"no such profile; expected a file or one of {builtin_profile_names()}")
 
 
