@@ -18,7 +18,8 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlencode
 
 import requests
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -47,6 +48,9 @@ class WebhookReceiver(BaseModel):
     )
     timeout: float = Field(default=5.0, gt=0, description="seconds per attempt")
     retries: int = Field(default=3, ge=1, description="attempts in all, on connection errors, 429 and 5xx only")
+    format: Literal["generic", "slack"] = Field(
+        default="generic", description="generic: the decision as JSON; slack: Slack-compatible text + blocks"
+    )
 
     @field_validator("url")
     @classmethod
@@ -122,8 +126,11 @@ class WebhookNotifier:
             secret = settings.secret()
         except WebhookSecretError as exc:
             return ActionOutcome(OutcomeStatus.FAILED, {"receiver": receiver}, f"receiver {receiver!r}: {exc}", False)
+        message: Mapping[str, Any] = {**payload, "receiver": receiver, "idempotency_key": idempotency_key}
+        if settings.format == "slack":
+            message = slack_payload(message)
         body = json.dumps(
-            {**payload, "receiver": receiver, "idempotency_key": idempotency_key},
+            message,
             sort_keys=True,
             separators=(",", ":"),
             default=str,
@@ -148,6 +155,7 @@ class WebhookNotifier:
         )
         detail = {
             "receiver": receiver,
+            "format": settings.format,
             "url": redact_url(settings.url),
             "http_status": answer.status,
             "attempts": answer.attempts,
@@ -159,3 +167,126 @@ class WebhookNotifier:
             )
         log.info("notified %s (%s, HTTP %s)", receiver, redact_url(settings.url), answer.status)
         return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
+
+
+# -- links and Slack-compatible payloads ---------------------------------------------------------------------------
+
+# The dashboard opens this long before the onset and runs this long past the resolution (or now).
+LINK_LEAD_SECONDS = 15 * 60
+LINK_TAIL_SECONDS = 5 * 60
+
+
+class LinkSettings(BaseModel):
+    """Where a notification's links point: the Grafana SLO dashboard and the Argo CD application."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    grafanaUrl: str | None = Field(default=None, description="Grafana base URL, e.g. https://grafana.example.com")
+    dashboardUid: str = Field(default="tailguard-vllm-slo", min_length=1, description="the SLO dashboard's uid")
+    argocdUrl: str | None = Field(default=None, description="Argo CD base URL, e.g. https://argocd.example.com")
+    argocdApp: str = Field(
+        default="{service}", min_length=1, description="Argo CD application name; {label} takes a target label"
+    )
+
+    @field_validator("grafanaUrl", "argocdUrl")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("expected an http:// or https:// URL")
+        return value.rstrip("/") if value is not None else None
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def decision_links(links: LinkSettings, decision: Mapping[str, Any], now: float) -> dict[str, str]:
+    """Links for a decision: the dashboard from onset-15m to resolution (or now) +5m, in ms; the Argo CD app."""
+    out: dict[str, str] = {}
+    target = {str(k): str(v) for k, v in (decision.get("target") or {}).items()}
+    if links.grafanaUrl is not None:
+        onset = _float(decision.get("onset")) or _float(decision.get("at")) or now
+        end = _float(decision.get("resolved_at")) or now
+        query: list[tuple[str, str]] = [
+            ("from", str(round((onset - LINK_LEAD_SECONDS) * 1000))),
+            ("to", str(round((max(end, onset) + LINK_TAIL_SECONDS) * 1000))),
+        ]
+        query += [(f"var-{name}", target[name]) for name in ("namespace", "service", "version") if name in target]
+        out["grafana"] = f"{links.grafanaUrl}/d/{links.dashboardUid}?{urlencode(query)}"
+    if links.argocdUrl is not None:
+        try:
+            app = links.argocdApp.format(**target)
+        except (KeyError, IndexError, ValueError):
+            app = ""  # the target lacks the label the template names: no link rather than a wrong one
+        if app:
+            out["argocd"] = f"{links.argocdUrl}/applications/{app}"
+    return out
+
+
+def _mrkdwn(text: str) -> str:
+    # Slack mrkdwn: &, < and > must be escaped; everything else is literal.
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack_payload(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A Slack incoming-webhook body (text + blocks) for a tailguard notification."""
+    decision = message.get("decision") if isinstance(message.get("decision"), Mapping) else {}
+    assert isinstance(decision, Mapping)
+    target = decision.get("target") or {}
+    where = ", ".join(f"{k}={v}" for k, v in sorted(target.items())) if isinstance(target, Mapping) else ""
+    kind = str(decision.get("kind", "notification"))
+    title = f"tailguard {kind}: {decision.get('policy', '?')}/{decision.get('condition', '?')}"
+    if where:
+        title += f" ({where})"
+    value, threshold = decision.get("value"), decision.get("threshold")
+    summary = str(message.get("message") or decision.get("reason") or "")
+    text = f"{title}: {summary}" if summary else title
+    fields = [
+        f"*value*\n{value if value is not None else 'no-data'}",
+        f"*threshold*\n{threshold if threshold is not None else '-'}",
+        f"*decision*\n`{decision.get('id', '?')}`",
+        f"*dry run*\n{bool(decision.get('dry_run'))}",
+    ]
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": title[:150]}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": _mrkdwn(summary or title)[:3000]}},
+        {"type": "section", "fields": [{"type": "mrkdwn", "text": _mrkdwn(f)} for f in fields]},
+    ]
+    extra: list[str] = []
+    if decision.get("reason") and decision.get("reason") != summary:
+        extra.append(f"*reason*: {decision['reason']}")
+    if decision.get("branch"):
+        extra.append(f"*branch*: {decision['branch']}")
+    attribution = decision.get("attribution")
+    if isinstance(attribution, Mapping) and attribution.get("revision") is not None:
+        extra.append(f"*attributed to rollout* {attribution.get('revision')}")
+    actions = message.get("actions") or []
+    if isinstance(actions, list) and actions:
+        shown = [f"{a.get('type')}: {a.get('status')}" for a in actions if isinstance(a, Mapping)]
+        extra.append("*actions*: " + ", ".join(shown))
+    evidence = message.get("evidence") or decision.get("evidence") or []
+    if isinstance(evidence, list) and evidence:
+        recent = evidence[-5:]
+        extra.append("*evidence* (last values): " + ", ".join(str(pair[1]) for pair in recent if len(pair) == 2))
+    if extra:
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _mrkdwn("\n".join(extra))[:3000]}})
+    links = message.get("links") or {}
+    if isinstance(links, Mapping) and links:
+        buttons = [
+            {
+                "type": "button",
+                "text": {
+                    "type": "plain_text",
+                    "text": {"grafana": "Grafana dashboard", "argocd": "Argo CD app"}.get(name, name),
+                },
+                "url": str(url),
+            }
+            for name, url in sorted(links.items())
+        ]
+        blocks.append({"type": "actions", "elements": buttons})
+    context = f"tailguard · receiver {message.get('receiver', '')} · key {message.get('idempotency_key', '')}"
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": _mrkdwn(context)}]})
+    return {"text": text, "blocks": blocks}
