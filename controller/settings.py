@@ -17,7 +17,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from controller.actuators.webhook import WebhookReceiver
+from controller.actuators.grafana import GrafanaSettings
+from controller.actuators.webhook import LinkSettings, WebhookReceiver
 from controller.dispatcher import GlobalLimits
 from controller.policy import Duration
 from controller.policy_files import (
@@ -63,6 +64,7 @@ class TierSettings(_Strict):
 
 class AnnotationSettings(_Strict):
     path: str = Field(min_length=1, description="JSONL file the annotations are appended to")
+    grafana: GrafanaSettings | None = Field(default=None, description="also annotate in Grafana (durable outbox)")
 
 
 class ControllerSettings(_Strict):
@@ -74,6 +76,7 @@ class ControllerSettings(_Strict):
     tier: TierSettings | None = Field(default=None, description="local serving tier (rollback, scale, traffic)")
     annotations: AnnotationSettings | None = None
     receivers: dict[str, WebhookReceiver] = Field(default_factory=dict, description="notify action receivers")
+    links: LinkSettings = Field(default_factory=LinkSettings, description="Grafana/Argo CD links in notifications")
     limits: GlobalLimits = Field(default_factory=GlobalLimits)
     predictors: dict[str, PredictorSettings] = Field(
         default_factory=dict, description="trained SLA models that policies' `predict` signals name"
