@@ -303,7 +303,7 @@ class PredictionProvider:
             artifact = loader(spec.directory, trusted_types=spec.trusted_types, allow_untrusted=spec.allow_untrusted)
             expected_hash = _current_feature_hash()
         except Exception as refused:  # noqa: BLE001 - ArtifactError and anything a corrupt file raises: refuse it
-            reason = str(getattr(refused, "reason", "") or refused) or type(refused).__name__
+            reason = str(refused) or str(getattr(refused, "reason", "")) or type(refused).__name__
             status = ModelStatus.MISSING if _says_missing(refused) else ModelStatus.INCOMPATIBLE
             return _Loaded(spec, fingerprint, None, ModelState(spec.name, status, reason, directory))
         # load_artifact checks the hash too; checked again here because serving must never trust a
@@ -383,8 +383,7 @@ class PredictionProvider:
 
 
 def _says_missing(error: BaseException) -> bool:
-    reason = str(getattr(error, "reason", "") or error).lower()
-    return isinstance(error, FileNotFoundError) or reason.startswith("missing")
+    return isinstance(error, FileNotFoundError) or getattr(error, "reason", None) == "missing"
 
 
 def fetch_features(
