@@ -1,0 +1,627 @@
+"""A spec-validating fake Kubernetes API server for tests (loopback, stdlib ThreadingHTTPServer).
+
+The official `kubernetes` client talks to it through `fake.configuration()`. It keeps objects in memory
+for the kinds tailguard reads and writes (autoscaling/v2 HorizontalPodAutoscaler, apps/v1 Deployment and
+ReplicaSet, gateway.networking.k8s.io/v1 HTTPRoute, networking.istio.io/v1 VirtualService,
+coordination.k8s.io/v1 Lease, core v1 Event) and answers like the real API server:
+
+- GET (one object) / GET (list) / POST / PUT / PATCH (JSON patch, merge patch; a strategic merge patch is
+  applied as a merge patch, which is what it is for the maps tailguard patches) / DELETE;
+- `metadata.resourceVersion` on every write; a PUT carrying a stale one gets 409 Conflict, a POST of an
+  existing name 409 AlreadyExists, an unknown object 404 NotFound, all as `Status` objects;
+- EVERY object written is validated before it is stored: core kinds with `kubernetes_validate` (strict:
+  unknown fields rejected), the CRDs with their JSON Schemas from tests/support/specs/; an invalid object
+  gets 422 Invalid with the field path, as the real server answers an admission failure;
+- failures are injectable (`inject`): a status code (500, 503, ...), a delay (to make a client time out),
+  a hook run before the request (e.g. a concurrent writer bumping the resourceVersion), or a mutation of
+  the stored object after a write (e.g. another controller overriding a weight);
+- every request is recorded as (verb, apiGroup, resource, namespace) so tests can compare against RBAC.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import jsonschema
+import kubernetes
+import kubernetes_validate
+from kubernetes_validate.utils import latest_version
+
+SPECS = Path(__file__).parent / "specs"
+KUBERNETES_VERSION = latest_version()
+
+
+@dataclass(frozen=True)
+class ResourceType:
+    group: str  # "" for the core group
+    version: str
+    resource: str  # plural, as in the URL and in RBAC rules
+    kind: str
+    schema_file: str | None = None  # a CRD: validated with this JSON Schema instead of kubernetes_validate
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+RESOURCE_TYPES = (
+    ResourceType("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler"),
+    ResourceType("apps", "v1", "deployments", "Deployment"),
+    ResourceType("apps", "v1", "replicasets", "ReplicaSet"),
+    ResourceType(
+        "gateway.networking.k8s.io",
+        "v1",
+        "httproutes",
+        "HTTPRoute",
+        "jsonschema-gateway.networking.k8s.io_httproute_v1.json",
+    ),
+    ResourceType(
+        "networking.istio.io",
+        "v1",
+        "virtualservices",
+        "VirtualService",
+        "jsonschema-networking.istio.io_virtualservice_v1.json",
+    ),
+    ResourceType("coordination.k8s.io", "v1", "leases", "Lease"),
+    ResourceType("", "v1", "events", "Event"),
+)
+_BY_PATH = {(t.group, t.version, t.resource): t for t in RESOURCE_TYPES}
+_BY_KIND = {(t.api_version, t.kind): t for t in RESOURCE_TYPES}
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    verb: str  # RBAC verb: get, list, create, update, patch, delete
+    api_group: str
+    resource: str
+    namespace: str
+    name: str | None = None
+
+
+@dataclass
+class Injection:
+    verb: str
+    resource: str
+    status: int | None = None
+    delay: float = 0.0
+    hook: Callable[[], None] | None = None
+    mutate: Callable[[dict[str, Any]], None] | None = None
+    times: int = 1
+    delay_after: float = 0.0
+
+
+class InvalidObject(ValueError):
+    pass
+
+
+@dataclass
+class _Store:
+    objects: dict[tuple[str, str, str, str], dict[str, Any]] = field(default_factory=dict)
+    revision: int = 1000
+
+
+class FakeKubernetes:
+    """Start with `with FakeKubernetes() as fake:` (or start()/stop()); `fake.configuration()` for the client."""
+
+    def __init__(self) -> None:
+        self.requests: list[RecordedRequest] = []
+        self._store = _Store()
+        self._injections: list[Injection] = []
+        self._lock = threading.RLock()
+        self._stopping = threading.Event()
+        self._validators: dict[str, jsonschema.protocols.Validator] = {}
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    def start(self) -> FakeKubernetes:
+        handler = _handler_for(self)
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-kubernetes", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()  # wakes handlers sleeping on an injected delay
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> FakeKubernetes:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start() the fake first"
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def configuration(self) -> kubernetes.client.Configuration:
+        config = kubernetes.client.Configuration()
+        config.host = self.url
+        # No retries inside urllib3: the actuators retry themselves, boundedly, and tests count requests.
+        config.retries = 0
+        return config
+
+    def api_client(self) -> kubernetes.client.ApiClient:
+        return kubernetes.client.ApiClient(self.configuration())
+
+    # -- test controls ------------------------------------------------------------------------------
+
+    def inject(
+        self,
+        verb: str,
+        resource: str,
+        *,
+        status: int | None = None,
+        delay: float = 0.0,
+        hook: Callable[[], None] | None = None,
+        mutate: Callable[[dict[str, Any]], None] | None = None,
+        times: int = 1,
+        delay_after: float = 0.0,
+    ) -> None:
+        """The next `times` requests with this RBAC verb on this resource: run `hook` first, wait `delay`,
+        then answer `status` (a Status error) instead of handling them, or handle them, apply `mutate`
+        to the stored object and wait `delay_after` before answering (a write that lands, answered late)."""
+        with self._lock:
+            self._injections.append(Injection(verb, resource, status, delay, hook, mutate, times, delay_after))
+
+    def put_object(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Seed an object (validated like any write); returns it as stored."""
+        body = copy.deepcopy(dict(obj))
+        rtype = _BY_KIND[(str(body.get("apiVersion")), str(body.get("kind")))]
+        namespace = str(body.get("metadata", {}).get("namespace", "default"))
+        with self._lock:
+            return self._write(rtype, namespace, body, create=True)
+
+    def get_object(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
+        rtype = next(t for t in RESOURCE_TYPES if t.resource == resource)
+        with self._lock:
+            found = self._store.objects.get((rtype.group, resource, namespace, name))
+            return copy.deepcopy(found) if found is not None else None
+
+    def objects(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            return [
+                copy.deepcopy(obj)
+                for (_, res, ns, _), obj in sorted(self._store.objects.items())
+                if res == resource and (namespace is None or ns == namespace)
+            ]
+
+    def touch(self, resource: str, namespace: str, name: str) -> None:
+        """A concurrent writer: bump the object's resourceVersion (and an annotation) without other changes."""
+        rtype = next(t for t in RESOURCE_TYPES if t.resource == resource)
+        with self._lock:
+            obj = self._store.objects[(rtype.group, resource, namespace, name)]
+            obj["metadata"].setdefault("annotations", {})["example.com/touched"] = str(self._store.revision)
+            self._store.revision += 1
+            obj["metadata"]["resourceVersion"] = str(self._store.revision)
+
+    def calls(self, verb: str | None = None, resource: str | None = None) -> list[RecordedRequest]:
+        with self._lock:
+            return [
+                r
+                for r in self.requests
+                if (verb is None or r.verb == verb) and (resource is None or r.resource == resource)
+            ]
+
+    # -- request handling (called from the handler threads) ----------------------------------------
+
+    def _injection_for(self, verb: str, resource: str) -> Injection | None:
+        with self._lock:
+            for injection in self._injections:
+                if injection.verb == verb and injection.resource == resource and injection.times > 0:
+                    injection.times -= 1
+                    if injection.times == 0:
+                        self._injections.remove(injection)
+                    return injection
+        return None
+
+    def handle(self, method: str, raw_path: str, content_type: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        parts = urlsplit(raw_path)
+        route = _parse_path(parts.path)
+        if route is None:
+            return _status(404, "NotFound", f"the server could not find the requested resource ({parts.path})")
+        rtype, namespace, name = route
+        verb = _verb(method, name)
+        if verb is None:
+            return _status(405, "MethodNotAllowed", f"{method} is not supported on {parts.path}")
+        with self._lock:
+            self.requests.append(RecordedRequest(verb, rtype.group, rtype.resource, namespace, name))
+        injection = self._injection_for(verb, rtype.resource)
+        if injection is not None:
+            if injection.hook is not None:
+                injection.hook()
+            if injection.delay > 0 and self._stopping.wait(injection.delay):
+                return _status(503, "ServiceUnavailable", "the fake is stopping")
+            if injection.status is not None:
+                return _status(injection.status, _REASONS.get(injection.status, "InternalError"), "injected failure")
+        try:
+            payload = json.loads(body) if body else None
+        except ValueError:
+            return _status(400, "BadRequest", "the request body is not valid JSON")
+        query = parse_qs(parts.query)
+        with self._lock:
+            code, answer = self._dispatch(verb, rtype, namespace, name, content_type, payload, query)
+            if injection is not None and injection.mutate is not None and code < 300 and name is not None:
+                stored = self._store.objects.get((rtype.group, rtype.resource, namespace, name))
+                if stored is not None:
+                    injection.mutate(stored)
+        if injection is not None and injection.delay_after > 0:
+            self._stopping.wait(injection.delay_after)
+        return code, answer
+
+    def _dispatch(
+        self,
+        verb: str,
+        rtype: ResourceType,
+        namespace: str,
+        name: str | None,
+        content_type: str,
+        payload: Any,
+        query: Mapping[str, list[str]],
+    ) -> tuple[int, dict[str, Any]]:
+        key = (rtype.group, rtype.resource, namespace, name or "")
+        current = self._store.objects.get(key)
+        if verb == "list":
+            items = self.objects(rtype.resource, namespace)
+            return 200, {
+                "apiVersion": rtype.api_version,
+                "kind": f"{rtype.kind}List",
+                "metadata": {"resourceVersion": str(self._store.revision)},
+                "items": items,
+            }
+        if verb == "create":
+            if not isinstance(payload, dict):
+                return _status(400, "BadRequest", "expected an object")
+            payload.setdefault("metadata", {}).setdefault("namespace", namespace)
+            wanted = payload["metadata"].get("name")
+            if (rtype.group, rtype.resource, namespace, wanted) in self._store.objects:
+                return _status(409, "AlreadyExists", f'{rtype.resource} "{wanted}" already exists')
+            return self._written(rtype, namespace, payload, create=True)
+        assert name is not None
+        if current is None:
+            return _status(404, "NotFound", f'{rtype.resource}.{rtype.group} "{name}" not found'.replace(". ", " "))
+        if verb == "get":
+            return 200, copy.deepcopy(current)
+        if verb == "delete":
+            del self._store.objects[key]
+            return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}
+        if verb == "update":
+            if not isinstance(payload, dict):
+                return _status(400, "BadRequest", "expected an object")
+            sent_version = payload.get("metadata", {}).get("resourceVersion")
+            if sent_version and sent_version != current["metadata"]["resourceVersion"]:
+                return _conflict(rtype, name)
+            if payload.get("metadata", {}).get("name") != name:
+                return _status(400, "BadRequest", "the name of the object does not match the name in the URL")
+            payload["metadata"]["uid"] = current["metadata"]["uid"]
+            payload["metadata"]["creationTimestamp"] = current["metadata"]["creationTimestamp"]
+            return self._written(rtype, namespace, payload, create=False)
+        # patch
+        media = content_type.split(";")[0].strip()
+        if media == "application/json-patch+json":
+            if not isinstance(payload, list):
+                return _status(400, "BadRequest", "a JSON patch is a list of operations")
+            try:
+                patched = _json_patch(current, payload)
+            except (KeyError, IndexError, ValueError) as exc:
+                return _status(422, "Invalid", f"the JSON patch cannot be applied: {exc}")
+        elif media in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+            if not isinstance(payload, dict):
+                return _status(400, "BadRequest", "a merge patch is an object")
+            sent_version = payload.get("metadata", {}).get("resourceVersion")
+            if sent_version and sent_version != current["metadata"]["resourceVersion"]:
+                return _conflict(rtype, name)
+            patched = _merge_patch(current, payload)
+        else:
+            return _status(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {media}")
+        return self._written(rtype, namespace, patched, create=False)
+
+    def _written(
+        self, rtype: ResourceType, namespace: str, obj: dict[str, Any], *, create: bool
+    ) -> tuple[int, dict[str, Any]]:
+        # Like the real server: a body without apiVersion/kind takes them from the URL (the typed client
+        # omits them); a body naming another kind is rejected in _validate.
+        obj.setdefault("apiVersion", rtype.api_version)
+        obj.setdefault("kind", rtype.kind)
+        try:
+            stored = self._write(rtype, namespace, obj, create=create)
+        except InvalidObject as invalid:
+            return _status(422, "Invalid", str(invalid))
+        return (201 if create else 200), stored
+
+    def _write(self, rtype: ResourceType, namespace: str, obj: dict[str, Any], *, create: bool) -> dict[str, Any]:
+        metadata = obj.setdefault("metadata", {})
+        metadata["namespace"] = namespace
+        if create:
+            metadata["uid"] = str(uuid.uuid4())
+            metadata["creationTimestamp"] = "2026-01-01T00:00:00Z"
+        self._store.revision += 1
+        metadata["resourceVersion"] = str(self._store.revision)
+        self._validate(rtype, obj)
+        key = (rtype.group, rtype.resource, namespace, str(metadata.get("name")))
+        self._store.objects[key] = obj
+        return copy.deepcopy(obj)
+
+    def _validate(self, rtype: ResourceType, obj: dict[str, Any]) -> None:
+        if obj.get("apiVersion") != rtype.api_version or obj.get("kind") != rtype.kind:
+            raise InvalidObject(
+                f"expected apiVersion {rtype.api_version!r} and kind {rtype.kind!r}, "
+                f"got {obj.get('apiVersion')!r} and {obj.get('kind')!r}"
+            )
+        if not obj["metadata"].get("name"):
+            raise InvalidObject("metadata.name: Required value: name is required")
+        if rtype.schema_file is None:
+            try:
+                kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+            except kubernetes_validate.ValidationError as invalid:
+                where = ".".join(str(p) for p in invalid.path) or "(root)"
+                raise InvalidObject(f"{rtype.kind} {where}: {invalid.message}") from None
+            return
+        validator = self._validators.get(rtype.schema_file)
+        if validator is None:
+            schema = json.loads((SPECS / rtype.schema_file).read_text(encoding="utf-8"))
+            validator_class = jsonschema.validators.validator_for(schema)
+            validator = validator_class(schema)
+            self._validators[rtype.schema_file] = validator
+        errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.path))
+        if errors:
+            first = errors[0]
+            where = ".".join(str(p) for p in first.path) or "(root)"
+            raise InvalidObject(f"{rtype.kind} {where}: {first.message}")
+
+
+_REASONS = {
+    400: "BadRequest",
+    403: "Forbidden",
+    404: "NotFound",
+    409: "Conflict",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+def _status(code: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:
+    return code, {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+def _conflict(rtype: ResourceType, name: str) -> tuple[int, dict[str, Any]]:
+    group = f".{rtype.group}" if rtype.group else ""
+    return _status(
+        409,
+        "Conflict",
+        f'Operation cannot be fulfilled on {rtype.resource}{group} "{name}": the object has been modified; '
+        "please apply your changes to the latest version and try again",
+    )
+
+
+def _parse_path(path: str) -> tuple[ResourceType, str, str | None] | None:
+    segments = [s for s in path.split("/") if s]
+    if segments[:1] == ["api"]:
+        group, rest = "", segments[1:]
+    elif segments[:1] == ["apis"] and len(segments) > 2:
+        group, rest = segments[1], segments[2:]
+    else:
+        return None
+    # rest: version, "namespaces", ns, resource[, name]
+    if len(rest) not in (4, 5) or rest[1] != "namespaces":
+        return None
+    rtype = _BY_PATH.get((group, rest[0], rest[3]))
+    if rtype is None:
+        return None
+    return rtype, rest[2], rest[4] if len(rest) == 5 else None
+
+
+def _verb(method: str, name: str | None) -> str | None:
+    if name is None:
+        return {"GET": "list", "POST": "create"}.get(method)
+    return {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method)
+
+
+def _merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _merge_patch(result.get(key), value)
+    return result
+
+
+def _pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise ValueError(f"bad JSON pointer {path!r}")
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def _json_patch(document: Any, operations: list[Any]) -> Any:
+    """RFC 6902: add, remove, replace, test (what clients send to the API server)."""
+    result = copy.deepcopy(document)
+    for operation in operations:
+        op, tokens = operation["op"], _pointer(operation["path"])
+        parent: Any = result
+        for token in tokens[:-1]:
+            parent = parent[int(token)] if isinstance(parent, list) else parent[token]
+        last = tokens[-1]
+        if op == "test":
+            actual = parent[int(last)] if isinstance(parent, list) else parent[last]
+            if actual != operation["value"]:
+                raise ValueError(f"test failed at {operation['path']}")
+        elif op in ("add", "replace"):
+            if isinstance(parent, list):
+                index = len(parent) if last == "-" else int(last)
+                if op == "add":
+                    parent.insert(index, operation["value"])
+                else:
+                    parent[index] = operation["value"]
+            else:
+                if op == "replace" and last not in parent:
+                    raise KeyError(f"no value at {operation['path']}")
+                parent[last] = operation["value"]
+        elif op == "remove":
+            if isinstance(parent, list):
+                del parent[int(last)]
+            else:
+                del parent[last]
+        else:
+            raise ValueError(f"unsupported JSON patch op {op!r}")
+    return result
+
+
+def _handler_for(fake: FakeKubernetes) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _serve(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            code, answer = fake.handle(self.command, self.path, self.headers.get("Content-Type", ""), body)
+            data = json.dumps(answer).encode()
+            try:
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except OSError:
+                pass  # the client gave up (an injected delay made it time out)
+
+        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+@contextmanager
+def running_fake() -> Iterator[FakeKubernetes]:
+    fake = FakeKubernetes().start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+def hpa(name: str, namespace: str = "llm", *, min_replicas: int = 2, max_replicas: int = 10) -> dict[str, Any]:
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "minReplicas": min_replicas,
+            "maxReplicas": max_replicas,
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": "vllm:num_requests_waiting"},
+                        "target": {"type": "AverageValue", "averageValue": "5"},
+                    },
+                }
+            ],
+        },
+        "status": {"currentReplicas": min_replicas, "desiredReplicas": min_replicas},
+    }
+
+
+def http_route(
+    name: str, namespace: str = "llm", backends: Mapping[str, int] | None = None, *, port: int = 8000
+) -> dict[str, Any]:
+    weights = dict(backends or {f"{name}-r1": 90, f"{name}-r2": 10})
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "parentRefs": [{"name": "llm-gateway"}],
+            "rules": [
+                {
+                    "matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}],
+                    "backendRefs": [
+                        {"name": backend, "port": port, "weight": weight} for backend, weight in weights.items()
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def virtual_service(
+    name: str, namespace: str = "llm", subsets: Mapping[str, int] | None = None, *, host: str | None = None
+) -> dict[str, Any]:
+    weights = dict(subsets or {"r1": 90, "r2": 10})
+    return {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "VirtualService",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "hosts": [host or name],
+            "http": [
+                {
+                    "route": [
+                        {"destination": {"host": host or name, "subset": subset}, "weight": weight}
+                        for subset, weight in weights.items()
+                    ]
+                }
+            ],
+        },
+    }
+
+
+def deployment(
+    name: str, namespace: str = "llm", *, replicas: int = 2, image: str = "vllm/vllm-openai:v0.32.0"
+) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "vllm", "image": image}]},
+            },
+        },
+    }
