@@ -187,4 +187,4 @@ def test_slack_payload_without_links_or_decision_still_valid() -> None:
 
 def test_unknown_format_is_rejected() -> None:
     with pytest.raises(ValidationError, match="generic"):
-        WebhookReceiver(url="http://127.0.0.1:1/x", secretEnv="X", format="teams")  # type: ignore[arg-type]
+        WebhookReceiver(url="http://127.0.0.1:1/x", secretEnv="X", format="teams")
