@@ -9,9 +9,10 @@ checks that it is up to date:
     python -m serving.manifests --check   # exit 1 and name the files that differ
 
 Generated: deploy/base/policies/ (the controller's policies ConfigMap: a copy of every rules/examples/*.yaml and
-the kustomization that generates the ConfigMap from them), base/deployment-stable.yaml and base/deployment-canary.yaml (both from the `stable` profile), and one
-overlay per profile, overlays/<profile>/, that ships that profile on the canary (a rollout) by replacing the canary
-container's args and its `tailguard.io/profile` annotation. Everything else in serving/manifests/ is hand-written.
+the kustomization that generates the ConfigMap from them), base/deployment-stable.yaml and
+base/deployment-canary.yaml (both from the `stable` profile), and one overlay per profile, overlays/<profile>/,
+that ships that profile on the canary (a rollout) by replacing the canary container's args and its
+`tailguard.io/profile` annotation. Everything else in serving/manifests/ is hand-written.
 """
 
 from __future__ import annotations
