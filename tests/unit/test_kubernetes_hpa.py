@@ -36,7 +36,7 @@ def deployer(fake: FakeKubernetes, clock: ManualClock, **kwargs: object) -> HpaD
         "clock": clock,
         "bounds": HpaBounds(max_replicas=8),
         "namespace": "llm",
-        "timeout": 0.5,
+        "timeout": 5.0,
         "retry": RetryPolicy(attempts=3, backoff=1.0),
         "events": EventRecorder(k8s.CoreV1Api(api), clock),
     }
