@@ -31,7 +31,7 @@ from grafana_client.client import GrafanaException, GrafanaTimeoutError
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from controller.actuators.http import RetryPolicy, redact_url
-from controller.model import format_target, target_key
+from controller.model import Decision, format_target, target_key
 from controller.outbox import Backoff, DeliveryResult, Outbox, OutboxItem, OutboxWorker, deliver_due
 from controller.protocols import ActionOutcome, Annotation, Clock, OutcomeStatus
 
@@ -319,8 +319,10 @@ class GrafanaAnnotator:
             return self._enqueue(f"grafana:{ref}:resolve", UPDATE, payload)
         body = self._body(onset, text, [*tags, kind], None)
         opened = self.outbox.get(f"grafana:{ref}:open")
-        if opened is None:
-            return self._enqueue(f"grafana:{ref}:open", CREATE, {"body": body, "lookup": lookup, "ref": ref})
+        if opened is None or opened.payload.get("kind") == kind:
+            # The same decision seen again (e.g. re-enqueued after a restart) is deduplicated by the key.
+            payload = {"body": body, "lookup": lookup, "ref": ref, "kind": kind}
+            return self._enqueue(f"grafana:{ref}:open", CREATE, payload)
         # The region is open already (e.g. suppressed, then fired): update its text and tags.
         patch = {"text": body["text"], "tags": body["tags"]}
         return self._enqueue(
@@ -422,6 +424,57 @@ class GrafanaAnnotator:
     def close(self) -> None:
         self.stop()
         self.outbox.close()
+
+
+class DecisionSink(Protocol):
+    def annotate_decision(self, decision: Mapping[str, Any]) -> ActionOutcome: ...
+
+
+class DispatcherLike(Protocol):
+    def dispatch(self, decision: Decision) -> Sequence[Any]: ...
+
+    def resume(self) -> Sequence[Any]: ...
+
+
+class RecentDecisions(Protocol):
+    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]: ...
+
+
+class DecisionAnnotatingDispatcher:
+    """Wraps the dispatcher so every decision (with or without an annotate action) gets its Grafana region.
+
+    The region is enqueued in the outbox before the decision's actions run. `resume()` re-enqueues the
+    journal's recent decisions: a crash between the journal commit and the enqueue loses no region, and
+    what was enqueued before is deduplicated by its key.
+    """
+
+    def __init__(
+        self,
+        inner: DispatcherLike,
+        annotator: DecisionSink,
+        journal: RecentDecisions | None = None,
+        resume_window: int = 200,
+    ) -> None:
+        self.inner = inner
+        self.annotator = annotator
+        self.journal = journal
+        self.resume_window = resume_window
+
+    def _annotate(self, decision: Mapping[str, Any]) -> None:
+        outcome = self.annotator.annotate_decision(decision)
+        if outcome.status is OutcomeStatus.FAILED:
+            log.warning("decision %s: Grafana region not queued: %s", decision.get("id"), outcome.error)
+
+    def dispatch(self, decision: Decision) -> Sequence[Any]:
+        self._annotate(decision.to_json())
+        return self.inner.dispatch(decision)
+
+    def resume(self) -> Sequence[Any]:
+        if self.journal is not None:
+            # Oldest first, so an incident's opening is queued before its resolution.
+            for entry in reversed(self.journal.recent_decisions(self.resume_window)):
+                self._annotate(entry)
+        return self.inner.resume()
 
 
 def _failure(answer: HttpResult, doing: str) -> DeliveryResult:
