@@ -17,8 +17,10 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from controller.actuators.argocd import ArgoCDSettings
 from controller.actuators.grafana import GrafanaSettings
 from controller.actuators.webhook import LinkSettings, WebhookReceiver
+from controller.changes import ChangeTrackingSettings
 from controller.dispatcher import GlobalLimits
 from controller.policy import Duration
 from controller.policy_files import (
@@ -74,6 +76,10 @@ class ControllerSettings(_Strict):
     stateDir: str = Field(default="state", min_length=1, description="directory for the controller's own state")
     listen: Annotated[Listen, BeforeValidator(_listen)] = Field(default_factory=Listen)
     tier: TierSettings | None = Field(default=None, description="local serving tier (rollback, scale, traffic)")
+    argocd: ArgoCDSettings | None = Field(default=None, description="Argo CD: rollback of the mapped applications")
+    changeTracking: ChangeTrackingSettings | None = Field(
+        default=None, description="rollout sources for attributing breaches (argocd, tier, kubernetes) and window"
+    )
     annotations: AnnotationSettings | None = None
     receivers: dict[str, WebhookReceiver] = Field(default_factory=dict, description="notify action receivers")
     links: LinkSettings = Field(default_factory=LinkSettings, description="Grafana/Argo CD links in notifications")
