@@ -20,10 +20,22 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
-from controller.actuators.argocd import ArgoCDApp, ArgoCDClient, ArgoCDError, HistoryEntry, history_of
+from pydantic import BaseModel, ConfigDict, Field
+
+from controller.actuators.argocd import (
+    ArgoCDApp,
+    ArgoCDClient,
+    ArgoCDError,
+    ArgoCDSettings,
+    HistoryEntry,
+    history_of,
+    read_token,
+)
 from controller.attribution import Rollout
+from controller.policy import Duration, Policy
+from controller.protocols import Clock
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +45,13 @@ __all__ = [
     "ChangeSource",
     "ChangeSourceError",
     "ChangeTracker",
+    "ChangeTrackingSettings",
     "KubernetesDeploymentSource",
     "Rollout",
     "TierRevisionSource",
     "args_diff",
+    "build_change_tracker",
+    "lookback",
     "parse_vllm_args",
 ]
 
@@ -303,3 +318,100 @@ class KubernetesDeploymentSource:
                     )
                 )
         return found
+
+
+# -- configuration ------------------------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KubernetesChangeSettings(_Strict):
+    namespace: str = Field(min_length=1, description="namespace of the serving Deployments")
+    labelSelector: str = Field(default="", description="which ReplicaSets to read, e.g. app.kubernetes.io/part-of=llm")
+    serviceLabel: str = Field(default="app.kubernetes.io/name", description="the label that names the service")
+    container: str | None = Field(default=None, description="the vLLM container (default: the first)")
+    timeout: float = Field(default=10.0, gt=0)
+
+
+class ChangeTrackingSettings(_Strict):
+    """`changeTracking:` in the controller configuration."""
+
+    sources: list[Literal["argocd", "tier", "kubernetes"]] = Field(
+        min_length=1, description="where rollouts are read from (argocd needs `argocd:`, tier needs `tier:`)"
+    )
+    window: Duration = Field(
+        default=3600.0, description="how far back rollouts are read, at least (policies' attribution windows extend it)"
+    )
+    kubernetes: KubernetesChangeSettings | None = None
+
+
+def lookback(policy: Policy, floor: float = 0.0) -> float | None:
+    """How far back `policy` needs rollouts: its largest attribution window (None: it attributes nothing)."""
+    windows = [c.attribution.window for c in policy.conditions if c.attribution is not None]
+    return max([*windows, floor]) if windows else None
+
+
+def _token_reader(token_file: str | None, token_env: str | None) -> Callable[[], str | None]:
+    """Read at each call, so a rotated token (a re-mounted Secret) is picked up without a restart."""
+    return lambda: read_token(token_file, token_env)
+
+
+def build_change_tracker(
+    settings: ChangeTrackingSettings,
+    *,
+    clock: Clock,
+    argocd: ArgoCDSettings | None = None,
+    tier: TierReader | None = None,
+    apps_api: Any = None,
+    base_dir: Any = None,
+) -> ChangeTracker:
+    """The tracker the configuration asks for; ValueError names a source whose settings are missing."""
+    sources: list[ChangeSource] = []
+    for name in settings.sources:
+        if name == "argocd":
+            if argocd is None:
+                raise ValueError("changeTracking.sources lists argocd, but there is no `argocd:` section")
+            token_file = argocd.tokenFile
+            if token_file is not None and base_dir is not None:
+                from pathlib import Path
+
+                candidate = Path(token_file)
+                token_file = str(candidate if candidate.is_absolute() else Path(base_dir) / candidate)
+            client = ArgoCDClient(
+                argocd.url,
+                clock=clock,
+                token=_token_reader(token_file, argocd.tokenEnv),
+                timeout=argocd.timeout,
+                retries=argocd.retries,
+            )
+            sources.append(ArgoCDHistorySource(client, argocd.apps))
+        elif name == "tier":
+            if tier is None:
+                raise ValueError("changeTracking.sources lists tier, but there is no `tier:` section")
+            sources.append(TierRevisionSource(tier))
+        else:
+            if settings.kubernetes is None:
+                raise ValueError("changeTracking.sources lists kubernetes, but changeTracking.kubernetes is missing")
+            if apps_api is None:
+                from kubernetes import client as k8s_client
+                from kubernetes import config as k8s_config
+
+                try:
+                    k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
+                except k8s_config.ConfigException:
+                    k8s_config.load_kube_config()  # type: ignore[no-untyped-call]
+                apps_api = k8s_client.AppsV1Api()
+            k8s = settings.kubernetes
+            sources.append(
+                KubernetesDeploymentSource(
+                    apps_api,
+                    k8s.namespace,
+                    label_selector=k8s.labelSelector,
+                    service_label=k8s.serviceLabel,
+                    container=k8s.container,
+                    timeout=k8s.timeout,
+                )
+            )
+    return ChangeTracker(sources)
