@@ -25,6 +25,8 @@ from typing import Any, Protocol
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from controller.attribution import Rollout
+from controller.changes import ChangeFeed, lookback
 from controller.engine import Phase, PolicyState, transition
 from controller.metrics import ControllerMetrics
 from controller.model import Decision, SignalResult, TargetKey, format_target
@@ -54,6 +56,12 @@ class JournalPort(Protocol):
     def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]: ...
 
     def close(self) -> None: ...
+
+
+class ChangeTrackerPort(Protocol):
+    """What the controller needs of controller.changes.ChangeTracker."""
+
+    def rollouts(self, since: float) -> ChangeFeed: ...
 
 
 class DispatcherPort(Protocol):
@@ -165,8 +173,13 @@ class Controller:
         schedule: bool = True,
         alert_workers: int = 4,
         predictions: PredictionPort | None = None,
+        change_tracker: ChangeTrackerPort | None = None,
+        change_window: float = 0.0,
     ) -> None:
         self._paths = [Path(p) for p in policy_paths]
+        # Rollouts for attribution: read once per evaluation of a policy that attributes (controller.changes).
+        self._change_tracker = change_tracker
+        self._change_window = change_window
         self._source = source
         self._journal = journal
         self._dispatcher = dispatcher
@@ -397,7 +410,10 @@ class Controller:
             state = self._states.get(policy_name, PolicyState())
         now = self._clock.now()
         observations, source_errors = self._query(policy)
-        new_state, decisions = transition(policy, observations, state, now)
+        rollouts, rollouts_error = self._rollouts(policy, now)
+        if rollouts_error is not None:
+            source_errors.append(f"change tracking: {rollouts_error}")
+        new_state, decisions = transition(policy, observations, state, now, rollouts, rollouts_error=rollouts_error)
         self._journal.commit_evaluation(policy_name, new_state, decisions, now)
         with self._lock:
             if policy_name in self._policies:
@@ -412,6 +428,20 @@ class Controller:
             for record in self._dispatcher.dispatch(decision):
                 self.metrics.record_action(*action_labels(record))
         return EvaluationOutcome(policy_name, trigger, now, tuple(decisions), new_state, tuple(source_errors))
+
+    def _rollouts(self, policy: Policy, now: float) -> tuple[tuple[Rollout, ...], str | None]:
+        """Rollouts within the policy's largest attribution window; an unreadable tracker is an error, as data."""
+        window = lookback(policy, self._change_window)
+        if window is None:
+            return (), None
+        if self._change_tracker is None:
+            return (), "no change tracking configured (changeTracking in the controller configuration)"
+        try:
+            feed = self._change_tracker.rollouts(now - window)
+        except Exception as failure:  # the tracker turns source errors into data; anything raised is one too
+            logger.exception("change tracking for %s raised", policy.name)
+            return (), f"change tracker raised {type(failure).__name__}: {failure}"
+        return feed.rollouts, feed.error
 
     def _query(self, policy: Policy) -> tuple[dict[str, SignalResult], list[str]]:
         """One request per signal, each timed and counted on its own (policy, signal) series."""
