@@ -349,3 +349,14 @@ def test_alertmanager_example_is_valid_and_posts_to_the_controller(
         expected = f"http://{service['metadata']['name']}.{namespace}.svc:{port}/api/v1/alerts"
         assert receiver["webhook_configs"] == [{"url": expected, "send_resolved": True, "max_alerts": 0}]
         assert any(route["receiver"] == "tailguard" for route in config["route"]["routes"])
+
+
+def test_dockerfile_runs_the_controller_as_the_deployments_non_root_user(base: list[dict[str, Any]]) -> None:
+    lines = [line.strip() for line in (REPO / "Dockerfile").read_text().splitlines()]
+    users = [line.split()[1] for line in lines if line.startswith("USER ")]
+    assert users, "the image must set a USER"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, "numeric, so runAsNonRoot can verify it"
+    pod = one(base, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == int(uid)
+    assert 'ENTRYPOINT ["tailguard"]' in lines

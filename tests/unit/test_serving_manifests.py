@@ -110,6 +110,14 @@ def test_bad_profile_renders_max_num_seqs_2_on_the_canary_only() -> None:
     assert flag_value(container_args(objects, "chat-stable"), "--max-num-seqs") == "64"
 
 
+def test_the_change_tracker_reads_the_profile_back_from_the_args() -> None:
+    from controller.changes import parse_vllm_args
+
+    parsed = parse_vllm_args(vllm_args(load_profiles()["bad-max-num-seqs"]))
+    assert parsed["max_num_seqs"] == "2" and parsed["enable_prefix_caching"] is True
+    assert parsed["gpu_memory_utilization"] == "0.9"
+
+
 def test_stable_deployment_args_and_gpus_match_the_profile(tier: list[dict[str, Any]]) -> None:
     stable = load_profiles()["stable"]
     args = container_args(tier, "chat-stable")
