@@ -37,17 +37,17 @@ SERVING_NAMESPACE = "llm"
 LEASE_NAME = "tailguard-leader"
 SECRETS = {"tailguard-grafana", "tailguard-argocd", "tailguard-webhook"}
 
-# What the actuators and the change tracker call, until controller/cluster_permissions.py provides
+# What the actuators and the change tracker call (the kubernetes client methods in controller/actuators/
+# kubernetes_hpa.py, traffic.py and controller/changes.py), until controller/cluster_permissions.py provides
 # ACTUATOR_PERMISSIONS (then that is the reference): (apiGroup, resource) -> verbs.
 ISSUE_ACTUATOR_PERMISSIONS: dict[tuple[str, str], set[str]] = {
-    ("autoscaling", "horizontalpodautoscalers"): {"get", "patch", "update"},
-    ("apps", "deployments"): {"get", "list", "watch"},
-    ("apps", "replicasets"): {"get", "list", "watch"},
-    ("gateway.networking.k8s.io", "httproutes"): {"get", "patch"},
-    ("networking.istio.io", "virtualservices"): {"get", "patch"},
+    ("autoscaling", "horizontalpodautoscalers"): {"get", "update"},
+    ("apps", "replicasets"): {"list"},
+    ("gateway.networking.k8s.io", "httproutes"): {"get", "update"},
+    ("networking.istio.io", "virtualservices"): {"get", "update"},
 }
 LEASE_PERMISSIONS = {("coordination.k8s.io", "leases"): {"get", "create", "update"}}
-EVENT_PERMISSIONS = {("", "events"): {"create", "patch"}}
+EVENT_PERMISSIONS = {("", "events"): {"create"}}
 
 
 def _triples(rules: Iterable[Any]) -> set[tuple[str, str, str]]:
