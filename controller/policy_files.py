@@ -183,12 +183,24 @@ def parse_policy_text(text: str, file: str) -> tuple[list[LoadedPolicy], list[Po
     return policies, errors
 
 
+def _hidden(relative: Path) -> bool:
+    # A mounted ConfigMap holds each file twice: `name.yaml` (a link) and `..2026_11_30_…/name.yaml`
+    # (the kubelet's timestamped copy). Hidden paths are never policies of their own.
+    return any(part.startswith(".") for part in relative.parts)
+
+
 def policy_paths(paths: Iterable[str | Path]) -> list[Path]:
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found.extend(sorted(p for p in path.rglob("*") if p.suffix in POLICY_SUFFIXES and p.is_file()))
+            found.extend(
+                sorted(
+                    p
+                    for p in path.rglob("*")
+                    if p.suffix in POLICY_SUFFIXES and p.is_file() and not _hidden(p.relative_to(path))
+                )
+            )
         else:
             found.append(path)
     return found

@@ -117,7 +117,8 @@ def test_shipped_examples_load() -> None:
     policies, errors = load_policies([EXAMPLES])
     assert errors == []
     names = sorted(loaded.policy.name for loaded in policies)
-    assert names == ["error-rate-shift", "p99-rollback", "queue-scale"]
+    assert {"error-rate-shift", "p99-rollback", "queue-scale"} <= set(names)
+    assert len(names) == len(list(EXAMPLES.glob("*.yaml")))
 
 
 BASE = """\
@@ -241,3 +242,16 @@ def test_reserved_match_label_is_rejected() -> None:
     text += "      - type: rollback\n"
     _, errors = parse_policy_text(text, "m.yaml")
     assert [(e.line, e.field) for e in errors] == [(6, "targets.match.selector")]
+
+
+def test_hidden_paths_under_a_policy_directory_are_not_loaded_twice(tmp_path: Path) -> None:
+    """A mounted ConfigMap: `p.yaml` links into the kubelet's hidden `..<timestamp>/` copy."""
+    stamped = tmp_path / "..2026_11_30_12_00_00.000000001"
+    stamped.mkdir()
+    (stamped / "p99-rollback.yaml").write_text(
+        (Path(__file__).parents[2] / "rules/examples/p99-rollback.yaml").read_text()
+    )
+    (tmp_path / "p99-rollback.yaml").symlink_to(stamped.name + "/p99-rollback.yaml")
+    policies, errors = load_policies([tmp_path])
+    assert errors == []
+    assert [loaded.policy.name for loaded in policies] == ["p99-rollback"]
