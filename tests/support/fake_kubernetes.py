@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
 import jsonschema
@@ -145,7 +145,7 @@ class FakeKubernetes:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def __enter__(self) -> FakeKubernetes:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
