@@ -1,0 +1,244 @@
+"""Leader election with a coordination.k8s.io/v1 Lease, so that of several replicas only one evaluates and acts.
+
+`run_once()` is one round: acquire the Lease when nobody holds it (or it is released or expired), renew it
+while we hold it. Expiry is judged like client-go does, against the local clock and never against the
+holder's timestamps (clocks of two pods may differ): a Lease held by someone else is expired when its record
+(resourceVersion) has not changed for `leaseDurationSeconds` since WE first saw that record.
+
+`is_leader()` is true only until `renew_deadline` after our last successful renewal, counted from before the
+request was sent; that deadline is shorter than the lease, so a partitioned leader stops acting before
+anyone else may take over. Every write is a PUT with the resourceVersion read just before, so two electors
+racing for the same Lease get one 200 and one 409: they never both lead.
+
+`release()` (on stop) empties holderIdentity so a successor takes over at once instead of waiting out
+the lease. Time comes from the injected clock; only the background loop (`start`) paces itself in real time.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from kubernetes import client as k8s
+
+from controller.actuators.http import RetryPolicy
+from controller.actuators.kubernetes_hpa import KubeError, kube_call
+from controller.protocols import Clock
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    holder: str
+    resource_version: str
+    duration: float
+    transitions: int
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        api: k8s.CoordinationV1Api,
+        name: str,
+        namespace: str,
+        identity: str,
+        lease_seconds: float,
+        clock: Clock,
+        *,
+        renew_deadline: float | None = None,
+        timeout: float = 5.0,
+    ) -> None:
+        if lease_seconds <= 0:
+            raise ValueError(f"lease_seconds must be positive, got {lease_seconds}")
+        if not identity:
+            raise ValueError("identity must not be empty (use the pod name)")
+        self.api = api
+        self.name = name
+        self.namespace = namespace
+        self.identity = identity
+        self.lease_seconds = float(lease_seconds)
+        self.renew_deadline = float(renew_deadline if renew_deadline is not None else lease_seconds * 2 / 3)
+        if not 0 < self.renew_deadline <= self.lease_seconds:
+            raise ValueError("renew_deadline must be positive and at most lease_seconds")
+        self.clock = clock
+        self.timeout = timeout
+        self.last_error: str | None = None
+        self.acquisitions = 0  # times this elector became leader
+        self._leader_until = 0.0
+        self._observed: tuple[str, float] | None = None  # (resourceVersion of someone else's record, seen at)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- state --------------------------------------------------------------------------------------
+
+    def is_leader(self) -> bool:
+        with self._lock:
+            return self.clock.now() < self._leader_until
+
+    # -- one round ----------------------------------------------------------------------------------
+
+    def run_once(self) -> bool:
+        """Acquire or renew; returns whether we lead now. Errors are recorded in `last_error`, never raised."""
+        started = self.clock.now()
+        found = self._call(
+            lambda: self.api.read_namespaced_lease(self.name, self.namespace, _request_timeout=self.timeout),
+            "reading",
+        )
+        if isinstance(found, KubeError):
+            if found.status == 404:
+                return self._create(started)
+            return self.is_leader()
+        view = _view(found)
+        if view.holder == self.identity:
+            return self._write(found, started, acquiring=False)
+        if view.holder and not self._expired(view, started):
+            with self._lock:
+                self._leader_until = 0.0
+            return False
+        log.info("lease %s/%s %s; %s takes it", self.namespace, self.name,
+                 f"held by {view.holder!r} expired" if view.holder else "is free", self.identity)  # fmt: skip
+        return self._write(found, started, acquiring=True)
+
+    def release(self) -> None:
+        """Give the Lease up (if we hold it) so a successor need not wait for it to expire."""
+        with self._lock:
+            was_leader = self._leader_until > 0
+            self._leader_until = 0.0
+        if not was_leader:
+            return
+        found = self._call(
+            lambda: self.api.read_namespaced_lease(self.name, self.namespace, _request_timeout=self.timeout),
+            "reading",
+        )
+        if isinstance(found, KubeError) or _view(found).holder != self.identity:
+            return
+        spec = found.spec or k8s.V1LeaseSpec()
+        spec.holder_identity = ""
+        spec.lease_duration_seconds = 1
+        spec.renew_time = self._timestamp(self.clock.now())
+        found.spec = spec
+        self._call(
+            lambda: self.api.replace_namespaced_lease(self.name, self.namespace, found, _request_timeout=self.timeout),
+            "releasing",
+        )
+
+    # -- background loop ------------------------------------------------------------------------------
+
+    def start(self, interval: float | None = None) -> None:
+        """Run `run_once` every `interval` seconds (default a third of the lease) on a daemon thread."""
+        period = interval if interval is not None else self.lease_seconds / 3
+        self._stop.clear()
+
+        def loop() -> None:
+            while not self._stop.is_set():
+                try:
+                    self.run_once()
+                except Exception:  # one bad round must not end the election loop
+                    log.exception("leader election round failed")
+                self._stop.wait(period)
+
+        self._thread = threading.Thread(target=loop, name="tailguard-leader", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout + 1)
+            self._thread = None
+        self.release()
+
+    # -- helpers ----------------------------------------------------------------------------------------
+
+    def _expired(self, view: LeaseView, now: float) -> bool:
+        with self._lock:
+            if self._observed is None or self._observed[0] != view.resource_version:
+                self._observed = (view.resource_version, now)
+                return False
+            return now - self._observed[1] >= view.duration
+
+    def _create(self, started: float) -> bool:
+        when = self._timestamp(started)
+        lease = k8s.V1Lease(
+            metadata=k8s.V1ObjectMeta(name=self.name, namespace=self.namespace),
+            spec=k8s.V1LeaseSpec(
+                holder_identity=self.identity,
+                lease_duration_seconds=max(1, math.ceil(self.lease_seconds)),
+                acquire_time=when,
+                renew_time=when,
+                lease_transitions=0,
+            ),
+        )
+        created = self._call(
+            lambda: self.api.create_namespaced_lease(self.namespace, lease, _request_timeout=self.timeout),
+            "creating",
+        )
+        return self._settle(created, started, acquiring=True)
+
+    def _write(self, lease: k8s.V1Lease, started: float, *, acquiring: bool) -> bool:
+        spec = lease.spec or k8s.V1LeaseSpec()
+        when = self._timestamp(started)
+        if acquiring:
+            spec.holder_identity = self.identity
+            spec.acquire_time = when
+            spec.lease_transitions = (spec.lease_transitions or 0) + 1
+        spec.lease_duration_seconds = max(1, math.ceil(self.lease_seconds))
+        spec.renew_time = when
+        lease.spec = spec
+        written = self._call(
+            lambda: self.api.replace_namespaced_lease(self.name, self.namespace, lease, _request_timeout=self.timeout),
+            "acquiring" if acquiring else "renewing",
+        )
+        return self._settle(written, started, acquiring=acquiring)
+
+    def _settle(self, written: k8s.V1Lease | KubeError, started: float, *, acquiring: bool) -> bool:
+        with self._lock:
+            if isinstance(written, KubeError):
+                if written.status == 409:
+                    # Someone else wrote first: the Lease is not ours (any more). Other errors leave a
+                    # current leadership to run out at its deadline unless the next round renews it.
+                    self._leader_until = 0.0
+                return self.clock.now() < self._leader_until
+            if acquiring:
+                self.acquisitions += 1
+                log.info("%s is now the leader (lease %s/%s)", self.identity, self.namespace, self.name)
+            self._observed = None
+            self._leader_until = started + self.renew_deadline
+            return self.clock.now() < self._leader_until
+
+    def _call(self, fn: Callable[[], T], what: str) -> T | KubeError:
+        result = kube_call(
+            fn,
+            what=f"{what} Lease {self.namespace}/{self.name}",
+            clock=self.clock,
+            retry=RetryPolicy(attempts=1),  # the next round is the retry
+        )
+        if isinstance(result, KubeError):
+            if result.status != 404:
+                self.last_error = result.message
+                log.warning("%s", result.message)
+        else:
+            self.last_error = None
+        return result
+
+    @staticmethod
+    def _timestamp(at: float) -> datetime.datetime:
+        return datetime.datetime.fromtimestamp(at, datetime.UTC)
+
+
+def _view(lease: k8s.V1Lease) -> LeaseView:
+    spec = lease.spec or k8s.V1LeaseSpec()
+    return LeaseView(
+        holder=spec.holder_identity or "",
+        resource_version=(lease.metadata.resource_version if lease.metadata else None) or "",
+        duration=float(spec.lease_duration_seconds or 0),
+        transitions=int(spec.lease_transitions or 0),
+    )
