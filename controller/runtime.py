@@ -80,6 +80,12 @@ class PredictionPort(Protocol):
     def warnings(self) -> list[str]: ...
 
 
+class LeaderPort(Protocol):
+    """What the controller needs of controller.leader.LeaderElector: only the leader evaluates and acts."""
+
+    def is_leader(self) -> bool: ...
+
+
 class PolicyLoadError(Exception):
     """The initial policy set has errors; the controller refuses to start on a broken set."""
 
@@ -175,11 +181,16 @@ class Controller:
         predictions: PredictionPort | None = None,
         change_tracker: ChangeTrackerPort | None = None,
         change_window: float = 0.0,
+        leader: LeaderPort | None = None,
     ) -> None:
         self._paths = [Path(p) for p in policy_paths]
         # Rollouts for attribution: read once per evaluation of a policy that attributes (controller.changes).
         self._change_tracker = change_tracker
         self._change_window = change_window
+        # With a leader elector, a follower skips its evaluations (counted here) and resumes nothing.
+        self._leader = leader
+        self.skipped_not_leader: dict[str, int] = {}
+        self._resume_pending = False
         self._source = source
         self._journal = journal
         self._dispatcher = dispatcher
@@ -220,9 +231,11 @@ class Controller:
             self._fingerprint = fingerprint
             self._apply(self._index(loaded))
             self._started = True
-        for record in self._dispatcher.resume():
-            self.metrics.record_action(*action_labels(record))
-            logger.info("resumed action %s -> %s", *action_labels(record))
+        if self._leader is None or self._leader.is_leader():
+            self._resume_actions()
+        else:
+            with self._lock:
+                self._resume_pending = True  # done by the first evaluation as leader
         if self._schedule:
             scheduler = BackgroundScheduler(timezone=UTC)
             with self._lock:
@@ -401,6 +414,11 @@ class Controller:
         with self._policy_lock(policy_name):
             return self._evaluate_holding_lock(policy_name, trigger)
 
+    def _resume_actions(self) -> None:
+        for record in self._dispatcher.resume():
+            self.metrics.record_action(*action_labels(record))
+            logger.info("resumed action %s -> %s", *action_labels(record))
+
     def _evaluate_holding_lock(self, policy_name: str, trigger: str) -> EvaluationOutcome | None:
         with self._lock:
             loaded = self._policies.get(policy_name)
@@ -408,6 +426,15 @@ class Controller:
                 return None
             policy = loaded.policy
             state = self._states.get(policy_name, PolicyState())
+        if self._leader is not None:
+            if not self._leader.is_leader():
+                with self._lock:
+                    self.skipped_not_leader[policy_name] = self.skipped_not_leader.get(policy_name, 0) + 1
+                return None
+            with self._lock:
+                resume, self._resume_pending = self._resume_pending, False
+            if resume:
+                self._resume_actions()
         now = self._clock.now()
         observations, source_errors = self._query(policy)
         rollouts, rollouts_error = self._rollouts(policy, now)
@@ -564,7 +591,11 @@ class Controller:
             if self._started and not self._policies:
                 reasons.append("no policies loaded")
             last = {name: self._last_evaluation.get(name) for name in self._policies}
+            # A follower skips evaluations on purpose: not being the leader is not being unready.
+            following = self._leader is not None and not self._leader.is_leader()
             for name, loaded in sorted(self._policies.items()):
+                if following:
+                    continue
                 limit = READY_INTERVALS * loaded.policy.interval
                 at = last[name]
                 if at is None:
@@ -578,6 +609,8 @@ class Controller:
         # other policy keeps working; an unready controller would be restarted or cut off, which fixes no model
         # file and stops the policies that do work.
         warnings = tuple(predictions.warnings()) if predictions is not None else ()
+        if following:
+            warnings = (*warnings, "follower: another replica holds the leader lease; evaluations are skipped")
         return Readiness(not reasons, tuple(reasons), reload_errors, last, warnings)
 
     def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]:
