@@ -22,6 +22,7 @@ from controller.actuators.grafana import GrafanaSettings
 from controller.actuators.webhook import LinkSettings, WebhookReceiver
 from controller.changes import ChangeTrackingSettings
 from controller.dispatcher import GlobalLimits
+from controller.leader import LeaderElectionSettings
 from controller.policy import Duration
 from controller.policy_files import (
     PolicyError,
@@ -84,6 +85,9 @@ class ControllerSettings(_Strict):
     receivers: dict[str, WebhookReceiver] = Field(default_factory=dict, description="notify action receivers")
     links: LinkSettings = Field(default_factory=LinkSettings, description="Grafana/Argo CD links in notifications")
     limits: GlobalLimits = Field(default_factory=GlobalLimits)
+    leaderElection: LeaderElectionSettings | None = Field(
+        default=None, description="a coordination.k8s.io Lease: of several replicas only the leader evaluates and acts"
+    )
     predictors: dict[str, PredictorSettings] = Field(
         default_factory=dict, description="trained SLA models that policies' `predict` signals name"
     )
