@@ -17,7 +17,8 @@ INVALID = REPO / "tests" / "fixtures" / "policies" / "invalid"
 def test_validate_accepts_the_examples(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["rules", "validate", str(REPO / "rules" / "examples")]) == 0
     out, err = capsys.readouterr()
-    assert out == "ok: 3 policies in 3 file(s)\n" and err == ""
+    count = len(list((REPO / "rules" / "examples").glob("*.yaml")))
+    assert out == f"ok: {count} policies in {count} file(s)\n" and err == ""
 
 
 def test_validate_reports_every_error_with_file_and_line(capsys: pytest.CaptureFixture[str]) -> None:
