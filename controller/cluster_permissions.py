@@ -1,6 +1,7 @@
 """The Kubernetes API permissions tailguard needs: exactly the calls its cluster clients make, nothing more.
 
-This is the reference for the RBAC in deploy/ (tests render the Role/ClusterRole and compare). Each entry
+This is the reference for the RBAC in deploy/ (tests render the Roles and compare): ACTUATOR_PERMISSIONS for the
+serving namespace, LEASE_PERMISSIONS for the controller's own namespace. Each entry
 names the client call(s) behind it; tests/unit/test_kubernetes_permissions.py runs those clients against the
 fake API server and checks that every recorded request is covered here and that every entry is used.
 
@@ -24,6 +25,7 @@ class Permission:
     namespace_scope: str  # "serving" (where the workloads are) or "controller" (where tailguard runs)
 
 
+# In the serving namespace(s): the actuators, the change tracker and the Events about their objects.
 ACTUATOR_PERMISSIONS: tuple[Permission, ...] = (
     Permission(
         "autoscaling",
@@ -54,6 +56,11 @@ ACTUATOR_PERMISSIONS: tuple[Permission, ...] = (
         "serving",
     ),
     Permission("", "events", ("create",), "EventRecorder: create_namespaced_event", "serving"),
+)
+
+
+# In the controller's own namespace.
+LEASE_PERMISSIONS: tuple[Permission, ...] = (
     Permission(
         "coordination.k8s.io",
         "leases",
@@ -63,12 +70,14 @@ ACTUATOR_PERMISSIONS: tuple[Permission, ...] = (
     ),
 )
 
+ALL_PERMISSIONS = ACTUATOR_PERMISSIONS + LEASE_PERMISSIONS
+
 
 def permission_triples(scope: str | None = None) -> set[tuple[str, str, str]]:
     """(apiGroup, resource, verb) for every permission (of one namespace scope, if given)."""
     return {
         (p.api_group, p.resource, verb)
-        for p in ACTUATOR_PERMISSIONS
+        for p in ALL_PERMISSIONS
         if scope is None or p.namespace_scope == scope
         for verb in p.verbs
     }

@@ -8,7 +8,7 @@ from controller.actuators.kubernetes_hpa import EventRecorder, HpaBounds, HpaDep
 from controller.actuators.traffic import HttpRouteRouter, VirtualServiceRouter
 from controller.changes import KubernetesDeploymentSource
 from controller.clock import ManualClock
-from controller.cluster_permissions import ACTUATOR_PERMISSIONS, permission_triples
+from controller.cluster_permissions import ACTUATOR_PERMISSIONS, ALL_PERMISSIONS, permission_triples
 from controller.leader import LeaderElector
 from controller.protocols import OutcomeStatus
 from tests.support.fake_kubernetes import FakeKubernetes, hpa, http_route, virtual_service
@@ -59,6 +59,7 @@ def test_recorded_calls_equal_the_declared_permissions() -> None:
 
 
 def test_every_entry_names_its_caller_and_unique_resources() -> None:
-    resources = [(p.api_group, p.resource) for p in ACTUATOR_PERMISSIONS]
+    resources = [(p.api_group, p.resource) for p in ALL_PERMISSIONS]
     assert len(resources) == len(set(resources))
-    assert all(p.used_by and p.verbs and p.namespace_scope in ("serving", "controller") for p in ACTUATOR_PERMISSIONS)
+    assert all(p.used_by and p.verbs and p.namespace_scope in ("serving", "controller") for p in ALL_PERMISSIONS)
+    assert all(p.namespace_scope == "serving" for p in ACTUATOR_PERMISSIONS)
