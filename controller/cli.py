@@ -151,14 +151,17 @@ def run_controller(config: Path) -> int:
     """Build the controller from its configuration, serve until SIGTERM/SIGINT, stop cleanly."""
     from prometheus_client import CollectorRegistry
 
-    from controller.actuators.annotations import JsonlAnnotator
+    from controller.actuators.annotations import FanoutAnnotator, JsonlAnnotator
+    from controller.actuators.grafana import DecisionAnnotatingDispatcher, GrafanaAnnotator, GrafanaTokenError
     from controller.actuators.local_tier import LocalTierClient
-    from controller.actuators.webhook import WebhookNotifier
+    from controller.actuators.webhook import WebhookNotifier, decision_links
     from controller.api import ControllerAPI
     from controller.clock import SystemClock
     from controller.dispatcher import Actuators, Dispatcher
     from controller.journal import Journal, JournalError
     from controller.metrics import ControllerMetrics
+    from controller.outbox import OutboxError
+    from controller.protocols import Annotator
     from controller.runtime import Controller, PolicyLoadError, configure_logging
     from controller.settings import SettingsError, load_settings
     from controller.sources.prometheus import PrometheusSource, SourceConfigError
@@ -194,18 +197,33 @@ def run_controller(config: Path) -> int:
         else None
     )
     annotations_path = settings.annotations_path()
+    grafana_settings = settings.annotations.grafana if settings.annotations is not None else None
+    grafana: GrafanaAnnotator | None = None
+    if grafana_settings is not None:
+        try:
+            grafana = GrafanaAnnotator.from_settings(grafana_settings, clock, settings.path(grafana_settings.outbox))
+        except (GrafanaTokenError, OutboxError) as unusable_grafana:
+            print(f"{config}: annotations.grafana: {unusable_grafana}", file=sys.stderr)
+            journal.close()
+            return EXIT_CONFIG
+    annotators: list[Annotator] = [JsonlAnnotator(annotations_path)] if annotations_path is not None else []
+    if grafana is not None:
+        annotators.append(grafana)
     actuators = Actuators(
         deployer=tier,
         router=tier,
-        annotator=JsonlAnnotator(annotations_path) if annotations_path is not None else None,
+        annotator=FanoutAnnotator(annotators) if len(annotators) > 1 else (annotators[0] if annotators else None),
         notifier=WebhookNotifier(settings.receivers, clock) if settings.receivers else None,
     )
-    dispatcher = Dispatcher(journal, actuators, clock, settings.limits)
+    dispatcher = Dispatcher(
+        journal, actuators, clock, settings.limits, links_for=lambda d: decision_links(settings.links, d, clock.now())
+    )
     controller = Controller(
         policy_paths=paths,
         source=source,
         journal=journal,
-        dispatcher=dispatcher,
+        # Every decision also becomes a Grafana region (onset -> resolution) when Grafana is configured.
+        dispatcher=DecisionAnnotatingDispatcher(dispatcher, grafana, journal) if grafana is not None else dispatcher,
         clock=clock,
         metrics=metrics,
         dry_run=settings.dryRun,
@@ -230,6 +248,8 @@ def run_controller(config: Path) -> int:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        if grafana is not None:
+            grafana.start()
         try:
             controller.start()
         except PolicyLoadError as invalid:  # the files changed between the check above and the start
@@ -247,6 +267,8 @@ def run_controller(config: Path) -> int:
     finally:
         api.stop()
         controller.stop()
+        if grafana is not None:
+            grafana.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return EXIT_OK
