@@ -127,9 +127,11 @@ def _unknown_receivers(settings_receivers: Sequence[str], paths: Sequence[Path])
     problems: list[PolicyError] = []
     for entry in loaded:
         for index, condition in enumerate(entry.policy.conditions):
+            branches = [(f"choose[{n}].actions", branch.actions) for n, branch in enumerate(condition.choose or [])]
             for kind, actions in (
-                ("actions", condition.actions),
+                ("actions", condition.actions or []),
                 ("recovery.actions", condition.recovery.actions),
+                *branches,
             ):
                 for position, action in enumerate(actions):
                     receiver = getattr(action, "receiver", None)
@@ -152,16 +154,18 @@ def run_controller(config: Path) -> int:
     from prometheus_client import CollectorRegistry
 
     from controller.actuators.annotations import FanoutAnnotator, JsonlAnnotator
+    from controller.actuators.argocd import ArgoCDDeployer
     from controller.actuators.grafana import DecisionAnnotatingDispatcher, GrafanaAnnotator, GrafanaTokenError
     from controller.actuators.local_tier import LocalTierClient
     from controller.actuators.webhook import WebhookNotifier, decision_links
     from controller.api import ControllerAPI
+    from controller.changes import build_change_tracker
     from controller.clock import SystemClock
     from controller.dispatcher import Actuators, Dispatcher
     from controller.journal import Journal, JournalError
     from controller.metrics import ControllerMetrics
     from controller.outbox import OutboxError
-    from controller.protocols import Annotator
+    from controller.protocols import Annotator, Deployer
     from controller.runtime import Controller, PolicyLoadError, configure_logging
     from controller.settings import SettingsError, load_settings
     from controller.sources.prometheus import PrometheusSource, SourceConfigError
@@ -196,6 +200,28 @@ def run_controller(config: Path) -> int:
         if settings.tier is not None
         else None
     )
+    # Rollbacks go through Argo CD when it is configured (GitOps), else through the local serving tier.
+    deployer: Deployer | None = tier
+    if settings.argocd is not None:
+        deployer = ArgoCDDeployer.from_settings(
+            settings.argocd,
+            clock=clock,
+            record_path=settings.state_path() / "argocd-bad-revisions.json",
+            decision_lookup=journal.decision,
+            base_dir=settings.base_dir,
+        )
+    try:
+        tracker = (
+            build_change_tracker(
+                settings.changeTracking, clock=clock, argocd=settings.argocd, tier=tier, base_dir=settings.base_dir
+            )
+            if settings.changeTracking is not None
+            else None
+        )
+    except ValueError as missing:
+        print(f"{config}: changeTracking: {missing}", file=sys.stderr)
+        journal.close()
+        return EXIT_CONFIG
     annotations_path = settings.annotations_path()
     grafana_settings = settings.annotations.grafana if settings.annotations is not None else None
     grafana: GrafanaAnnotator | None = None
@@ -210,7 +236,7 @@ def run_controller(config: Path) -> int:
     if grafana is not None:
         annotators.append(grafana)
     actuators = Actuators(
-        deployer=tier,
+        deployer=deployer,
         router=tier,
         annotator=FanoutAnnotator(annotators) if len(annotators) > 1 else (annotators[0] if annotators else None),
         notifier=WebhookNotifier(settings.receivers, clock) if settings.receivers else None,
@@ -228,6 +254,9 @@ def run_controller(config: Path) -> int:
         metrics=metrics,
         dry_run=settings.dryRun,
         reload_interval=settings.reloadInterval,
+        change_tracker=tracker,
+        change_window=settings.changeTracking.window if settings.changeTracking is not None else 0.0,
+        rollout_annotator=grafana,
         predictions=PredictionProvider(settings.predictor_specs(), clock),
     )
     try:

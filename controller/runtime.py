@@ -58,6 +58,10 @@ class JournalPort(Protocol):
     def close(self) -> None: ...
 
 
+class RolloutAnnotatorPort(Protocol):
+    def annotate_rollout(self, rollout: Rollout) -> Any: ...
+
+
 class ChangeTrackerPort(Protocol):
     """What the controller needs of controller.changes.ChangeTracker."""
 
@@ -182,11 +186,14 @@ class Controller:
         change_tracker: ChangeTrackerPort | None = None,
         change_window: float = 0.0,
         leader: LeaderPort | None = None,
+        rollout_annotator: RolloutAnnotatorPort | None = None,
     ) -> None:
         self._paths = [Path(p) for p in policy_paths]
         # Rollouts for attribution: read once per evaluation of a policy that attributes (controller.changes).
         self._change_tracker = change_tracker
         self._change_window = change_window
+        # Every rollout the tracker reports becomes a `rollout` annotation (the outbox drops repeats).
+        self._rollout_annotator = rollout_annotator
         # With a leader elector, a follower skips its evaluations (counted here) and resumes nothing.
         self._leader = leader
         self.skipped_not_leader: dict[str, int] = {}
@@ -468,6 +475,9 @@ class Controller:
         except Exception as failure:  # the tracker turns source errors into data; anything raised is one too
             logger.exception("change tracking for %s raised", policy.name)
             return (), f"change tracker raised {type(failure).__name__}: {failure}"
+        if self._rollout_annotator is not None:
+            for rollout in feed.rollouts:
+                self._rollout_annotator.annotate_rollout(rollout)
         return feed.rollouts, feed.error
 
     def _query(self, policy: Policy) -> tuple[dict[str, SignalResult], list[str]]:
