@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
 
 from controller.clock import ManualClock
 from controller.leader import LeaderElector
+from controller.settings import SettingsError, load_settings
 from tests.support.fake_kubernetes import FakeKubernetes
 
 
@@ -112,3 +114,34 @@ def test_bad_arguments() -> None:
         LeaderElector(k8s.CoordinationV1Api(), "l", "ns", "", 15, ManualClock())
     with pytest.raises(ValueError, match="lease_seconds"):
         LeaderElector(k8s.CoordinationV1Api(), "l", "ns", "a", 0, ManualClock())
+
+
+def test_leader_election_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "tailguard.yaml"
+    config.write_text(
+        "prometheus: {url: 'http://127.0.0.1:9090'}\npolicies: [r.yaml]\n"
+        "leaderElection:\n  namespace: tailguard\n  leaseDuration: 30s\n  renewDeadline: 20s\n"
+    )
+    settings = load_settings(config)
+    assert settings.leaderElection is not None
+    monkeypatch.setenv("POD_NAME", "tailguard-7f9c-abcde")
+    elector = settings.leaderElection.elector(k8s.CoordinationV1Api(), ManualClock())
+    assert (elector.name, elector.namespace, elector.identity) == ("tailguard", "tailguard", "tailguard-7f9c-abcde")
+    assert (elector.lease_seconds, elector.renew_deadline) == (30.0, 20.0)
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ("  namespace: tailguard\n  leaseDuration: 10s\n  renewDeadline: 20s\n", "renewDeadline <= leaseDuration"),
+        ("  namespace: tailguard\n  leaseNme: x\n", "leaderElection.leaseNme: unknown field"),
+        ("  leaseName: x\n", "leaderElection.namespace"),
+    ],
+)
+def test_leader_election_settings_errors_are_located(tmp_path: Path, section: str, message: str) -> None:
+    config = tmp_path / "tailguard.yaml"
+    config.write_text("prometheus: {url: 'http://127.0.0.1:9090'}\npolicies: [r.yaml]\nleaderElection:\n" + section)
+    with pytest.raises(SettingsError) as raised:
+        load_settings(config)
+    text = str(raised.value)
+    assert message in text and f"{config}:" in text
