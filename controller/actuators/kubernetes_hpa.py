@@ -175,6 +175,22 @@ class EventRecorder:
         return True
 
 
+def cluster_api_client(*, in_cluster: bool = True, kubeconfig: str | None = None) -> k8s.ApiClient:
+    """An ApiClient for the cluster tailguard runs in (or a kubeconfig), without urllib3's own retries:
+    the actuators retry boundedly themselves, and two retry layers would multiply the attempts."""
+    from kubernetes import config as k8s_config  # only where a cluster is used
+
+    configuration = k8s.Configuration()
+    if in_cluster:
+        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=configuration
+        )
+    configuration.retries = 0
+    return k8s.ApiClient(configuration)
+
+
 # ----- the HPA actuator ----------------------------------------------------------------------------------
 
 

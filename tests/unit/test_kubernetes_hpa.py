@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
@@ -16,6 +17,7 @@ from controller.actuators.kubernetes_hpa import (
     HpaBounds,
     HpaDeployer,
     KubernetesActuatorError,
+    cluster_api_client,
     plan_replicas,
 )
 from controller.clock import ManualClock
@@ -209,3 +211,15 @@ def test_metric_target(fake: FakeKubernetes) -> None:
 def test_rollback_is_refused_clearly(fake: FakeKubernetes) -> None:
     outcome = deployer(fake, ManualClock()).rollback("chat", idempotency_key="k")
     assert outcome.status is OutcomeStatus.FAILED and "Argo CD" in (outcome.error or "")
+
+
+def test_cluster_api_client_has_no_urllib3_retries(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+    )
+    api = cluster_api_client(in_cluster=False, kubeconfig=str(kubeconfig))
+    assert api.configuration.host == "http://127.0.0.1:1"
+    assert api.configuration.retries == 0
