@@ -8,12 +8,21 @@ flight gets it, ties broken round-robin. A connection failure to a replica is
 retried once on another replica of the same version (nothing reached the
 engine, so this cannot double-run a request); timeouts and HTTP errors are not.
 Each forwarded request carries an `X-Request-Id` (the client's, or a new one).
+
+The body is forwarded byte for byte, so a request's `priority` reaches vLLM unchanged (vLLM honours it when
+the version's profile sets `scheduling_policy: priority`; lower values are served first); the router also
+labels its latency histogram with it.
+
+Network/proxy overhead (`tailguard_router_proxy_overhead_seconds`, the network dimension of the SLA model):
+client-observed latency at the router (request received to response ready) minus the upstream exchange
+(request sent to the replica until its whole response was read). vLLM's completion responses carry no engine
+timing, so the upstream exchange is the engine-reported side: it is what the engine's own
+`vllm:e2e_request_latency_seconds` measures plus one loopback round trip.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import time
 import uuid
@@ -36,6 +45,8 @@ class ReplicaTarget:
     id: str
     url: str
     healthy: bool = True
+    # Relative share within its version: 100 in rotation, 50 while recovering from a failover (serving.failover).
+    weight: int = 100
 
 
 @dataclass(frozen=True)
@@ -87,7 +98,7 @@ class RouterMetrics:
         )
         self.overhead = Histogram(
             "tailguard_router_proxy_overhead_seconds",
-            "Router time not spent waiting for the replica.",
+            "Client-observed latency at the router minus the upstream exchange with the replica.",
             ["service"],
             buckets=PROXY_OVERHEAD_BUCKETS,
             registry=registry,
@@ -108,7 +119,7 @@ class Router:
         self.now = now
         self._services: dict[str, _ServiceRoutes] = {}
         self._in_flight: dict[str, int] = {}
-        self._round_robin = itertools.count()
+        self._replica_credit: dict[str, int] = {}  # smooth WRR state per replica
         self._timeout = aiohttp.ClientTimeout(total=upstream_timeout_s, connect=connect_timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
@@ -132,12 +143,20 @@ class Router:
         return next((s for s in self._services.values() if s.model == model), None)
 
     def _pick_replica(self, version: VersionTarget, exclude: set[str]) -> ReplicaTarget | None:
-        healthy = [r for r in version.replicas if r.healthy and r.id not in exclude]
+        """Fewest requests in flight per unit of weight; ties go by smooth weighted round-robin.
+
+        With equal weights this is least-loaded with round-robin ties; a replica at weight 50 gets half the
+        share of one at 100, both when idle (the round-robin) and under load (in flight / weight).
+        """
+        healthy = [r for r in version.replicas if r.healthy and r.weight > 0 and r.id not in exclude]
         if not healthy:
             return None
-        offset = next(self._round_robin) % len(healthy)
-        rotated = healthy[offset:] + healthy[:offset]
-        return min(rotated, key=lambda r: self._in_flight.get(r.id, 0))
+        total = sum(r.weight for r in healthy)
+        for r in healthy:
+            self._replica_credit[r.id] = self._replica_credit.get(r.id, 0) + r.weight
+        best = min(healthy, key=lambda r: (self._in_flight.get(r.id, 0) / r.weight, -self._replica_credit[r.id]))
+        self._replica_credit[best.id] -= total
+        return best
 
     # -- HTTP ------------------------------------------------------------------------------------
     async def _start(self, _: web.Application) -> Any:
