@@ -178,6 +178,12 @@ def _number(value: Any) -> str:
 def _attribution_text(attribution: Any) -> str | None:
     if not attribution:
         return None
+    if isinstance(attribution, Mapping) and "status" in attribution:
+        # The engine's shape (Attribution.to_json): {status, reason, rollout: {...}, seconds_before_onset}.
+        rollout = attribution.get("rollout")
+        if attribution.get("status") != "attributed" or not isinstance(rollout, Mapping):
+            return f"not attributed to a rollout: {attribution.get('reason') or attribution.get('status')}"
+        return str(attribution.get("reason") or _attribution_text(rollout))
     if isinstance(attribution, Mapping):
         revision = attribution.get("revision")
         previous = attribution.get("previous_revision")
@@ -205,7 +211,9 @@ def decision_text(decision: Mapping[str, Any]) -> str:
         f"reason: {decision.get('reason', '')}",
     ]
     branch = decision.get("branch")
-    if branch:
+    if isinstance(branch, Mapping):  # the engine's shape (BranchChoice.to_json): {name, reason}
+        lines.append(f"branch: {branch.get('name')} ({branch.get('reason')})")
+    elif branch:
         lines.append(f"branch: {branch}")
     attribution = _attribution_text(decision.get("attribution"))
     lines.append(attribution or "not attributed to a rollout")
@@ -312,6 +320,11 @@ class GrafanaAnnotator:
         text = decision_text(decision)
         lookup = [ref, "region"]
         if kind == "resolve":
+            # A resolve decision carries no attribution nor branch: keep the opening's text (the why) and add the end.
+            opening = self.outbox.get(f"grafana:{ref}:fire") or self.outbox.get(f"grafana:{ref}:open")
+            opened_text = (opening.payload.get("body") or {}).get("text") if opening is not None else None
+            if isinstance(opened_text, str) and opened_text:
+                text = f"{opened_text}\nresolved: {decision.get('reason', '')} (value {_number(decision.get('value'))})"
             end = float(decision.get("resolved_at") or decision.get("at") or self.clock.now())
             body = self._body(onset, text, [*tags, "resolved"], end)
             patch = {key: body[key] for key in ("time", "timeEnd", "text", "tags") if key in body}
