@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from serving.failover import FailoverState, Rotation
 from serving.profiles import EngineProfile
-from serving.vllm_args import profile_cli_args
+from serving.vllm_args import platform_args, profile_cli_args
 from serving.warmup import WarmupResult, warm_up
 
 log = logging.getLogger("tailguard.serving.supervisor")
@@ -394,5 +394,6 @@ def vllm_command(
         "--enforce-eager",
         "--disable-uvicorn-access-log",
         *profile_cli_args(profile),
+        *platform_args(),
         *extra_args,
     ]

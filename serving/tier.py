@@ -40,7 +40,7 @@ import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
@@ -48,6 +48,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from serving.profiles import EngineProfile, profile_from_dict, resolve_profile
 from serving.router import ReplicaTarget, Router, VersionTarget
 from serving.simulator import ReplicaEngine, make_replica_app
+from serving.supervisor import Replica, ReplicaSpec, Supervisor, free_port, vllm_command, vllm_environment
+from serving.tiny_model import DEFAULT_MODEL_DIR, TinyModelError, ensure_tiny_model
+from serving.vllm_args import platform_args, profile_cli_args, validate_cli_args
 from serving.yamlfile import ConfigFileError, load_yaml_model
 
 STATE_FILE = "state.json"
@@ -75,10 +78,29 @@ class PortsConfig(_Strict):
     router: int = Field(0, ge=0, le=65535)
 
 
+class VllmConfig(_Strict):
+    """Real vLLM replicas (engine: vllm): where the serving virtualenv and the model are, and how to watch them.
+
+    Relative paths are relative to the current directory (the project root under `make`).
+    """
+
+    serving_python: str = ".venv-serving/bin/python"
+    model_dir: str = str(DEFAULT_MODEL_DIR)
+    extra_args: list[str] = Field(default_factory=list)
+    startup_timeout_s: float = Field(300.0, gt=0)
+    health_interval_s: float = Field(2.0, gt=0)
+    warmup_completions: int = Field(3, ge=0)
+    # vLLM's parser runs before every rollout; off only for tests of the tier's own logic.
+    validate_profiles: bool = True
+
+
 class TierConfig(_Strict):
     services: list[ServiceConfig] = Field(min_length=1)
     ports: PortsConfig = Field(default_factory=PortsConfig)
     profiles_dir: str | None = None
+    # simulator: in-process simulated replicas (fast tests); vllm: supervised real vLLM processes.
+    engine: Literal["simulator", "vllm"] = "simulator"
+    vllm: VllmConfig = Field(default_factory=VllmConfig)
 
 
 def load_tier_config(path: str | Path) -> TierConfig:
@@ -219,11 +241,17 @@ class RunningReplica:
     id: str
     service: str
     version: str
-    engine: ReplicaEngine
-    runner: web.AppRunner
+    engine: ReplicaEngine | None  # simulator replicas
+    runner: web.AppRunner | None  # simulator replicas
     url: str
     port: int
     draining: bool = False
+    supervised: Replica | None = None  # vLLM replicas
+
+    @property
+    def weight(self) -> int:
+        """Routing weight: simulator replicas are always in; a vLLM replica only once warm (failover aside)."""
+        return self.supervised.weight if self.supervised is not None else 100
 
 
 @dataclass
@@ -238,6 +266,18 @@ class Tier:
     router: Router = field(default_factory=Router)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _background: set[asyncio.Task[None]] = field(default_factory=set)
+    supervisor: Supervisor | None = None
+    _validated: dict[tuple[str, ...], str] = field(default_factory=dict)  # vLLM args -> '' or the refusal
+
+    def __post_init__(self) -> None:
+        if self.config.engine == "vllm":
+            self.supervisor = Supervisor(
+                on_change=self._replicas_changed,
+                registry=self.router.registry,
+                startup_timeout_s=self.config.vllm.startup_timeout_s,
+                health_interval_s=self.config.vllm.health_interval_s,
+                warmup_completions=self.config.vllm.warmup_completions,
+            )
 
     # -- persistence ---
     def load_state(self) -> None:
@@ -284,11 +324,49 @@ class Tier:
         return resolve_profile(name, dirs)
 
     # -- replicas ---
+    def _serving_python(self) -> Path:
+        # absolute(), not resolve(): the venv's python is a symlink, and resolving it escapes the venv.
+        return Path(self.config.vllm.serving_python).absolute()
+
+    async def prepare_engine(self) -> None:
+        """engine: vllm needs the tiny model on disk before the first replica starts (built once, cached)."""
+        if self.config.engine == "vllm":
+            await asyncio.to_thread(ensure_tiny_model, self._serving_python(), Path(self.config.vllm.model_dir))
+
+    def _start_vllm_replica(self, service: ServiceState, version: str, replica_id: str, profile: EngineProfile) -> None:
+        assert self.supervisor is not None
+        port = free_port()
+        command = vllm_command(
+            self._serving_python(),
+            Path(self.config.vllm.model_dir).absolute(),
+            service.model,
+            port,
+            profile,
+            self.config.vllm.extra_args,
+        )
+        spec = ReplicaSpec(
+            id=replica_id,
+            service=service.name,
+            version=version,
+            model=service.model,
+            command=tuple(command),
+            port=port,
+            log_path=self.state_dir / "replicas" / f"{replica_id}.log",
+            env=vllm_environment(self.state_dir / "vllm-cache" / replica_id),
+        )
+        supervised = self.supervisor.start(spec)
+        self.replicas[replica_id] = RunningReplica(
+            replica_id, service.name, version, None, None, spec.url, port, supervised=supervised
+        )
+
     async def _start_replica(self, service: ServiceState, version: str, index: int) -> None:
         revision = service.revision(int(version[1:]))
         assert revision is not None
         replica_id = f"{service.name}-{version}-{index}"
         profile = profile_from_dict(revision.profile, f"{service.name} {version}")
+        if self.config.engine == "vllm":
+            self._start_vllm_replica(service, version, replica_id, profile)
+            return
         engine = ReplicaEngine(profile, service.model, hostname=replica_id, seed=zlib.crc32(replica_id.encode()))
         runner = web.AppRunner(make_replica_app(engine, (service.model, service.name)), access_log=None)
         await runner.setup()
@@ -303,10 +381,13 @@ class Tier:
         replica.draining = True
         deadline = asyncio.get_running_loop().time() + DRAIN_TIMEOUT_S
         while (
-            replica.engine.in_flight or self.router.in_flight(replica.id)
+            (replica.engine is not None and replica.engine.in_flight) or self.router.in_flight(replica.id)
         ) and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
-        await replica.runner.cleanup()
+        if replica.runner is not None:
+            await replica.runner.cleanup()
+        if replica.supervised is not None and self.supervisor is not None:
+            await self.supervisor.stop(replica.id)
         self.replicas.pop(replica.id, None)
 
     def _drain_in_background(self, replica: RunningReplica) -> None:
@@ -322,9 +403,6 @@ class Tier:
     async def reconcile(self, name: str) -> None:
         """Start and stop replicas until the running ones match the service state; then update the router."""
         service = self.services[name]
-        for replica in list(self.replicas.values()):
-            if replica.service == name and replica.version not in service.weights and not replica.draining:
-                self._drain_in_background(replica)
         for version, count in service.replicas.items():
             live = self._live(name, version)
             for replica in live[count:]:
@@ -340,14 +418,54 @@ class Tier:
                     index += 1
                 used.add(index)
                 await self._start_replica(service, version, index)
-        self.router.set_service(
-            name,
-            service.model,
-            [
-                VersionTarget(version, weight, tuple(ReplicaTarget(r.id, r.url) for r in self._live(name, version)))
-                for version, weight in sorted(service.weights.items(), key=lambda item: int(item[0][1:]))
-            ],
+        self._sync(name)
+
+    def _ready(self, name: str) -> bool:
+        """Whether a live (weighted) version of the service has a replica that may take traffic."""
+        service = self.services[name]
+        return any(r.weight > 0 for version in service.weights for r in self._live(name, version))
+
+    def _sync(self, name: str) -> None:
+        """Retire superseded versions once the live ones can serve, and give the router the serving replicas.
+
+        Shadow warm-up: until a new version's replicas passed warm-up (vLLM takes tens of seconds to start),
+        the versions it replaces keep serving, so a rollout or rollback never leaves the service without
+        replicas. Simulator replicas are ready at once, so for them this is the old immediate replacement.
+        """
+        service = self.services[name]
+        # Simulator replicas start serving at once: the live versions replace the old ones immediately.
+        ready = self.config.engine == "simulator" or self._ready(name)
+        superseded = sorted(
+            {r.version for r in self.replicas.values() if r.service == name and r.version not in service.weights},
+            key=lambda v: int(v[1:]),
         )
+        if ready:
+            for replica in list(self.replicas.values()):
+                if replica.service == name and replica.version not in service.weights and not replica.draining:
+                    self._drain_in_background(replica)
+        targets = [
+            VersionTarget(
+                version,
+                weight,
+                tuple(ReplicaTarget(r.id, r.url, weight=r.weight) for r in self._live(name, version) if r.weight > 0),
+            )
+            for version, weight in sorted(service.weights.items(), key=lambda item: int(item[0][1:]))
+        ]
+        if not ready:
+            targets += [
+                VersionTarget(
+                    version,
+                    100,
+                    tuple(ReplicaTarget(r.id, r.url, weight=r.weight) for r in self._live(name, version) if r.weight),
+                )
+                for version in superseded
+            ]
+        self.router.set_service(name, service.model, targets)
+
+    def _replicas_changed(self) -> None:
+        """The supervisor's callback: a replica became warm, left or rejoined rotation, or crashed."""
+        for name in self.services:
+            self._sync(name)
 
     # -- views ---
     def service_json(self, service: ServiceState) -> dict[str, Any]:
@@ -356,7 +474,10 @@ class Tier:
                 "version": version,
                 "revision": int(version[1:]),
                 "weight": weight,
-                "replicas": [{"id": r.id, "url": r.url, "healthy": True} for r in self._live(service.name, version)],
+                "replicas": [
+                    {"id": r.id, "url": r.url, "healthy": r.weight > 0, "weight": r.weight}
+                    for r in self._live(service.name, version)
+                ],
             }
             for version, weight in sorted(service.weights.items(), key=lambda item: int(item[0][1:]))
         ]
@@ -492,6 +613,11 @@ class Tier:
                         return web.json_response({**self.idempotency[key]["answer"], "replayed": True})
                     if name not in self.services:
                         return _error(404, f"unknown service {name!r}")
+                    if operation == self.rollout and self.config.engine == "vllm":
+                        try:
+                            await self._validate_rollout(body)
+                        except ApiError as exc:
+                            return _error(exc.status, exc.message)
                     snapshot = json.dumps(self.services[name].to_json())
                     try:
                         answer = operation(name, body)
@@ -542,12 +668,48 @@ class Tier:
         app.router.add_get("/api/v1/sd", sd)
         return app
 
+    async def _validate_rollout(self, body: dict[str, Any]) -> None:
+        """engine: vllm: the profile must pass vLLM's own argument parser, or it is never deployed (422)."""
+        if not self.config.vllm.validate_profiles:
+            return
+        try:
+            if isinstance(body.get("profile"), dict):
+                profile = profile_from_dict(body["profile"], "rollout body: profile")
+            elif isinstance(body.get("profile_name"), str):
+                profile = self._resolve(body["profile_name"])
+            else:
+                return  # rollout() answers the malformed body with its own 400
+        except ConfigFileError:
+            return  # likewise: rollout() names the field
+        args = (*profile_cli_args(profile), *platform_args(), *self.config.vllm.extra_args)
+        if args not in self._validated:
+            result = await asyncio.to_thread(
+                validate_cli_args, self._serving_python(), list(args), Path(self.config.vllm.model_dir).absolute()
+            )
+            self._validated[args] = "" if result.ok else result.error
+        refusal = self._validated[args]
+        if refusal:
+            raise ApiError(422, f"vLLM refuses profile {profile.name!r}: {refusal}")
+
     async def stop(self) -> None:
         for task in list(self._background):
             task.cancel()
         for replica in list(self.replicas.values()):
-            await replica.runner.cleanup()
+            if replica.runner is not None:
+                await replica.runner.cleanup()
+        if self.supervisor is not None:
+            await self.supervisor.stop_all()
         self.replicas.clear()
+
+    async def wait_ready(self, timeout_s: float) -> bool:
+        """Wait until every service with replicas has one that may take traffic (vLLM start-up + warm-up)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            if all(self._ready(name) or not any(self.services[name].replicas.values()) for name in self.services):
+                return True
+            await asyncio.sleep(0.5)
+        return False
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -566,8 +728,13 @@ async def serve(
     tier.load_state()
     runners: list[web.AppRunner] = []
     try:
+        await tier.prepare_engine()
         for name in tier.services:
             await tier.reconcile(name)
+        if config.engine == "vllm" and not await tier.wait_ready(config.vllm.startup_timeout_s):
+            raise ConfigFileError(
+                "engine: vllm", 0, "", f"no replica became ready; see the logs in {state_dir / 'replicas'}"
+            )
         urls = []
         for app, port in ((tier.router.app(), config.ports.router), (tier.control_app(), control_port)):
             runner = web.AppRunner(app, access_log=None)
@@ -597,9 +764,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="tier config YAML (services, ports, profiles_dir)")
     parser.add_argument("--state-dir", required=True, help="directory for state.json (revisions, idempotency)")
     parser.add_argument("--port", type=int, default=None, help="control API port (0 = any free port)")
+    parser.add_argument("--engine", choices=("simulator", "vllm"), default=None, help="override the config's engine")
     args = parser.parse_args(argv)
     try:
         config = load_tier_config(args.config)
+        if args.engine is not None:
+            config = config.model_copy(update={"engine": args.engine})
         state_dir = Path(args.state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
     except (ConfigFileError, OSError) as exc:
@@ -622,6 +792,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigFileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except TinyModelError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"error: cannot listen: {exc}", file=sys.stderr)
         return 1

