@@ -1,0 +1,522 @@
+"""Reproducible training/evaluation data for the SLA model: the serving tier's model run in virtual time.
+
+    python -m predictors.dataset generate --seed 7 --hours 2 --out DIR [--start UNIX] [--trace conv|code]
+    python -m predictors.dataset generate --seed 7 --hours 2 --out DIR --backfill     # + TSDB blocks (promtool)
+    python -m predictors.dataset live --out DIR --minutes 10 [--rate-scale 2]         # real tier, real scrape
+
+`generate` replays the Azure LLM inference trace (serving/data/) through the tier's continuous-batching
+model (serving.batching.BatchingModel, the same core the simulated vLLM replicas run) in VIRTUAL time, so
+hours take minutes. A seeded scenario varies, segment by segment: load (ramps and surges of the trace's
+rate), capacity (replicas 1-4), bad-config rollouts (profiles bad-max-num-seqs, small-kv-cache), network
+delay and jitter injected at the router, and CPU contention (engine steps slowed by a factor). Every
+scrape interval it records what the real tier exposes: each replica's vLLM metrics (serving.vllm_metrics,
+same names, labels and buckets), DCGM HBM/DRAM gauges, a process CPU counter, and the router's latency and
+proxy-overhead histograms, with the labels the tier's service discovery adds (namespace, service, version,
+replica). The output is OpenMetrics (`DIR/history.om`, byte-identical for a seed) plus `DIR/scenario.json`;
+`--backfill` turns it into Prometheus TSDB blocks in `DIR/data` with promtool
+(serving.promstack.backfill_openmetrics) for a real Prometheus to serve: `prometheus
+--storage.tsdb.path=DIR/data ...`.
+
+`live` drives the real tier process (python -m serving.tier) with the trace replayer in real time and a
+real Prometheus scraping it, for spot checks of the virtual path; its data dir is left in DIR/data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import random
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter
+from tqdm import tqdm
+
+from serving.batching import BatchingModel, RequestRejected, SimRequest
+from serving.load import BUILTIN_TRACES, TraceRequest, read_trace
+from serving.profiles import PROFILES_DIR, EngineProfile, load_profile
+from serving.router import RouterMetrics
+from serving.vllm_metrics import ITL_BUCKETS, DcgmCollector, HbmModel, VllmMetrics
+
+DEFAULT_START = 1_767_225_600.0  # 2026-01-01T00:00:00Z: fixed, so the blocks are reproducible
+SCRAPE_INTERVAL_S = 15.0
+NAMESPACE = "llm"
+SERVICE = "chat"
+MODEL = "llama-3-8b-instruct"
+TOKEN_SCALE = 0.25
+# Families the features and SLIs read (predictors.features); the rest of a vLLM page is not written.
+RECORDED_PREFIXES = (
+    "vllm:request_success",
+    "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens",
+    "vllm:num_requests_waiting",
+    "vllm:num_requests_running",
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_preemptions",
+    "vllm:prefix_cache_",
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_inference_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "DCGM_FI_",
+    "process_cpu_seconds",
+    "tailguard_router_request_duration_seconds",
+    "tailguard_router_proxy_overhead_seconds",
+    "tailguard_router_requests",
+)
+PROFILE_CHOICES = (("stable", 0.72), ("bad-max-num-seqs", 0.1), ("small-kv-cache", 0.1), ("high-memory", 0.08))
+
+
+class DatasetError(ValueError):
+    """Bad arguments for the generator (one clear sentence)."""
+
+
+# -- scenario --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One stretch of the scenario; rate, contention and network delay ramp linearly from start to end."""
+
+    start: float  # seconds since the scenario start
+    end: float
+    profile: str
+    replicas: int
+    rate_from: float
+    rate_to: float
+    contention_from: float
+    contention_to: float
+    delay_from: float  # router-added network delay, seconds
+    delay_to: float
+    jitter: float  # stdev of the added delay, seconds
+
+    def at(self, t: float, low: float, high: float) -> float:
+        share = 0.0 if self.end <= self.start else min(1.0, max(0.0, (t - self.start) / (self.end - self.start)))
+        return low + (high - low) * share
+
+
+def make_scenario(seed: int, duration_s: float) -> list[Segment]:
+    """The seeded sequence of segments covering [0, duration_s).
+
+    Load is a multiple of the trace's own rate (~5 requests/s) per replica: 1.5-5x is 20-70% of a stable
+    replica's capacity at TOKEN_SCALE; surges ramp to 7-12x (over capacity, so queues build over minutes).
+    """
+    rng = random.Random(seed)
+    segments: list[Segment] = []
+    t = 0.0
+    replicas = 2
+    rate = 3.0 * replicas
+    profile = "stable"
+    while t < duration_s:
+        end = min(duration_s, t + rng.uniform(120.0, 360.0))
+        if rng.random() < 0.3:
+            profile = _weighted(rng, PROFILE_CHOICES) if profile == "stable" else "stable"
+        if rng.random() < 0.3:
+            replicas = rng.randint(1, 4)
+        roll = rng.random()
+        target = rng.uniform(7.0, 12.0) * replicas if roll < 0.3 else rng.uniform(1.5, 5.0) * replicas
+        contention = (1.0, rng.uniform(2.0, 4.0)) if rng.random() < 0.15 else (1.0, 1.0)
+        if rng.random() < 0.15:
+            delay, jitter = (0.005, rng.uniform(0.4, 1.5)), rng.uniform(0.05, 0.3)
+        else:
+            delay, jitter = (0.005, 0.005), 0.002
+        segments.append(Segment(t, end, profile, replicas, rate, target, *contention, *delay, jitter))
+        rate = target
+        t = end
+    return segments
+
+
+def _weighted(rng: random.Random, choices: Sequence[tuple[str, float]]) -> str:
+    roll = rng.random() * sum(w for _, w in choices)
+    for name, weight in choices:
+        roll -= weight
+        if roll <= 0:
+            return name
+    return choices[-1][0]
+
+
+def segment_at(segments: Sequence[Segment], t: float) -> Segment:
+    for segment in segments:
+        if segment.start <= t < segment.end:
+            return segment
+    return segments[-1]
+
+
+@dataclass(frozen=True)
+class Arrival:
+    at: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+def arrivals(trace: Sequence[TraceRequest], segments: Sequence[Segment], duration_s: float) -> Iterator[Arrival]:
+    """The trace looped over the scenario, thinned or duplicated by the segment's rate (deterministic credit)."""
+    if not trace:
+        return
+    period = trace[-1].offset + 1.0
+    credit = 0.0
+    loop = 0
+    while True:
+        for item in trace:
+            t = loop * period + item.offset
+            if t >= duration_s:
+                return
+            segment = segment_at(segments, t)
+            credit += segment.at(t, segment.rate_from, segment.rate_to)
+            copies = int(credit)
+            credit -= copies
+            for copy in range(copies):
+                yield Arrival(
+                    t + copy * 0.001,
+                    max(1, round(item.prompt_tokens * TOKEN_SCALE)),
+                    max(1, round(item.output_tokens * TOKEN_SCALE)),
+                )
+        loop += 1
+
+
+# -- the simulated tier ------------------------------------------------------------------------------
+
+
+class _Request(SimRequest):
+    """A SimRequest compared by identity: BatchingModel tests membership in its running list, and the
+    dataclass field-by-field __eq__ made that quadratic cost dominate the whole simulation."""
+
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+
+@dataclass
+class _Replica:
+    name: str
+    version: str
+    profile: EngineProfile
+    core: BatchingModel
+    registry: CollectorRegistry
+    metrics: VllmMetrics
+    hbm: HbmModel
+    cpu: Counter
+    draining: bool = False
+    step_end: float | None = None
+    plan: Any = None
+    prefix_seen: tuple[int, int] = (0, 0)
+    in_flight: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+class VirtualTier:
+    """One service: replicas of BatchingModel behind a least-loaded router, all in virtual time."""
+
+    def __init__(self, seed: int, start: float):
+        self.rng = random.Random(seed + 1)
+        self.start = start
+        self.now = start
+        self.replicas: list[_Replica] = []
+        self.version_number = 0
+        self.profile_name = ""
+        self.profiles: dict[str, EngineProfile] = {}
+        self.router_registry = CollectorRegistry()
+        self.router = RouterMetrics(self.router_registry)
+        self.counter = 0
+        self.contention = 1.0
+
+    def _profile(self, name: str) -> EngineProfile:
+        if name not in self.profiles:
+            self.profiles[name] = load_profile(PROFILES_DIR / f"{name}.yaml")
+        return self.profiles[name]
+
+    def configure(self, segment: Segment) -> None:
+        """Apply a segment's capacity: a new profile is a rollout (new version); replica counts change."""
+        active = [r for r in self.replicas if not r.draining]
+        if segment.profile != self.profile_name:
+            self.profile_name = segment.profile
+            self.version_number += 1
+            for replica in active:
+                replica.draining = True
+            active = []
+        while len(active) < segment.replicas:
+            active.append(self._new_replica())
+        for replica in active[segment.replicas :]:
+            replica.draining = True
+
+    def _new_replica(self) -> _Replica:
+        self.counter += 1
+        profile = self._profile(self.profile_name)
+        version = f"r{self.version_number}"
+        name = f"{SERVICE}-{version}-{self.counter}"
+        registry = CollectorRegistry()
+        metrics = VllmMetrics(registry, MODEL)
+        hbm = HbmModel(profile, lambda: self.now)
+        registry.register(DcgmCollector(hbm, name))
+        cpu = Counter("process_cpu_seconds", "Total user and system CPU time spent in seconds.", registry=registry)
+        metrics.set_queue_state(0, 0, 0.0)
+        replica = _Replica(name, version, profile, BatchingModel(profile), registry, metrics, hbm, cpu)
+        replica.labels = {
+            "namespace": NAMESPACE,
+            "service": SERVICE,
+            "version": version,
+            "replica": name,
+            "job": "vllm",
+            "instance": f"{name}:8000",
+        }
+        self.replicas.append(replica)
+        return replica
+
+    def route(self, arrival: Arrival, network_delay: float) -> None:
+        candidates = [r for r in self.replicas if not r.draining]
+        replica = min(candidates, key=lambda r: (r.core.num_running + r.core.num_waiting, r.name))
+        request = _Request(f"q{id(arrival)}", arrival.prompt_tokens, arrival.output_tokens, arrival.at)
+        try:
+            replica.core.add(request)
+        except RequestRejected:
+            self.router.requests.labels(SERVICE, replica.version, "400").inc()
+            return
+        request.network_delay = network_delay  # type: ignore[attr-defined]
+        replica.in_flight += 1
+        if replica.step_end is None:
+            self._start_step(replica, arrival.at)
+
+    def _start_step(self, replica: _Replica, now: float) -> None:
+        plan = replica.core.plan_step(now)
+        if plan.empty:
+            replica.step_end = None
+            replica.plan = None
+            return
+        plan = dataclasses.replace(plan, duration=plan.duration * self.contention)
+        replica.plan = plan
+        replica.step_end = now + plan.duration
+
+    def finish_step(self, replica: _Replica) -> None:
+        assert replica.plan is not None and replica.step_end is not None
+        plan, ended = replica.plan, replica.step_end
+        outcome = replica.core.finish_step(plan, ended)
+        core = replica.core
+        replica.metrics.observe_step(
+            outcome, core.prefix_cache_queries - replica.prefix_seen[0], core.prefix_cache_hits - replica.prefix_seen[1]
+        )
+        replica.prefix_seen = (core.prefix_cache_queries, core.prefix_cache_hits)
+        kv_tokens = (core.num_blocks - core.free_blocks) * core.block_size
+        replica.hbm.record_step(ended, plan.num_tokens, kv_tokens)
+        # The engine's scheduler/tokenizer CPU per step grows with the batch; contention stretches it too.
+        replica.cpu.inc(plan.duration * 0.25 + 0.0004 * (len(plan.decode) + len(plan.prefill)) * self.contention)
+        for request in outcome.finished:
+            _observe_finished(replica.metrics, request)
+            replica.in_flight -= 1
+            delay = float(getattr(request, "network_delay", 0.0))
+            assert request.finished_at is not None
+            self.router.duration.labels(SERVICE, replica.version, "0").observe(
+                request.finished_at - request.arrival + delay + 0.0008
+            )
+            self.router.requests.labels(SERVICE, replica.version, "200").inc()
+            self.router.overhead.labels(SERVICE).observe(delay + 0.0008)
+        self._start_step(replica, ended)
+
+    def retire_drained(self) -> None:
+        self.replicas = [r for r in self.replicas if not (r.draining and r.in_flight == 0 and not r.core.has_work)]
+
+
+def _observe_finished(metrics: VllmMetrics, request: SimRequest) -> None:
+    """VllmMetrics.observe_finished, with the per-token inter-token latencies added in bulk.
+
+    Observing every gap through prometheus_client costs more than the whole simulation; the bulk add
+    below gives the same bucket counts and sum (it uses the client's value objects directly).
+    """
+    gaps = np.asarray(request.inter_token_latencies, dtype=np.float64)
+    request.inter_token_latencies = []
+    metrics.observe_finished(request)
+    if gaps.shape[0] == 0:
+        return
+    child = metrics.itl.labels(**metrics.labels)
+    bounds = np.asarray(ITL_BUCKETS + (math.inf,))
+    per_bucket = np.bincount(np.searchsorted(bounds, gaps, side="left"), minlength=bounds.shape[0])
+    for value, count in zip(child._buckets, per_bucket, strict=True):
+        if count:
+            value.inc(float(count))
+    child._sum.inc(float(gaps.sum()))
+
+
+# -- recording ---------------------------------------------------------------------------------------
+
+
+class Recorder:
+    """OpenMetrics text, one block of lines per family (OpenMetrics wants a family's samples together)."""
+
+    def __init__(self) -> None:
+        self.families: dict[str, tuple[str, list[str]]] = {}
+        self.samples = 0
+
+    def scrape(self, registry: CollectorRegistry, labels: dict[str, str], timestamp: float) -> None:
+        stamp = f"{timestamp:.3f}".rstrip("0").rstrip(".")
+        for metric in registry.collect():
+            if not metric.name.startswith(RECORDED_PREFIXES):
+                continue
+            kind = metric.type if metric.type in ("counter", "gauge", "histogram") else "gauge"
+            _, lines = self.families.setdefault(metric.name, (kind, []))
+            for sample in metric.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                merged = {**sample.labels, **labels}
+                rendered = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(merged.items()))
+                lines.append(f"{sample.name}{{{rendered}}} {_number(sample.value)} {stamp}")
+                self.samples += 1
+
+    def render(self) -> str:
+        out: list[str] = []
+        for name, (kind, lines) in self.families.items():
+            out.append(f"# TYPE {name} {kind}")
+            out.extend(lines)
+        out.append("# EOF")
+        return "\n".join(out) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+@dataclass(frozen=True)
+class GeneratedDataset:
+    openmetrics: str
+    samples: int
+    start: float
+    end: float
+    segments: list[Segment]
+    requests: int
+    scrape_interval_s: float = SCRAPE_INTERVAL_S
+
+
+def generate(
+    seed: int,
+    duration_s: float,
+    *,
+    start: float = DEFAULT_START,
+    trace: str = "conv",
+    segments: Sequence[Segment] | None = None,
+    scrape_interval_s: float = SCRAPE_INTERVAL_S,
+    profiles: Mapping[str, EngineProfile] | None = None,
+    progress: bool = False,
+) -> GeneratedDataset:
+    """Run the scenario of `seed` for `duration_s` virtual seconds; pure apart from reading the trace file."""
+    if scrape_interval_s <= 0 or duration_s < scrape_interval_s:
+        raise DatasetError(f"duration ({duration_s:g}s) must be at least one scrape interval ({scrape_interval_s:g}s)")
+    path = BUILTIN_TRACES.get(trace, Path(trace))
+    requests = read_trace(path)
+    segments = list(segments) if segments is not None else make_scenario(seed, duration_s)
+    tier = VirtualTier(seed, start)
+    tier.profiles.update(profiles or {})  # named in segments in addition to serving/profiles/*.yaml
+    recorder = Recorder()
+    rng = random.Random(seed + 2)
+    pending = arrivals(requests, segments, duration_s)
+    next_arrival = next(pending, None)
+    next_scrape = start
+    end = start + duration_s
+    current: Segment | None = None
+    routed = 0
+    bar = tqdm(total=int(duration_s), unit="vs", desc="virtual seconds", disable=not progress)
+    while next_scrape <= end:
+        steps = [(r.step_end, i) for i, r in enumerate(tier.replicas) if r.step_end is not None]
+        next_step = min(steps) if steps else None
+        arrival_at = start + next_arrival.at if next_arrival is not None else math.inf
+        step_at = next_step[0] if next_step is not None else math.inf
+        if next_scrape <= arrival_at and next_scrape <= step_at:
+            tier.now = next_scrape
+            for replica in tier.replicas:
+                # Gauges only matter when scraped: set them here, not after every step (same values).
+                core = replica.core
+                replica.metrics.set_queue_state(core.num_running, core.num_waiting, core.kv_cache_usage)
+                recorder.scrape(replica.registry, replica.labels, next_scrape)
+            recorder.scrape(
+                tier.router_registry, {"namespace": NAMESPACE, "job": "router", "instance": "router:8080"}, next_scrape
+            )
+            tier.retire_drained()
+            bar.update(int(scrape_interval_s))
+            next_scrape += scrape_interval_s
+            continue
+        if arrival_at <= step_at:
+            assert next_arrival is not None
+            t = next_arrival.at
+            segment = segment_at(segments, t)
+            if segment is not current:
+                tier.configure(segment)
+                current = segment
+            tier.now = start + t
+            tier.contention = segment.at(t, segment.contention_from, segment.contention_to)
+            delay = max(0.0, rng.gauss(segment.at(t, segment.delay_from, segment.delay_to), segment.jitter))
+            tier.route(dataclasses.replace(next_arrival, at=start + t), delay)
+            routed += 1
+            next_arrival = next(pending, None)
+            continue
+        assert next_step is not None
+        tier.now = step_at
+        tier.finish_step(tier.replicas[next_step[1]])
+    bar.close()
+    return GeneratedDataset(recorder.render(), recorder.samples, start, end, segments, routed, scrape_interval_s)
+
+
+# -- command line ------------------------------------------------------------------------------------
+
+
+def write_dataset(dataset: GeneratedDataset, out: Path, *, backfill: bool) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "history.om").write_text(dataset.openmetrics, encoding="utf-8")
+    summary = {
+        "start": dataset.start,
+        "end": dataset.end,
+        "samples": dataset.samples,
+        "requests": dataset.requests,
+        "scrape_interval_s": dataset.scrape_interval_s,
+        "segments": [dataclasses.asdict(s) for s in dataset.segments],
+    }
+    (out / "scenario.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    if backfill:
+        from serving.promstack import backfill_openmetrics
+
+        result = backfill_openmetrics(out / "history.om", out / "data", expected_samples=dataset.samples)
+        summary["blocks"] = result.blocks
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m predictors.dataset", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    gen = commands.add_parser("generate", help="virtual-time replay through the batching model -> OpenMetrics")
+    gen.add_argument("--seed", type=int, required=True)
+    gen.add_argument("--hours", type=float, required=True)
+    gen.add_argument("--out", type=Path, required=True)
+    gen.add_argument("--start", type=float, default=DEFAULT_START, help="unix time of the first sample")
+    gen.add_argument("--trace", default="conv", help="conv, code or a CSV path")
+    gen.add_argument("--backfill", action="store_true", help="also write TSDB blocks to OUT/data with promtool")
+    args = parser.parse_args(argv)
+    if args.hours <= 0:
+        print("error: --hours must be positive", file=sys.stderr)
+        return 2
+    try:
+        dataset = generate(args.seed, args.hours * 3600.0, start=args.start, trace=args.trace, progress=True)
+        summary = write_dataset(dataset, args.out, backfill=args.backfill)
+    except (DatasetError, OSError, ValueError) as failed:
+        print(f"error: {failed}", file=sys.stderr)
+        return 1
+    print(
+        f"wrote {args.out}/history.om: {summary['samples']} samples, {summary['requests']} requests, "
+        f"{len(dataset.segments)} segments, {dataset.start:.0f}..{dataset.end:.0f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""`tailguard train`: fit the SLA-breach model from Prometheus history and write a versioned artifact.
+
+    tailguard train --prometheus URL --policy NAME --start T --end T --out DIR [--horizon 60s]
+        [--rules PATH] [--step 15s] [--threshold cpu=1.0] [--seed 0]
+
+The policy NAME (read from --rules, default rules/) gives the targets: its `targets.groupBy` and
+`targets.match`. SLI thresholds (seconds; breach = SLI > threshold) come from the policy's vars
+`sla_cpu_seconds`, `sla_gpu_seconds`, `sla_network_seconds` where present, else the defaults of
+predictors.features, and `--threshold DIM=SECONDS` overrides both.
+
+The rows (one per evaluation time and target, from one range query per feature) are split by TIME, never
+shuffled: the first 60% train, the next 20% validate, the last 20% are held out (each earlier part loses
+its last horizon so no label looks across a boundary). Per dimension it fits a gradient-boosted model
+(HistGradientBoostingClassifier) and a logistic-regression baseline on the training part, calibrates both
+(sigmoid) on the validation part and picks each decision threshold there (lowest probability with
+precision >= 0.9). The held-out part is only scored, never tuned on; its scores go into the artifact's
+report. Exit codes: 0 written, 1 the data or the source failed, 2 usage (bad arguments or policy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sklearn
+
+from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact
+from predictors.data import DataError, Rows, build_rows, policy_thresholds, time_split
+from predictors.evaluate import evaluate_rows, public_report, render_markdown
+from predictors.features import feature_hash, feature_names
+from predictors.modeling import calibrate, choose_threshold, fit_gbm, fit_logistic
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+DEFAULT_HORIZON_S = 60.0
+
+
+class TrainingError(ValueError):
+    pass
+
+
+def _known(rows: Rows, dimension: str) -> tuple[Any, Any]:
+    labels = rows.labels[dimension]
+    known = np.isfinite(labels)
+    return rows.X[known], labels[known].astype(np.int64)
+
+
+def fit_artifact(
+    rows: Rows,
+    *,
+    match: Mapping[str, str],
+    group_by: Sequence[str],
+    seed: int = 0,
+    now: float | None = None,
+) -> tuple[ModelArtifact, dict[str, str]]:
+    """Fit every dimension that has both classes in train and validation; returns (artifact, skipped reasons)."""
+    split = time_split(rows)
+    models: dict[str, Any] = {}
+    baselines: dict[str, Any] = {}
+    decision: dict[str, float] = {}
+    baseline_cuts: dict[str, float] = {}
+    skipped: dict[str, str] = {}
+    for dimension in DIMENSIONS:
+        x_train, y_train = _known(split.train, dimension)
+        x_val, y_val = _known(split.validation, dimension)
+        for part, y in (("training", y_train), ("validation", y_val)):
+            if dimension not in skipped and (y.shape[0] == 0 or y.min() == y.max()):
+                skipped[dimension] = (
+                    f"the {part} part has only one class ({int(y.sum())} breaches in {y.shape[0]} rows)"
+                )
+        if dimension in skipped:
+            continue
+        gbm = calibrate(fit_gbm(x_train, y_train, seed), x_val, y_val)
+        logistic = calibrate(fit_logistic(x_train, y_train), x_val, y_val)
+        models[dimension] = gbm
+        baselines[dimension] = logistic
+        decision[dimension] = choose_threshold(gbm.predict_proba(x_val)[:, 1], y_val)
+        baseline_cuts[dimension] = choose_threshold(logistic.predict_proba(x_val)[:, 1], y_val)
+    if not models:
+        raise TrainingError("no dimension could be trained: " + "; ".join(f"{d}: {r}" for d, r in skipped.items()))
+    artifact = ModelArtifact(
+        models=models,
+        feature_names=feature_names(),
+        feature_hash=feature_hash(),
+        horizon_s=rows.horizon_s,
+        thresholds=dict(rows.thresholds),
+        decision_thresholds=decision,
+        sklearn_version=sklearn.__version__,
+        trained_window=(float(rows.times.min()), float(split.boundaries[1])),
+        created_at=time.time() if now is None else now,
+        report={},
+        baselines=baselines,
+    )
+    held_out = evaluate_rows(artifact, split.test, latency_repeats=20) if len(split.test) else None
+    artifact.report = {
+        "targets": {"match": dict(match), "groupBy": list(group_by)},
+        "step_s": rows.step,
+        "baseline_thresholds": baseline_cuts,
+        "split": {
+            "train_end": split.boundaries[0],
+            "validation_end": split.boundaries[1],
+            "rows": {"train": len(split.train), "validation": len(split.validation), "test": len(split.test)},
+        },
+        "skipped": skipped,
+        "held_out": _strip_rows(public_report(held_out)) if held_out is not None else None,
+    }
+    return artifact, skipped
+
+
+def _strip_rows(report: dict[str, Any]) -> dict[str, Any]:
+    for entry in report.get("dimensions", {}).values():
+        for scores in entry["methods"].values():
+            scores.pop("lead_times", None)
+    return report
+
+
+def _threshold(text: str) -> tuple[str, float]:
+    dimension, _, value = text.partition("=")
+    if dimension not in DIMENSIONS:
+        raise argparse.ArgumentTypeError(f"expected DIM=SECONDS with DIM one of {', '.join(DIMENSIONS)}, got {text!r}")
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected DIM=SECONDS (a number), got {text!r}") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"threshold must be positive, got {text!r}")
+    return dimension, seconds
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tailguard train", description="Train the SLA-breach model.")
+    parser.add_argument("--prometheus", required=True, metavar="URL")
+    parser.add_argument("--policy", required=True, metavar="NAME", help="policy whose targets define the rows")
+    parser.add_argument("--rules", action="append", default=None, metavar="PATH", help="policies (default: rules/)")
+    parser.add_argument("--start", required=True, metavar="T", help="epoch seconds or RFC3339")
+    parser.add_argument("--end", required=True, metavar="T", help="epoch seconds or RFC3339")
+    parser.add_argument("--out", required=True, type=Path, metavar="DIR")
+    parser.add_argument("--horizon", default="60s", metavar="DURATION", help="label horizon H (default 60s)")
+    parser.add_argument("--step", default="15s", metavar="DURATION", help="evaluation step (default 15s)")
+    parser.add_argument("--threshold", action="append", type=_threshold, default=[], metavar="DIM=SECONDS")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per Prometheus request")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    from pydantic import ValidationError
+
+    from controller.backtest import UsageError, parse_time
+    from controller.clock import SystemClock
+    from controller.durations import parse_duration
+    from controller.policy_files import load_policies
+    from controller.sources.prometheus import PrometheusSettings, PrometheusSource
+
+    parser = _parser()
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit as exited:
+        return int(exited.code) if isinstance(exited.code, int) else EXIT_USAGE
+    try:
+        start, end = parse_time(args.start, "--start"), parse_time(args.end, "--end")
+        if end <= start:
+            raise UsageError(f"--end ({args.end}) must be after --start ({args.start})")
+        try:
+            horizon, step = parse_duration(args.horizon), parse_duration(args.step)
+        except ValueError as bad:
+            raise UsageError(f"--horizon/--step: {bad}") from None
+        if step <= 0 or horizon < step:
+            raise UsageError(f"--horizon ({args.horizon}) must be at least one --step ({args.step}) > 0")
+        settings = PrometheusSettings(url=args.prometheus, timeout=args.timeout)
+    except UsageError as bad:
+        print(f"tailguard train: error: {bad}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValidationError:
+        print(
+            f"tailguard train: error: --prometheus: expected an http(s):// URL, got {args.prometheus!r}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    rules = args.rules or ["rules"]
+    loaded, errors = load_policies(rules)
+    for error in errors:
+        print(f"tailguard train: {error}", file=sys.stderr)
+    chosen = [p for p in loaded if p.policy.name == args.policy]
+    if errors or not chosen:
+        if not errors:
+            names = ", ".join(sorted(p.policy.name for p in loaded)) or "none"
+            print(
+                f"tailguard train: error: no policy named {args.policy!r} under {', '.join(rules)} (found: {names})",
+                file=sys.stderr,
+            )
+        return EXIT_USAGE
+    policy = chosen[0].policy
+    try:
+        thresholds = policy_thresholds(policy, dict(args.threshold))
+    except DataError as bad:
+        print(f"tailguard train: error: {bad}", file=sys.stderr)
+        return EXIT_USAGE
+    source = PrometheusSource(settings, SystemClock())
+    try:
+        rows = build_rows(
+            source, policy.targets.match, policy.targets.groupBy, start, end, step, horizon, thresholds, progress=True
+        )
+        artifact, skipped = fit_artifact(
+            rows, match=policy.targets.match, group_by=policy.targets.groupBy, seed=args.seed
+        )
+    except (DataError, TrainingError) as bad:
+        print(f"tailguard train: error: {bad}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        source.close()
+    directory = save_artifact(artifact, args.out)
+    for dimension, reason in skipped.items():
+        print(f"tailguard train: {dimension}: not trained: {reason}", file=sys.stderr)
+    held_out = artifact.report.get("held_out")
+    if held_out:
+        print(render_markdown(held_out, "Held-out slice of the training window"))
+    print(f"wrote {directory} (dimensions {', '.join(artifact.dimensions)}; features {artifact.feature_hash[:12]})")
+    return EXIT_OK

@@ -1,0 +1,62 @@
+"""The dataset generator is reproducible from its seed and writes what the real tier exposes."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from predictors.dataset import DatasetError, Segment, generate, main, make_scenario
+from serving.profiles import EngineArgs, EngineProfile, Hardware
+
+# A deliberately slow engine keeps the simulation to a few thousand steps.
+SLOW = EngineProfile(
+    name="slow",
+    model="m",
+    engineArgs=EngineArgs(max_num_seqs=8),
+    hardware=Hardware(decode_step_base_s=0.05, decode_per_seq_s=0.01),
+)
+
+
+def _small(seed: int) -> str:
+    segments = [Segment(0.0, 60.0, "slow", 2, 0.05, 0.3, 1.0, 2.0, 0.005, 0.3, 0.05)]
+    return generate(seed, 60.0, segments=segments, scrape_interval_s=5.0, profiles={"slow": SLOW}).openmetrics
+
+
+def test_same_seed_same_bytes_other_seed_other_bytes() -> None:
+    first = _small(11)
+    assert first == _small(11)
+    assert first != _small(12)
+    assert first.endswith("# EOF\n")
+
+
+def test_exposes_the_metrics_the_features_read_with_tier_labels() -> None:
+    text = _small(11)
+    for name in (
+        "vllm:request_queue_time_seconds_bucket",
+        "vllm:request_inference_time_seconds_bucket",
+        "vllm:num_requests_waiting",
+        "DCGM_FI_DEV_FB_USED",
+        "process_cpu_seconds_total",
+        "tailguard_router_request_duration_seconds_bucket",
+        "tailguard_router_proxy_overhead_seconds_count",
+    ):
+        assert f"\n{name}{{" in text, name
+    assert 'namespace="llm"' in text and 'service="chat"' in text and 'replica="chat-r1-1"' in text
+    assert "_created" not in text
+
+
+def test_scenario_is_seeded_and_covers_the_duration() -> None:
+    scenario = make_scenario(7, 3600.0)
+    assert scenario == make_scenario(7, 3600.0)
+    assert scenario[0].start == 0.0 and scenario[-1].end == 3600.0
+    assert all(a.end == b.start for a, b in itertools.pairwise(scenario))
+    assert {s.profile for s in make_scenario(7, 6 * 3600.0)} > {"stable"}  # some bad rollouts
+
+
+def test_bad_duration_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(DatasetError, match="at least one scrape interval"):
+        generate(1, 5.0)
+    assert main(["generate", "--seed", "1", "--hours", "0", "--out", str(tmp_path)]) == 2
+    assert "--hours must be positive" in capsys.readouterr().err
