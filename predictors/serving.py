@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -54,6 +54,7 @@ DEFAULT_MAX_AGE = 30 * 86400.0
 DEFAULT_MAX_MISSING_FRACTION = 0.5
 
 NO_DATA = SignalResult(values={})
+_T = TypeVar("_T")
 
 # (directory) -> artifact; keyword arguments trusted_types and allow_untrusted (predictors.artifact.load_artifact).
 ArtifactLoader = Callable[..., Any]
@@ -343,7 +344,7 @@ class PredictionProvider:
             if not rows.any():
                 continue  # no target with enough features: no-data
             try:
-                probabilities = predict_proba(artifact, matrix[rows])
+                probabilities = single_threaded(predict_proba, artifact, matrix[rows])
             except Exception as failure:  # noqa: BLE001 - a model that cannot predict gives no-data, not a crash
                 # Not sticky: the next evaluation's features may be fine (e.g. a NaN the model cannot take).
                 self._note_failure(name, f"prediction failed: {type(failure).__name__}: {failure}")
@@ -380,6 +381,29 @@ class PredictionProvider:
             if (model, dimension) not in self._dimension_gaps:
                 self._dimension_gaps.add((model, dimension))
                 logger.warning("prediction model %s has no %s model; those signals are no-data", model, dimension)
+
+
+_single_thread_lock = threading.Lock()
+_threadpools: Any = None
+
+
+def single_threaded(call: Callable[..., _T], *args: Any) -> _T:
+    """`call(*args)` with OpenMP/BLAS limited to one thread.
+
+    Why: a batch is at most a few thousand rows, and scikit-learn's gradient-boosting predict starts
+    OpenMP workers that spin while waiting. On the 2-core controller machine shared with Prometheus and
+    the serving tier, that made a 1000-target batch take 4.3 s at P50 instead of 36 ms single-threaded
+    (tests/bench/bench_prediction.py under load). The limit is process-wide while it holds, so the lock
+    keeps a concurrent evaluation from restoring the default in the middle of another's prediction.
+    """
+    global _threadpools
+    with _single_thread_lock:
+        if _threadpools is None:
+            from threadpoolctl import ThreadpoolController  # a scikit-learn dependency
+
+            _threadpools = ThreadpoolController()
+        with _threadpools.limit(limits=1):
+            return call(*args)
 
 
 def _says_missing(error: BaseException) -> bool:
