@@ -35,6 +35,7 @@ test: venv
 
 bench: venv
 	$(BIN)/python tests/bench/bench_batching.py
+	$(BIN)/python tests/bench/bench_prediction.py
 
 schema: venv
 	$(BIN)/python scripts/generate_schema.py
