@@ -21,6 +21,7 @@ from controller.actuators.argocd import ArgoCDSettings
 from controller.actuators.grafana import GrafanaSettings
 from controller.actuators.webhook import LinkSettings, WebhookReceiver
 from controller.changes import ChangeTrackingSettings
+from controller.cluster import KubernetesSettings
 from controller.dispatcher import GlobalLimits
 from controller.leader import LeaderElectionSettings
 from controller.policy import Duration
@@ -85,6 +86,9 @@ class ControllerSettings(_Strict):
     receivers: dict[str, WebhookReceiver] = Field(default_factory=dict, description="notify action receivers")
     links: LinkSettings = Field(default_factory=LinkSettings, description="Grafana/Argo CD links in notifications")
     limits: GlobalLimits = Field(default_factory=GlobalLimits)
+    kubernetes: KubernetesSettings | None = Field(
+        default=None, description="the cluster: HPA scaling, route weight shifts, Events (controller/cluster.py)"
+    )
     leaderElection: LeaderElectionSettings | None = Field(
         default=None, description="a coordination.k8s.io Lease: of several replicas only the leader evaluates and acts"
     )
