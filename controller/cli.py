@@ -151,21 +151,26 @@ def _unknown_receivers(settings_receivers: Sequence[str], paths: Sequence[Path])
 
 def run_controller(config: Path) -> int:
     """Build the controller from its configuration, serve until SIGTERM/SIGINT, stop cleanly."""
+    from kubernetes.client import AppsV1Api
+    from kubernetes.config import ConfigException
     from prometheus_client import CollectorRegistry
 
     from controller.actuators.annotations import FanoutAnnotator, JsonlAnnotator
     from controller.actuators.argocd import ArgoCDDeployer
+    from controller.actuators.composite import CompositeDeployer
     from controller.actuators.grafana import DecisionAnnotatingDispatcher, GrafanaAnnotator, GrafanaTokenError
     from controller.actuators.local_tier import LocalTierClient
     from controller.actuators.webhook import WebhookNotifier, decision_links
     from controller.api import ControllerAPI
     from controller.changes import build_change_tracker
     from controller.clock import SystemClock
+    from controller.cluster import ClusterActuators, ClusterConfigError, build_cluster_actuators, build_leader_elector
     from controller.dispatcher import Actuators, Dispatcher
     from controller.journal import Journal, JournalError
+    from controller.leader import LeaderElector
     from controller.metrics import ControllerMetrics
     from controller.outbox import OutboxError
-    from controller.protocols import Annotator, Deployer
+    from controller.protocols import Annotator, Deployer, TrafficRouter
     from controller.runtime import Controller, PolicyLoadError, configure_logging
     from controller.settings import SettingsError, load_settings
     from controller.sources.prometheus import PrometheusSource, SourceConfigError
@@ -210,15 +215,37 @@ def run_controller(config: Path) -> int:
             decision_lookup=journal.decision,
             base_dir=settings.base_dir,
         )
+    # The cluster (HPA scaling, route weights, the leader Lease): one ApiClient, built from `kubernetes`.
+    cluster: ClusterActuators | None = None
+    elector: LeaderElector | None = None
+    try:
+        if settings.kubernetes is not None:
+            cluster = build_cluster_actuators(settings.kubernetes, clock, base_dir=settings.base_dir)
+        if settings.leaderElection is not None:
+            elector = build_leader_elector(
+                settings.leaderElection,
+                settings.kubernetes,
+                clock,
+                api_client=cluster.api_client if cluster is not None else None,
+            )
+    except ClusterConfigError as unreachable:
+        print(f"{config}: {unreachable}", file=sys.stderr)
+        journal.close()
+        return EXIT_CONFIG
     try:
         tracker = (
             build_change_tracker(
-                settings.changeTracking, clock=clock, argocd=settings.argocd, tier=tier, base_dir=settings.base_dir
+                settings.changeTracking,
+                clock=clock,
+                argocd=settings.argocd,
+                tier=tier,
+                base_dir=settings.base_dir,
+                apps_api=AppsV1Api(cluster.api_client) if cluster is not None else None,
             )
             if settings.changeTracking is not None
             else None
         )
-    except ValueError as missing:
+    except (ValueError, ConfigException) as missing:
         print(f"{config}: changeTracking: {missing}", file=sys.stderr)
         journal.close()
         return EXIT_CONFIG
@@ -235,9 +262,12 @@ def run_controller(config: Path) -> int:
     annotators: list[Annotator] = [JsonlAnnotator(annotations_path)] if annotations_path is not None else []
     if grafana is not None:
         annotators.append(grafana)
+    # Rollbacks to Argo CD (or the tier), replica counts to the HPA (or the tier), weights to the routes (or the tier).
+    router: TrafficRouter | None = cluster.router if cluster is not None and cluster.router is not None else tier
+    scaler: Deployer | None = cluster.scaler if cluster is not None and cluster.scaler is not None else tier
     actuators = Actuators(
-        deployer=deployer,
-        router=tier,
+        deployer=CompositeDeployer(deployer, scaler),
+        router=router,
         annotator=FanoutAnnotator(annotators) if len(annotators) > 1 else (annotators[0] if annotators else None),
         notifier=WebhookNotifier(settings.receivers, clock) if settings.receivers else None,
     )
@@ -258,6 +288,7 @@ def run_controller(config: Path) -> int:
         change_window=settings.changeTracking.window if settings.changeTracking is not None else 0.0,
         rollout_annotator=grafana,
         predictions=PredictionProvider(settings.predictor_specs(), clock),
+        leader=elector,
     )
     try:
         api = ControllerAPI(controller, settings.listen.host, settings.listen.port)
@@ -279,6 +310,10 @@ def run_controller(config: Path) -> int:
     try:
         if grafana is not None:
             grafana.start()
+        if elector is not None:
+            # One round now, so a sole replica leads from its first evaluation; then renew in the background.
+            elector.run_once()
+            elector.start(settings.leaderElection.retryPeriod if settings.leaderElection is not None else None)
         try:
             controller.start()
         except PolicyLoadError as invalid:  # the files changed between the check above and the start
@@ -296,6 +331,10 @@ def run_controller(config: Path) -> int:
     finally:
         api.stop()
         controller.stop()
+        if elector is not None:
+            elector.stop()  # after the controller stopped acting: releases the Lease so the standby leads at once
+        if cluster is not None:
+            cluster.api_client.close()  # type: ignore[no-untyped-call]
         if grafana is not None:
             grafana.close()
         for sig, handler in previous.items():
