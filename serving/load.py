@@ -9,7 +9,10 @@ a position in the trace (trace seconds), `--duration` is wall-clock seconds of
 replay (so it covers `duration * speedup` trace seconds). `--rate-scale` thins
 (< 1) or duplicates (> 1) arrivals deterministically. Token counts are scaled by
 `--token-scale` (at least 1): the prompt is that many words and `max_tokens`
-the scaled output length, with `ignore_eos` so lengths are exact.
+the scaled output length, with `ignore_eos` so lengths are exact. With the tiny
+model's tokenizer (serving/tiny_model.py) " word" is exactly one token, so the
+prompt is exactly that many tokens; `--max-model-len` trims requests that would
+not fit the engine's context.
 
 Requests are deliberately not retried: a failed request is a measurement.
 Each one carries an `X-Request-Id`.
@@ -124,8 +127,13 @@ def plan(
     duration: float | None = None,
     token_scale: float = 0.1,
     max_requests: int | None = None,
+    max_model_len: int | None = None,
 ) -> list[PlannedRequest]:
-    """The replay schedule: a pure function of the trace and the options."""
+    """The replay schedule: a pure function of the trace and the options.
+
+    With `max_model_len`, a request whose scaled prompt plus output would not fit the engine's context is
+    trimmed (output first kept, then the prompt cut) instead of being refused by the engine with a 400.
+    """
     if speedup <= 0 or rate_scale <= 0 or token_scale <= 0:
         raise ValueError("speedup, rate-scale and token-scale must be positive")
     planned: list[PlannedRequest] = []
@@ -139,15 +147,16 @@ def plan(
         credit += rate_scale
         copies = int(credit)
         credit -= copies
+        prompt_tokens = max(1, round(item.prompt_tokens * token_scale))
+        output_tokens = max(1, round(item.output_tokens * token_scale))
+        if max_model_len is not None:
+            # A few tokens of headroom: the chat template and special tokens take some.
+            budget = max(2, max_model_len - 8)
+            output_tokens = min(output_tokens, budget - 1)
+            prompt_tokens = min(prompt_tokens, budget - output_tokens)
         for copy in range(copies):
             # Duplicates are spread a little so they are not one synchronized burst.
-            planned.append(
-                PlannedRequest(
-                    at + copy * 0.001,
-                    max(1, round(item.prompt_tokens * token_scale)),
-                    max(1, round(item.output_tokens * token_scale)),
-                )
-            )
+            planned.append(PlannedRequest(at + copy * 0.001, prompt_tokens, output_tokens))
             if max_requests is not None and len(planned) >= max_requests:
                 return planned
     return planned
@@ -295,6 +304,7 @@ def run_replay(
     duration: float | None = None,
     token_scale: float = 0.1,
     max_requests: int | None = None,
+    max_model_len: int | None = None,
     concurrency_limit: int | None = None,
     endpoint: str = "completions",
     timeout_s: float = 60.0,
@@ -310,6 +320,7 @@ def run_replay(
         duration=duration,
         token_scale=token_scale,
         max_requests=max_requests,
+        max_model_len=max_model_len,
     )
     results, wall = asyncio.run(
         replay(
@@ -366,6 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--duration", type=_positive, default=None, help="wall seconds of replay")
     parser.add_argument("--token-scale", type=_positive, default=0.1, help="token count multiplier")
     parser.add_argument("--max-requests", type=int, default=None)
+    parser.add_argument(
+        "--max-model-len", type=int, default=None, help="trim prompt+output to the engine's context (e.g. 512)"
+    )
     parser.add_argument("--concurrency-limit", type=int, default=None)
     parser.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
     parser.add_argument("--timeout", type=_positive, default=60.0, help="per-request timeout in seconds")
@@ -388,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
             duration=args.duration,
             token_scale=args.token_scale,
             max_requests=args.max_requests,
+            max_model_len=args.max_model_len,
             concurrency_limit=args.concurrency_limit,
             endpoint=args.endpoint,
             timeout_s=args.timeout,

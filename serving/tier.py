@@ -92,6 +92,9 @@ class VllmConfig(_Strict):
     warmup_completions: int = Field(3, ge=0)
     # vLLM's parser runs before every rollout; off only for tests of the tier's own logic.
     validate_profiles: bool = True
+    # Like Argo Rollouts' scaleDownDelaySeconds: a superseded version's replicas stay up (out of the router) this
+    # long, so a rollback to it is instant instead of a cold vLLM start. 0 stops them as soon as they are replaced.
+    scale_down_delay_s: float = Field(0.0, ge=0)
 
 
 class TierConfig(_Strict):
@@ -247,6 +250,7 @@ class RunningReplica:
     port: int
     draining: bool = False
     supervised: Replica | None = None  # vLLM replicas
+    parked: bool = False  # superseded, kept warm for a quick rollback (scale_down_delay_s)
 
     @property
     def weight(self) -> int:
@@ -397,13 +401,23 @@ class Tier:
         task.add_done_callback(self._background.discard)
 
     def _live(self, service: str, version: str) -> list[RunningReplica]:
-        found = [r for r in self.replicas.values() if r.service == service and r.version == version and not r.draining]
+        found = [
+            r
+            for r in self.replicas.values()
+            if r.service == service and r.version == version and not r.draining and not r.parked
+        ]
         return sorted(found, key=lambda r: int(r.id.rsplit("-", 1)[1]))
 
     async def reconcile(self, name: str) -> None:
         """Start and stop replicas until the running ones match the service state; then update the router."""
         service = self.services[name]
         for version, count in service.replicas.items():
+            parked = sorted(
+                (r for r in self.replicas.values() if r.service == name and r.version == version and r.parked),
+                key=lambda r: r.id,
+            )
+            for replica in parked[: max(0, count - len(self._live(name, version)))]:
+                replica.parked = False  # a rollback to a parked version: already warm, back at once
             live = self._live(name, version)
             for replica in live[count:]:
                 self._drain_in_background(replica)
@@ -441,7 +455,13 @@ class Tier:
         )
         if ready:
             for replica in list(self.replicas.values()):
-                if replica.service == name and replica.version not in service.weights and not replica.draining:
+                if replica.service != name or replica.version in service.weights or replica.draining:
+                    continue
+                if self.config.engine == "vllm" and self.config.vllm.scale_down_delay_s > 0:
+                    if not replica.parked:
+                        replica.parked = True
+                        self._retire_later(replica, self.config.vllm.scale_down_delay_s)
+                else:
                     self._drain_in_background(replica)
         targets = [
             VersionTarget(
@@ -461,6 +481,16 @@ class Tier:
                 for version in superseded
             ]
         self.router.set_service(name, service.model, targets)
+
+    def _retire_later(self, replica: RunningReplica, delay_s: float) -> None:
+        async def retire() -> None:
+            await asyncio.sleep(delay_s)
+            if replica.parked and not replica.draining:
+                await self._stop_replica(replica)
+
+        task = asyncio.get_running_loop().create_task(retire())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _replicas_changed(self) -> None:
         """The supervisor's callback: a replica became warm, left or rejoined rotation, or crashed."""

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from serving.failover import FailoverState, Rotation
 from serving.supervisor import Backoff, Replica, ReplicaSpec, Supervisor, free_port
 
-FAKE_SERVER = r'''
+FAKE_SERVER = r"""
 import json, os, subprocess, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 port, control = int(sys.argv[1]), sys.argv[2]
@@ -59,7 +59,7 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(200, json.dumps({"choices": [{"text": "ok"}]}))
 
 ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
-'''
+"""
 
 
 def _alive(pid: int) -> bool:
