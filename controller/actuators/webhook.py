@@ -258,10 +258,16 @@ def slack_payload(message: Mapping[str, Any]) -> dict[str, Any]:
     extra: list[str] = []
     if decision.get("reason") and decision.get("reason") != summary:
         extra.append(f"*reason*: {decision['reason']}")
-    if decision.get("branch"):
-        extra.append(f"*branch*: {decision['branch']}")
+    branch = decision.get("branch")
+    if isinstance(branch, Mapping):  # the engine's shape (BranchChoice.to_json): {name, reason}
+        extra.append(f"*branch*: {branch.get('name')} ({branch.get('reason')})")
+    elif branch:
+        extra.append(f"*branch*: {branch}")
     attribution = decision.get("attribution")
-    if isinstance(attribution, Mapping) and attribution.get("revision") is not None:
+    if isinstance(attribution, Mapping) and "status" in attribution:
+        # The engine's shape (Attribution.to_json): {status, reason, rollout: {revision, ...}}.
+        extra.append(f"*attribution*: {attribution.get('reason') or attribution.get('status')}")
+    elif isinstance(attribution, Mapping) and attribution.get("revision") is not None:
         extra.append(f"*attributed to rollout* {attribution.get('revision')}")
     actions = message.get("actions") or []
     if isinstance(actions, list) and actions:
