@@ -284,7 +284,10 @@ def test_regression_attributed_to_the_argocd_rollout_is_rolled_back_and_annotate
             log,
         )
         (region,) = poll(
-            "the decision's region in Grafana", lambda: annotations_tagged(loop.grafana, "region") or None, process, log
+            "the decision's region in Grafana",
+            lambda: annotations_tagged(loop.grafana, "region", "fire") or None,
+            process,
+            log,
         )
 
         loop.exporter.set(SERVICE, HEALTHY_SECONDS)
@@ -306,6 +309,7 @@ def test_regression_attributed_to_the_argocd_rollout_is_rolled_back_and_annotate
             process.wait(timeout=10)
     output = log.read_text(encoding="utf-8", errors="replace")
     assert "Traceback" not in output, output[-4000:]
+    assert '"msg": "controller stopped"' in output
     assert GRAFANA_TOKEN not in output and ARGOCD_TOKEN not in output, "secrets never appear in the log"
 
     # Argo CD: exactly one rollback, to the history id of the last good revision (validated against the swagger).
