@@ -1,0 +1,342 @@
+"""`tailguard run` (a real process) with the `kubernetes` and `leaderElection` sections: a REAL Prometheus scrapes
+a tiny exporter in this process (`vllm:num_requests_waiting`, text format 0.0.4 so the colon survives), a
+queue-scale policy breaches, and the HPA's minReplicas is raised through the official client on the
+spec-validating fake Kubernetes API (reached through a kubeconfig file, `inCluster: false`).
+
+With leader election, two controller processes share the fake's Lease: only the leader acts (exactly one HPA
+update), and after SIGTERM of the leader (which releases the Lease) the other takes over and acts on the next
+breach. Every wait is a poll with a deadline; nothing asserts on durations; every process is cleaned up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import requests
+
+from controller.actuators.kubernetes_hpa import ANNOTATION_HUMAN_FLOOR, ANNOTATION_KEYS
+from controller.journal import Journal
+from serving.promstack import PrometheusServer, free_port, static_scrape_config, write_prometheus_config
+from tests.support.fake_kubernetes import FakeKubernetes, hpa
+from tests.support.latency_exporter import LatencyExporter
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+SERVICE = "chat"
+HPA_NAME = "chat-stable"
+NAMESPACE = "llm"
+LEASE_NAMESPACE = "tailguard"
+LEASE_NAME = "tailguard-leader"
+DEADLINE_SECONDS = 60.0  # per wait; generous for a loaded 2-core machine, never reached when things work
+KUBE_TOKEN = "integration-kube-token"
+
+# The queue-scale example with a 1 s interval: waiting requests per replica above 20 for 2 evaluations.
+POLICY = """apiVersion: tailguard.io/v1alpha1
+kind: Policy
+name: queue-scale
+interval: 1s
+targets:
+  groupBy: [service]
+  match:
+    namespace: llm
+signals:
+  - name: waiting-per-replica
+    query: >-
+      sum by ({{ by }}) (vllm:num_requests_waiting{ {{ selector }} })
+      / count by ({{ by }}) (vllm:num_requests_waiting{ {{ selector }} })
+conditions:
+  - name: queue-above-target
+    signal: waiting-per-replica
+    when: {op: ">", value: 20}
+    for: 2
+    noData: hold
+    staleAfter: 1m
+    actions:
+      - type: scale
+        service: "{{ service }}"
+        targetPerReplica: 20
+        min: 1
+        max: 8
+limits:
+  cooldown: 10m
+  maxActionsPerHour: 10
+"""
+
+T = TypeVar("T")
+
+
+@dataclass
+class Stack:
+    tmp: Path
+    exporter: LatencyExporter
+    prometheus: PrometheusServer
+    kube: FakeKubernetes
+    kubeconfig: Path
+
+
+class ControllerProcess:
+    """One `python -m controller run` in its own process group, its output in a log file."""
+
+    def __init__(self, stack: Stack, name: str, *, leader_election: bool) -> None:
+        self.name = name
+        self.port = free_port()
+        self.dir = stack.tmp / name
+        (self.dir / "rules").mkdir(parents=True)
+        (self.dir / "rules" / "queue-scale.yaml").write_text(POLICY, encoding="utf-8")
+        config: dict[str, Any] = {
+            "prometheus": {"url": stack.prometheus.url, "timeout": 5, "retries": 2},
+            "policies": ["rules"],
+            "journal": "journal.db",
+            "stateDir": "state",
+            "listen": f"127.0.0.1:{self.port}",
+            "reloadInterval": "1s",
+            "kubernetes": {
+                "inCluster": False,
+                "kubeconfig": str(stack.kubeconfig),
+                "namespace": NAMESPACE,
+                "timeout": 5,
+                "retries": 2,
+                "hpa": {"maxReplicas": 8, "targets": {SERVICE: {"name": HPA_NAME}}},
+            },
+        }
+        if leader_election:
+            config["leaderElection"] = {
+                "namespace": LEASE_NAMESPACE,
+                "leaseName": LEASE_NAME,
+                "leaseDuration": "3s",
+                "renewDeadline": "2s",
+                "retryPeriod": 0.5,
+            }
+        self.config = self.dir / "controller.yaml"
+        self.config.write_text(json.dumps(config, indent=2), encoding="utf-8")  # JSON is YAML
+        self.log = self.dir / "controller.log"
+        with self.log.open("wb") as output:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "controller", "run", "--config", str(self.config)],
+                cwd=self.dir,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: kill() can always take all of it down
+                env={**os.environ, "PYTHONPATH": str(REPO), "POD_NAME": name},
+            )
+
+    def tail(self, limit: int = 3000) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")[-limit:] if self.log.exists() else ""
+
+    def get(self, path: str) -> Any:
+        try:
+            answer = requests.get(f"http://127.0.0.1:{self.port}{path}", timeout=2)
+        except requests.RequestException:
+            return None
+        return answer.json() if answer.headers.get("Content-Type", "").startswith("application/json") else None
+
+    def readiness(self) -> dict[str, Any] | None:
+        found = self.get("/readyz")
+        return found if isinstance(found, dict) else None
+
+    def following(self) -> bool:
+        ready = self.readiness()
+        return ready is not None and any("follower" in warning for warning in ready["warnings"])
+
+    def last_evaluation(self) -> float | None:
+        ready = self.readiness()
+        at = ready["policies"].get("queue-scale", {}).get("last_evaluation") if ready is not None else None
+        return float(at) if at is not None else None
+
+    def terminate(self) -> None:
+        """SIGTERM and a clean exit 0, with nothing of its process group left behind."""
+        self.process.send_signal(signal.SIGTERM)
+        assert self.process.wait(timeout=DEADLINE_SECONDS) == 0, self.tail()
+        with pytest.raises(ProcessLookupError):
+            os.killpg(self.process.pid, 0)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def fire_decisions(self) -> list[dict[str, Any]]:
+        with Journal(self.dir / "journal.db") as journal:
+            return [d for d in journal.recent_decisions(100) if d["kind"] == "fire"]
+
+
+def poll(what: str, probe: Callable[[], T | None], *processes: ControllerProcess) -> T:
+    """The first non-None answer of `probe`; fails naming `what` (and the logs) at the deadline or on an exit."""
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while True:
+        for running in processes:
+            if running.process.poll() is not None:
+                pytest.fail(
+                    f"{running.name} exited with {running.process.returncode} waiting for {what}:\n{running.tail()}"
+                )
+        answer = probe()
+        if answer is not None:
+            return answer
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}:\n" + "\n".join(f"{p.name}:\n{p.tail()}" for p in processes))
+        time.sleep(0.2)
+
+
+def write_kubeconfig(path: Path, server: str) -> Path:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "fake", "cluster": {"server": server}}],
+        "users": [{"name": "tailguard", "user": {"token": KUBE_TOKEN}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tailguard"}}],
+        "current-context": "fake",
+    }
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+def min_replicas(stack: Stack) -> int:
+    stored = stack.kube.get_object("horizontalpodautoscalers", NAMESPACE, HPA_NAME)
+    assert stored is not None
+    return int(stored["spec"]["minReplicas"])
+
+
+def hpa_updates(stack: Stack) -> int:
+    return len(stack.kube.calls("update", "horizontalpodautoscalers"))
+
+
+def lease_holder(stack: Stack) -> str | None:
+    lease = stack.kube.get_object("leases", LEASE_NAMESPACE, LEASE_NAME)
+    return lease["spec"].get("holderIdentity") if lease is not None else None
+
+
+def waiting_in_prometheus(stack: Stack) -> float | None:
+    query = f'vllm:num_requests_waiting{{namespace="{NAMESPACE}",service="{SERVICE}"}}'
+    try:
+        answer = requests.get(f"{stack.prometheus.url}/api/v1/query", params={"query": query}, timeout=5).json()
+        result = answer["data"]["result"]
+    except (requests.RequestException, ValueError, KeyError):
+        return None
+    return float(result[0]["value"][1]) if result else None
+
+
+def set_waiting(stack: Stack, waiting: float) -> None:
+    """Set the queue and wait until Prometheus has scraped it, so no evaluation can still read the old value."""
+    stack.exporter.set(SERVICE, 0.1, waiting)
+    poll(f"{waiting} waiting requests in Prometheus", lambda: True if waiting_in_prometheus(stack) == waiting else None)
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    with LatencyExporter({"namespace": NAMESPACE}) as exporter, FakeKubernetes() as kube:
+        kube.put_object(hpa(HPA_NAME, NAMESPACE, min_replicas=2, max_replicas=10))
+        exporter.set(SERVICE, 0.1, waiting=1.0)
+        config = write_prometheus_config(
+            tmp_path / "prometheus.yml",
+            scrape_configs=[static_scrape_config("vllm", [exporter.target])],
+            scrape_interval="1s",
+            evaluation_interval="1s",
+        )
+        with PrometheusServer(config=config, workdir=tmp_path / "prometheus").start() as prometheus:
+            prometheus.wait_target_up("vllm", timeout=DEADLINE_SECONDS)
+            kubeconfig = write_kubeconfig(tmp_path / "kubeconfig.yaml", kube.url)
+            yield Stack(tmp_path, exporter, prometheus, kube, kubeconfig)
+
+
+def assert_clean_log(controller: ControllerProcess) -> None:
+    output = controller.log.read_text(encoding="utf-8", errors="replace")
+    assert "Traceback" not in output, output[-4000:]
+    assert KUBE_TOKEN not in output, "the cluster token never appears in the log"
+
+
+def scale_record(decision: dict[str, Any]) -> dict[str, Any]:
+    (record,) = [r for r in decision["action_records"] if r["type"] == "scale"]
+    return dict(record)
+
+
+def test_queue_breach_raises_the_hpa_floor_through_the_kubeconfig_cluster(stack: Stack) -> None:
+    controller = ControllerProcess(stack, "tailguard-solo", leader_election=False)
+    try:
+        poll("the controller ready", lambda: True if (controller.readiness() or {}).get("ready") else None, controller)
+        assert hpa_updates(stack) == 0, "no scaling while the queue is short"
+
+        set_waiting(stack, 50.0)  # 50 per replica on 2 replicas, target 20 -> ceil(2 * 50 / 20) = 5
+        poll("the HPA floor raised to 5", lambda: True if min_replicas(stack) == 5 else None, controller)
+        controller.terminate()
+    finally:
+        controller.kill()
+    assert_clean_log(controller)
+
+    assert hpa_updates(stack) == 1
+    stored = stack.kube.get_object("horizontalpodautoscalers", NAMESPACE, HPA_NAME)
+    assert stored is not None
+    assert (stored["spec"]["minReplicas"], stored["spec"]["maxReplicas"]) == (5, 10)
+    annotations = stored["metadata"]["annotations"]
+    assert annotations[ANNOTATION_HUMAN_FLOOR] == "2"
+    (fire,) = controller.fire_decisions()
+    record = scale_record(fire)
+    assert record["status"] == "succeeded"
+    assert json.loads(annotations[ANNOTATION_KEYS]) == [record["idempotency_key"]]
+    assert record["result"]["detail"]["to"] == {"minReplicas": 5, "maxReplicas": 10}
+    (event,) = stack.kube.objects("events", NAMESPACE)
+    assert event["reason"] == "TailguardScale" and event["involvedObject"]["name"] == HPA_NAME
+    assert record["idempotency_key"] in event["message"]
+
+
+def test_only_the_leader_acts_and_the_standby_takes_over_after_sigterm(stack: Stack) -> None:
+    first = ControllerProcess(stack, "tailguard-a", leader_election=True)
+    second: ControllerProcess | None = None
+    try:
+        poll("tailguard-a to hold the Lease", lambda: True if lease_holder(stack) == "tailguard-a" else None, first)
+        poll("tailguard-a ready", lambda: True if (first.readiness() or {}).get("ready") else None, first)
+        second = ControllerProcess(stack, "tailguard-b", leader_election=True)
+        standby = second
+        poll("tailguard-b ready as a follower", lambda: True if standby.following() else None, first, standby)
+
+        set_waiting(stack, 50.0)
+        poll(
+            "the leader to raise the HPA floor to 5", lambda: True if min_replicas(stack) == 5 else None, first, standby
+        )
+        updated_at = time.time()
+        # Give the follower every chance to act too: the leader evaluates three more times meanwhile.
+        poll(
+            "three more evaluations by the leader",
+            lambda: True if (first.last_evaluation() or 0.0) > updated_at + 3 else None,
+            first,
+            standby,
+        )
+        assert hpa_updates(stack) == 1, "exactly one HPA update: the follower did not act"
+        assert standby.following() and standby.get("/api/v1/decisions") == []
+
+        set_waiting(stack, 1.0)  # the breach is over before the leader goes away
+        first.terminate()
+        poll("tailguard-b to take the Lease", lambda: True if lease_holder(stack) == "tailguard-b" else None, standby)
+        poll("tailguard-b leading", lambda: True if not standby.following() else None, standby)
+        assert hpa_updates(stack) == 1
+
+        set_waiting(stack, 80.0)  # the next breach: ceil(2 * 80 / 20) = 8
+        poll("the new leader to raise the HPA floor to 8", lambda: True if min_replicas(stack) == 8 else None, standby)
+        standby.terminate()
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+    assert_clean_log(first)
+    assert_clean_log(standby)
+
+    assert hpa_updates(stack) == 2
+    (first_fire,) = first.fire_decisions()
+    (second_fire,) = standby.fire_decisions()
+    assert scale_record(first_fire)["result"]["detail"]["to"]["minReplicas"] == 5
+    assert scale_record(second_fire)["result"]["detail"]["to"]["minReplicas"] == 8
+    # The Lease changed hands once, and the last holder released it on its own SIGTERM.
+    lease = stack.kube.get_object("leases", LEASE_NAMESPACE, LEASE_NAME)
+    assert lease is not None and lease["spec"]["leaseTransitions"] == 1
+    assert lease["spec"].get("holderIdentity", "") == ""
