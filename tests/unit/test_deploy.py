@@ -238,9 +238,10 @@ def test_controller_config_is_valid_and_in_cluster(base: list[dict[str, Any]], o
     secret_files.append(settings.annotations.grafana.tokenFile)
     for secret_file in secret_files:
         assert secret_file is not None and str(secret_file.parent) in secret_mounts, secret_file
-    # The overlay's configuration is the base's plus dryRun: true, nothing else.
+    # The overlay's configuration is the base's plus dryRun: true, and its Lease in the overlay's namespace.
     base_data = yaml.safe_load(config_text(base))
-    assert yaml.safe_load(config_text(overlay)) == {**base_data, "dryRun": True}
+    overlay_election = {**base_data["leaderElection"], "namespace": "tailguard-example"}
+    assert yaml.safe_load(config_text(overlay)) == {**base_data, "dryRun": True, "leaderElection": overlay_election}
     # And the committed file is what the ConfigMap carries.
     assert load_settings(BASE / "controller.yaml") == settings.model_copy(update={"base_dir": BASE})
 
