@@ -27,10 +27,13 @@ SERVING_VENV := .venv-serving
 serving-env:
 	PYTHON=$(PYTHON) ./scripts/serving-env.sh $(SERVING_VENV)
 
-demo: venv
-	$(BIN)/tailguard demo
+# make demo ENGINE=vllm: the same scenario on real vLLM processes (creates .venv-serving first).
+ENGINE ?= simulator
+demo: venv $(if $(filter vllm,$(ENGINE)),serving-env)
+	$(BIN)/tailguard demo --engine $(ENGINE)
 
-test: venv
+# The suite includes real-vLLM tests (marker vllm): they need the serving virtualenv.
+test: venv serving-env
 	$(BIN)/pytest -q
 
 bench: venv
