@@ -491,6 +491,78 @@ def write_dataset(dataset: GeneratedDataset, out: Path, *, backfill: bool) -> di
     return summary
 
 
+def _read_ready_line(log: Path, alive: Any, timeout: float) -> dict[str, Any]:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        failure = alive()
+        if failure is not None:
+            raise DatasetError(f"the serving tier did not start: {failure}")
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines() if log.exists() else []
+        for line in lines:
+            if line.startswith("{") and '"ready"' in line:
+                event: dict[str, Any] = json.loads(line)
+                return event
+        time.sleep(0.1)
+    raise DatasetError(f"the serving tier was not ready within {timeout:g}s")
+
+
+def generate_live(out: Path, *, minutes: float, rate_scale: float, replicas: int, profile: str) -> dict[str, Any]:
+    """Real time: the tier process (real replicas, router) replays the trace and a real Prometheus scrapes it
+    every SCRAPE_INTERVAL_S. Its TSDB is left in OUT/data. Not reproducible byte for byte (real time)."""
+    import yaml
+
+    from serving.load import run_replay
+    from serving.promstack import (
+        ManagedProcess,
+        PrometheusServer,
+        http_sd_scrape_config,
+        static_scrape_config,
+        write_prometheus_config,
+    )
+
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    config = out / "tier.yaml"
+    service = {"name": SERVICE, "namespace": NAMESPACE, "model": MODEL, "profile": profile, "replicas": replicas}
+    config.write_text(yaml.safe_dump({"ports": {"control": 0, "router": 0}, "services": [service]}), encoding="utf-8")
+    tier = ManagedProcess(
+        "tier",
+        [sys.executable, "-m", "serving.tier", "--config", str(config), "--state-dir", str(out / "tier-state")],
+        out / "tier.log",
+    )
+    tier.start()
+    try:
+        ready = _read_ready_line(tier.log_path, tier.exited, 30.0)
+        interval = f"{SCRAPE_INTERVAL_S:g}s"
+        prometheus_config = write_prometheus_config(
+            out / "prometheus.yml",
+            scrape_interval=interval,
+            scrape_configs=[
+                http_sd_scrape_config("vllm", f"{ready['control_url']}/api/v1/sd"),
+                # The router's series carry the namespace the features select on.
+                static_scrape_config(
+                    "router", [ready["router_url"].removeprefix("http://")], labels={"namespace": NAMESPACE}
+                ),
+            ],
+        )
+        with PrometheusServer(prometheus_config, out / "data", workdir=out / "prometheus").start() as prometheus:
+            prometheus.wait_target_up("vllm", count=replicas)
+            summary, _ = run_replay(
+                ready["router_url"],
+                MODEL,
+                speedup=1.0,
+                rate_scale=rate_scale,
+                duration=minutes * 60.0,
+                token_scale=TOKEN_SCALE,
+            )
+            prometheus.wait_series("vllm:num_requests_running")
+    finally:
+        tier.stop()
+    return {"data": str(out / "data"), "replay": summary.to_json()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m predictors.dataset", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -501,7 +573,26 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--start", type=float, default=DEFAULT_START, help="unix time of the first sample")
     gen.add_argument("--trace", default="conv", help="conv, code or a CSV path")
     gen.add_argument("--backfill", action="store_true", help="also write TSDB blocks to OUT/data with promtool")
+    gen.add_argument("--live", action="store_true", help="real time: the tier process scraped by a real Prometheus")
+    gen.add_argument("--minutes", type=float, default=10.0, help="--live: how long to replay (wall clock)")
+    gen.add_argument("--rate-scale", type=float, default=4.0, help="--live: trace rate multiplier")
+    gen.add_argument("--replicas", type=int, default=2, help="--live: replicas of the service")
+    gen.add_argument("--profile", default="stable", help="--live: the service's engine profile")
     args = parser.parse_args(argv)
+    if args.live:
+        try:
+            result = generate_live(
+                args.out,
+                minutes=args.minutes,
+                rate_scale=args.rate_scale,
+                replicas=args.replicas,
+                profile=args.profile,
+            )
+        except (DatasetError, OSError, RuntimeError) as failed:
+            print(f"error: {failed}", file=sys.stderr)
+            return 1
+        print(f"live data in {result['data']}: {json.dumps(result['replay'])}")
+        return 0
     if args.hours <= 0:
         print("error: --hours must be positive", file=sys.stderr)
         return 2

@@ -23,7 +23,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from predictors.artifact import DIMENSIONS, ArtifactError, ModelArtifact, load_artifact, predict_proba
+from predictors.artifact import (
+    DIMENSIONS,
+    ArtifactError,
+    ModelArtifact,
+    load_artifact,
+    predict_proba,
+    single_threaded,
+)
 from predictors.data import (
     DataError,
     Rows,
@@ -49,7 +56,8 @@ def evaluate_rows(artifact: ModelArtifact, rows: Rows, *, latency_repeats: int =
         }
         baseline = artifact.baselines.get(dimension)
         if baseline is not None and len(rows):
-            lp = np.asarray(baseline.predict_proba(rows.X)[:, 1], dtype=np.float64)
+            with single_threaded():
+                lp = np.asarray(baseline.predict_proba(rows.X)[:, 1], dtype=np.float64)
             cut = float(baseline_thresholds.get(dimension, 0.5))
             methods["logistic"] = score_dimension(rows, dimension, lp >= cut, lp)
         for name, alarm in baseline_alarms(rows, dimension).items():

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import sklearn
 
-from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact
+from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact, single_threaded
 from predictors.data import DataError, Rows, build_rows, policy_thresholds, time_split
 from predictors.evaluate import evaluate_rows, public_report, render_markdown
 from predictors.features import feature_hash, feature_names
@@ -74,12 +74,13 @@ def fit_artifact(
                 )
         if dimension in skipped:
             continue
-        gbm = calibrate(fit_gbm(x_train, y_train, seed), x_val, y_val)
-        logistic = calibrate(fit_logistic(x_train, y_train), x_val, y_val)
+        with single_threaded():
+            gbm = calibrate(fit_gbm(x_train, y_train, seed), x_val, y_val)
+            logistic = calibrate(fit_logistic(x_train, y_train), x_val, y_val)
+            decision[dimension] = choose_threshold(gbm.predict_proba(x_val)[:, 1], y_val)
+            baseline_cuts[dimension] = choose_threshold(logistic.predict_proba(x_val)[:, 1], y_val)
         models[dimension] = gbm
         baselines[dimension] = logistic
-        decision[dimension] = choose_threshold(gbm.predict_proba(x_val)[:, 1], y_val)
-        baseline_cuts[dimension] = choose_threshold(logistic.predict_proba(x_val)[:, 1], y_val)
     if not models:
         raise TrainingError("no dimension could be trained: " + "; ".join(f"{d}: {r}" for d, r in skipped.items()))
     artifact = ModelArtifact(
