@@ -102,6 +102,19 @@ def load_calibrated_profile(path: str | Path, search_dirs: list[Path] | None = N
     return apply_calibration(resolve_profile(calibration.base, search_dirs), calibration, str(path))
 
 
+def resolve_any_profile(name_or_path: str) -> EngineProfile:
+    """A profile by name or file, where the file may also be a calibration file (it has a `base`)."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+        try:
+            data = yaml.safe_load(candidate.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            data = None  # resolve_profile reports it with file and line
+        if isinstance(data, dict) and "base" in data:
+            return load_calibrated_profile(candidate)
+    return resolve_profile(name_or_path)
+
+
 # -- the fit -------------------------------------------------------------------------------------------
 
 
@@ -166,19 +179,32 @@ def fit_step_cost(intervals: Sequence[Interval], *, min_intervals: int = 3, min_
 
 
 def intervals_from_samples(samples: Sequence[Any], span: int = 3) -> list[Interval]:
-    """Consecutive non-overlapping windows of `span` scrape gaps from a run's samples (serving.fidelity.Sample)."""
+    """Consecutive non-overlapping windows of `span` scrape gaps from a run's samples (serving.fidelity.Sample).
+
+    A window in which requests were waiting at every scrape had the engine busy throughout, so its
+    wall time is exactly the sum of its step times: mean step time = base + per_seq * decodes per
+    step + prefill tokens per step / rate, with no approximation. Such a window is emitted as that
+    equation (wall time over steps, weighted by steps) instead of the inter-token approximation; it
+    is what pins down the engine's capacity, which decides queueing under saturation.
+    """
     result = []
     for start in range(0, len(samples) - span, span):
         window = samples[start : start + span + 1]
         first, last = window[0], window[-1]
+        steps = last.steps - first.steps
+        prompt = last.prompt_tokens - first.prompt_tokens
+        decodes = last.itl_count - first.itl_count
+        if steps > 0 and all(s.waiting > 0 for s in window):
+            result.append(Interval(last.t - first.t, steps, steps, prompt, decodes / steps))
+            continue
         running = [s.running for s in window]
         weight = sum(running)
         result.append(
             Interval(
                 itl_sum=last.itl_sum - first.itl_sum,
-                itl_count=last.itl_count - first.itl_count,
-                steps=last.steps - first.steps,
-                prompt_tokens=last.prompt_tokens - first.prompt_tokens,
+                itl_count=decodes,
+                steps=steps,
+                prompt_tokens=prompt,
                 running_weighted=sum(r * r for r in running) / weight if weight > 0 else 0.0,
             )
         )
@@ -186,19 +212,23 @@ def intervals_from_samples(samples: Sequence[Any], span: int = 3) -> list[Interv
 
 
 def request_overhead(runs: Sequence[Any]) -> float:
-    """Mean client-observed latency minus mean engine-reported e2e, over the runs' requests (never negative)."""
-    client_total, client_count, engine_total, engine_count = 0.0, 0, 0.0, 0.0
+    """Client-observed minus engine-reported mean latency, the median over runs (never negative).
+
+    The median, because under saturation the load generator itself is starved of CPU on a small
+    machine and its runs would dominate a pooled mean.
+    """
+    differences: list[float] = []
     for run in runs:
         ok = [r.latency_s for r in run.requests if r.ok]
         if not ok or not run.samples or run.samples[-1].e2e_count <= 0:
             continue
-        client_total += sum(ok)
-        client_count += len(ok)
-        engine_total += run.samples[-1].e2e_sum
-        engine_count += run.samples[-1].e2e_count
-    if client_count == 0 or engine_count == 0:
+        differences.append(sum(ok) / len(ok) - run.samples[-1].e2e_sum / run.samples[-1].e2e_count)
+    if not differences:
         return 0.0
-    return max(0.0, client_total / client_count - engine_total / engine_count)
+    differences.sort()
+    middle = len(differences) // 2
+    median = differences[middle] if len(differences) % 2 else (differences[middle - 1] + differences[middle]) / 2
+    return max(0.0, median)
 
 
 def _step_cost_vector(fit: StepCostFit) -> np.ndarray:
@@ -248,7 +278,7 @@ def calibrate(
     command: str | None = None,
     machine: str | None = None,
     run_names: Sequence[str] = (),
-    refine_iterations: int = 3,
+    refine_iterations: int = 0,
 ) -> CalibrationFile:
     """The calibration file for the real runs `runs` (serving.fidelity.RunRecord with engine "vllm")."""
     real = [r for r in runs if r.engine != "simulator"]
@@ -326,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--loads", default="0.5,1,2", help="with --measure: load levels")
     parser.add_argument("--duration", type=float, default=40.0, help="with --measure: wall seconds per level")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument(
+        "--refine-iterations", type=int, default=0, help="simulation-based bias correction steps (experimental)"
+    )
     parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", help="engine arg override")
     parser.add_argument("--out", type=Path, default=None, help="default: serving/calibrations/<profile>.yaml")
     return parser
@@ -373,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
             command="python -m serving.calibration " + " ".join(argv if argv is not None else sys.argv[1:]),
             machine=fidelity.machine_description(),
             run_names=[str(p) for p in args.runs],
+            refine_iterations=args.refine_iterations,
         )
         out.parent.mkdir(parents=True, exist_ok=True)
         write_calibration(out, calibration)

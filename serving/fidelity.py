@@ -45,7 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving.batching import BatchingModel, SimRequest
 from serving.load import BUILTIN_TRACES, PlannedRequest, plan, quantile, read_trace, replay
-from serving.profiles import EngineProfile, resolve_profile
+from serving.profiles import EngineProfile
 from serving.vllm_metrics import LATENCY_BUCKETS, TTFT_BUCKETS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -893,7 +893,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        profile = resolve_profile(args.profile)
+        from serving.calibration import resolve_any_profile
+
+        profile = resolve_any_profile(args.profile)
         if args.from_runs is not None:
             runs = load_runs(args.from_runs)
             if args.resimulate:
