@@ -9,14 +9,18 @@ the `engineArgs` the real engine ran with and the `hardware` values fitted here;
 `serving.profiles.resolve_profile(name)` finds it in serving/calibrations/ by name.
 
 The fit. The simulator's step time is `base + per_seq * decoding sequences +
-prefill tokens / prefill rate`. The real engine exports, per scrape interval, the
-inter-token latency sum and count (every ITL sample is one step seen by one decoding
-sequence), the number of steps, the prompt tokens computed and the running gauge. For
-each interval the mean ITL is regressed, by non-negative least squares weighted by
-the number of ITL samples, on
-    [1, decode-weighted mean running (sum running^2 / sum running), prefill tokens per step]
-so the coefficients are (base, per_seq, 1 / prefill rate). The per-request overhead
-is the mean client-observed latency minus the mean engine-reported e2e latency.
+prefill tokens / prefill rate`. The real engine's scrapes are cut into 3 s windows.
+A window in which requests waited at every scrape had the engine busy throughout, so
+its wall time over its steps (vllm:iteration_tokens_total_count) is exactly the mean
+step time, with decodes per step (inter-token samples / steps) and prompt tokens
+computed per step as features. Any other window contributes its mean inter-token
+latency (every ITL sample is one step seen by one decoding sequence) with the
+decode-weighted mean of the running gauge (sum running^2 / sum running) and prompt
+tokens per step as features. Both are regressed together by non-negative least
+squares weighted by their sample counts; the coefficients are (base, per_seq,
+1 / prefill rate). `--refine-iterations N` (experimental, off by default) corrects
+the ITL approximation's bias by simulating the same schedules. The per-request
+overhead is the median over runs of mean client latency minus mean engine e2e.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -389,17 +390,34 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _stop_group(process: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
-    if process.poll() is not None:
-        return
+def _group_alive(pgid: int) -> bool:
     try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=grace_s)
+        os.killpg(pgid, 0)
     except ProcessLookupError:
-        return
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=grace_s)
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stop_group(process: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    """SIGTERM the server's process group, SIGKILL what is left after `grace_s`, until none of it remains.
+
+    vLLM starts helper processes of its own (model registry inspection, the engine core), so the
+    leader exiting is not enough: the whole group must be gone.
+    """
+    pgid = process.pid
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and (process.poll() is None or _group_alive(pgid)):
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    process.wait(timeout=grace_s)
+    deadline = time.monotonic() + grace_s
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 @contextmanager
