@@ -908,8 +908,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum: int, _frame: object) -> None:
+    # Unwind like Ctrl-C, so vllm_server's cleanup stops the engine's process group.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         from serving.calibration import resolve_any_profile
 
