@@ -215,7 +215,8 @@ class _Replica:
 class VirtualTier:
     """One service: replicas of BatchingModel behind a least-loaded router, all in virtual time."""
 
-    def __init__(self, seed: int, start: float):
+    def __init__(self, seed: int, start: float, service: str = SERVICE):
+        self.service = service
         self.rng = random.Random(seed + 1)
         self.start = start
         self.now = start
@@ -251,7 +252,7 @@ class VirtualTier:
         self.counter += 1
         profile = self._profile(self.profile_name)
         version = f"r{self.version_number}"
-        name = f"{SERVICE}-{version}-{self.counter}"
+        name = f"{self.service}-{version}-{self.counter}"
         registry = CollectorRegistry()
         metrics = VllmMetrics(registry, MODEL)
         hbm = HbmModel(profile, lambda: self.now)
@@ -261,7 +262,7 @@ class VirtualTier:
         replica = _Replica(name, version, profile, BatchingModel(profile), registry, metrics, hbm, cpu)
         replica.labels = {
             "namespace": NAMESPACE,
-            "service": SERVICE,
+            "service": self.service,
             "version": version,
             "replica": name,
             "job": "vllm",
@@ -277,7 +278,7 @@ class VirtualTier:
         try:
             replica.core.add(request)
         except RequestRejected:
-            self.router.requests.labels(SERVICE, replica.version, "400").inc()
+            self.router.requests.labels(self.service, replica.version, "400").inc()
             return
         request.network_delay = network_delay  # type: ignore[attr-defined]
         replica.in_flight += 1
@@ -312,11 +313,11 @@ class VirtualTier:
             replica.in_flight -= 1
             delay = float(getattr(request, "network_delay", 0.0))
             assert request.finished_at is not None
-            self.router.duration.labels(SERVICE, replica.version, "0").observe(
+            self.router.duration.labels(self.service, replica.version, "0").observe(
                 request.finished_at - request.arrival + delay + 0.0008
             )
-            self.router.requests.labels(SERVICE, replica.version, "200").inc()
-            self.router.overhead.labels(SERVICE).observe(delay + 0.0008)
+            self.router.requests.labels(self.service, replica.version, "200").inc()
+            self.router.overhead.labels(self.service).observe(delay + 0.0008)
         self._start_step(replica, ended)
 
     def retire_drained(self) -> None:
@@ -409,17 +410,52 @@ def generate(
     segments: Sequence[Segment] | None = None,
     scrape_interval_s: float = SCRAPE_INTERVAL_S,
     profiles: Mapping[str, EngineProfile] | None = None,
+    services: int = 1,
     progress: bool = False,
 ) -> GeneratedDataset:
-    """Run the scenario of `seed` for `duration_s` virtual seconds; pure apart from reading the trace file."""
+    """Run the scenario of `seed` for `duration_s` virtual seconds; pure apart from reading the trace file.
+
+    With `services` > 1, services chat, chat-1, chat-2, ... each run their own scenario (seed + 7919 * i),
+    so one window holds several independent targets.
+    """
     if scrape_interval_s <= 0 or duration_s < scrape_interval_s:
         raise DatasetError(f"duration ({duration_s:g}s) must be at least one scrape interval ({scrape_interval_s:g}s)")
-    path = BUILTIN_TRACES.get(trace, Path(trace))
-    requests = read_trace(path)
-    segments = list(segments) if segments is not None else make_scenario(seed, duration_s)
-    tier = VirtualTier(seed, start)
-    tier.profiles.update(profiles or {})  # named in segments in addition to serving/profiles/*.yaml
+    if services < 1:
+        raise DatasetError(f"services must be at least 1, got {services}")
+    requests = read_trace(BUILTIN_TRACES.get(trace, Path(trace)))
     recorder = Recorder()
+    all_segments: list[Segment] = []
+    routed = 0
+    bar = tqdm(total=int(duration_s) * services, unit="vs", desc="virtual seconds", disable=not progress)
+    for index in range(services):
+        service_seed = seed + 7919 * index
+        service = SERVICE if index == 0 else f"{SERVICE}-{index}"
+        plan = list(segments) if segments is not None else make_scenario(service_seed, duration_s)
+        all_segments.extend(plan)
+        routed += _run_service(
+            service, service_seed, plan, requests, recorder, start, duration_s, scrape_interval_s, profiles, bar
+        )
+    bar.close()
+    return GeneratedDataset(
+        recorder.render(), recorder.samples, start, start + duration_s, all_segments, routed, scrape_interval_s
+    )
+
+
+def _run_service(
+    service: str,
+    seed: int,
+    segments: Sequence[Segment],
+    requests: Sequence[TraceRequest],
+    recorder: Recorder,
+    start: float,
+    duration_s: float,
+    scrape_interval_s: float,
+    profiles: Mapping[str, EngineProfile] | None,
+    bar: Any,
+) -> int:
+    """The discrete-event loop of one service: arrivals, engine steps and scrapes in time order."""
+    tier = VirtualTier(seed, start, service)
+    tier.profiles.update(profiles or {})  # named in segments in addition to serving/profiles/*.yaml
     rng = random.Random(seed + 2)
     pending = arrivals(requests, segments, duration_s)
     next_arrival = next(pending, None)
@@ -427,7 +463,6 @@ def generate(
     end = start + duration_s
     current: Segment | None = None
     routed = 0
-    bar = tqdm(total=int(duration_s), unit="vs", desc="virtual seconds", disable=not progress)
     while next_scrape <= end:
         steps = [(r.step_end, i) for i, r in enumerate(tier.replicas) if r.step_end is not None]
         next_step = min(steps) if steps else None
@@ -464,8 +499,7 @@ def generate(
         assert next_step is not None
         tier.now = step_at
         tier.finish_step(tier.replicas[next_step[1]])
-    bar.close()
-    return GeneratedDataset(recorder.render(), recorder.samples, start, end, segments, routed, scrape_interval_s)
+    return routed
 
 
 # -- command line ------------------------------------------------------------------------------------
@@ -573,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--start", type=float, default=DEFAULT_START, help="unix time of the first sample")
     gen.add_argument("--trace", default="conv", help="conv, code or a CSV path")
     gen.add_argument("--backfill", action="store_true", help="also write TSDB blocks to OUT/data with promtool")
+    gen.add_argument("--services", type=int, default=1, help="independent services (targets), each its own scenario")
     gen.add_argument("--live", action="store_true", help="real time: the tier process scraped by a real Prometheus")
     gen.add_argument("--minutes", type=float, default=10.0, help="--live: how long to replay (wall clock)")
     gen.add_argument("--rate-scale", type=float, default=4.0, help="--live: trace rate multiplier")
@@ -597,7 +632,9 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --hours must be positive", file=sys.stderr)
         return 2
     try:
-        dataset = generate(args.seed, args.hours * 3600.0, start=args.start, trace=args.trace, progress=True)
+        dataset = generate(
+            args.seed, args.hours * 3600.0, start=args.start, trace=args.trace, services=args.services, progress=True
+        )
         summary = write_dataset(dataset, args.out, backfill=args.backfill)
     except (DatasetError, OSError, ValueError) as failed:
         print(f"error: {failed}", file=sys.stderr)
