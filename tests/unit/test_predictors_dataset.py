@@ -60,3 +60,11 @@ def test_bad_duration_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFix
         generate(1, 5.0)
     assert main(["generate", "--seed", "1", "--hours", "0", "--out", str(tmp_path)]) == 2
     assert "--hours must be positive" in capsys.readouterr().err
+
+
+def test_several_services_are_independent_targets() -> None:
+    segments = [Segment(0.0, 30.0, "slow", 1, 0.05, 0.2, 1.0, 1.0, 0.005, 0.005, 0.002)]
+    text = generate(3, 30.0, segments=segments, scrape_interval_s=5.0, profiles={"slow": SLOW}, services=2).openmetrics
+    assert 'service="chat"' in text and 'service="chat-1"' in text
+    with pytest.raises(DatasetError, match="services must be at least 1"):
+        generate(3, 30.0, services=0)
