@@ -9,8 +9,8 @@ only data available at prediction time t. Metric names are those of vLLM 0.32
 The three SLIs (one per SLA dimension; docs/sla-model.md):
 - cpu: P99 of vllm:request_queue_time_seconds over 1m (scheduling: time spent WAITING);
 - gpu: P99 of vllm:request_inference_time_seconds over 1m (RUNNING = prefill + decode);
-- network: P99 router-observed latency (tailguard_router_request_duration_seconds) minus P99 engine
-  end-to-end latency (vllm:e2e_request_latency_seconds), over 1m.
+- network: P99 over 1m of router-observed latency minus the engine exchange, per request
+  (tailguard_router_proxy_overhead_seconds, serving/router.py).
 """
 
 from __future__ import annotations
@@ -66,7 +66,11 @@ def _cumulative_entropy(metric: str, window: str = "5m") -> str:
 
 CPU_SLI = _quantile(0.99, "vllm:request_queue_time_seconds")
 GPU_SLI = _quantile(0.99, "vllm:request_inference_time_seconds")
-NETWORK_SLI = (
+# Per request, the router observes its latency minus the upstream exchange with the engine
+# (serving/router.py); the P99 of that difference is the network SLI. A difference of two P99s (router P99
+# minus engine P99) is not a quantile of anything and goes far negative under overload, so it is only a feature.
+NETWORK_SLI = _quantile(0.99, "tailguard_router_proxy_overhead_seconds")
+ROUTER_MINUS_ENGINE_P99 = (
     f"({_quantile(0.99, 'tailguard_router_request_duration_seconds')})"
     f" - ({_quantile(0.99, 'vllm:e2e_request_latency_seconds')})"
 )
@@ -145,7 +149,14 @@ FEATURES: tuple[FeatureSpec, ...] = (
     FeatureSpec("prefill_time_p99", _quantile(0.99, "vllm:request_prefill_time_seconds"), "P99 prefill time, 1m"),
     FeatureSpec("decode_time_p99", _quantile(0.99, "vllm:request_decode_time_seconds"), "P99 decode time, 1m"),
     FeatureSpec("e2e_p99", _quantile(0.99, "vllm:e2e_request_latency_seconds"), "P99 engine end-to-end latency"),
-    FeatureSpec("network_overhead_p99", NETWORK_SLI, "current network SLI: router P99 minus engine P99, 1m"),
+    FeatureSpec(
+        "network_overhead_p99", NETWORK_SLI, "current network SLI: P99 of router latency minus upstream time, 1m"
+    ),
+    FeatureSpec(
+        "router_minus_engine_p99",
+        ROUTER_MINUS_ENGINE_P99,
+        "router-observed P99 latency minus engine-reported P99 end-to-end latency, 1m",
+    ),
     FeatureSpec(
         "replicas",
         _agg("count", "vllm:num_requests_running{ {{ selector }} }"),
