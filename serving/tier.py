@@ -48,7 +48,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from serving.profiles import EngineProfile, profile_from_dict, resolve_profile
 from serving.router import ReplicaTarget, Router, VersionTarget
 from serving.simulator import ReplicaEngine, make_replica_app
-from serving.supervisor import Replica, ReplicaSpec, Supervisor, free_port, vllm_command, vllm_environment
+from serving.supervisor import (
+    Replica,
+    ReplicaSpec,
+    Supervisor,
+    free_port,
+    short_scratch_dir,
+    vllm_command,
+    vllm_environment,
+)
 from serving.tiny_model import DEFAULT_MODEL_DIR, TinyModelError, ensure_tiny_model
 from serving.vllm_args import platform_args, profile_cli_args, validate_cli_args
 from serving.yamlfile import ConfigFileError, load_yaml_model
@@ -340,6 +348,7 @@ class Tier:
     def _start_vllm_replica(self, service: ServiceState, version: str, replica_id: str, profile: EngineProfile) -> None:
         assert self.supervisor is not None
         port = free_port()
+        scratch = short_scratch_dir(replica_id)
         command = vllm_command(
             self._serving_python(),
             Path(self.config.vllm.model_dir).absolute(),
@@ -356,7 +365,8 @@ class Tier:
             command=tuple(command),
             port=port,
             log_path=self.state_dir / "replicas" / f"{replica_id}.log",
-            env=vllm_environment(self.state_dir / "vllm-cache" / replica_id),
+            env=vllm_environment(self.state_dir / "vllm-cache" / replica_id, scratch),
+            scratch_dirs=(scratch,),
         )
         supervised = self.supervisor.start(spec)
         self.replicas[replica_id] = RunningReplica(
