@@ -132,6 +132,26 @@ def _die_with_parent() -> None:
         pass  # not Linux: atexit and stop_all still apply
 
 
+def set_autogroup_nice(pid: int | str, nice: int) -> None:
+    """With CFS autogroups (sched_autogroup_enabled), each session shares the CPU equally with the others
+    whatever its threads' nice values: a replica in its own session is deprioritised through its autogroup."""
+    with open(f"/proc/{pid}/autogroup", "w", encoding="ascii") as handle:
+        handle.write(str(nice))
+
+
+def _child_setup(startup_nice: int) -> Callable[[], None]:
+    def setup() -> None:
+        _die_with_parent()
+        if startup_nice:
+            os.nice(startup_nice)
+            try:
+                set_autogroup_nice("self", startup_nice)  # runs after setsid: this is the replica's own group
+            except OSError:
+                pass  # no autogroups here: the thread nice above is what counts
+
+    return setup
+
+
 def _kill_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
@@ -151,6 +171,7 @@ class Supervisor:
         health_timeout_s: float = 5.0,
         warmup_completions: int = 3,
         stop_grace_s: float = 10.0,
+        startup_nice: int = 10,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ):
         self.on_change = on_change
@@ -162,6 +183,10 @@ class Supervisor:
         self.health_timeout_s = health_timeout_s
         self.warmup_completions = warmup_completions
         self.stop_grace_s = stop_grace_s
+        # A cold vLLM start is seconds of pure CPU; on a small box it would starve the replicas serving traffic
+        # (measured: the stable version's P99 0.3 s -> 2.5 s on 2 cores). It starts at a lower CPU priority and
+        # gets the normal one back once warm.
+        self.startup_nice = startup_nice
         self.sleep = sleep
         self.replicas: dict[str, Replica] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -242,7 +267,7 @@ class Supervisor:
                 env={**os.environ, **spec.env},
                 cwd=spec.cwd,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_child_setup(self.startup_nice),
             )
         log.info("replica %s started (pid %s, port %s)", spec.id, replica.process.pid, spec.port)
 
@@ -304,6 +329,7 @@ class Supervisor:
                 replica.last_warmup = result
                 self.metrics.warmups.labels(spec.service, spec.version, "ok" if result.ok else result.step).inc()
                 if result.ok:
+                    self._restore_priority(replica)
                     replica.warm = True
                     log.info("replica %s warm (restarts so far: %s); joins the router", spec.id, replica.restarts)
                     self._changed(replica)
@@ -332,6 +358,19 @@ class Supervisor:
             # A restarted replica rejoins at half weight: it has just failed once.
             replica.failover = FailoverState(rotation=Rotation.RECOVERING)
             await self.sleep(delay)
+
+    def _restore_priority(self, replica: Replica) -> None:
+        if not self.startup_nice or replica.process is None:
+            return
+        try:
+            # PRIO_PGRP reaches every thread of every process in the replica's group (nice is per thread).
+            os.setpriority(os.PRIO_PGRP, replica.process.pid, 0)
+            if Path(f"/proc/{replica.process.pid}/autogroup").exists():
+                set_autogroup_nice(replica.process.pid, 0)
+        except OSError as exc:
+            log.warning(
+                "replica %s keeps its start-up CPU priority (nice %s): %s", replica.spec.id, self.startup_nice, exc
+            )
 
     async def _terminate(self, replica: Replica) -> None:
         process = replica.process

@@ -106,6 +106,16 @@ def argument_named_in(message: str) -> str:
     return ""
 
 
+def _low_priority() -> None:
+    os.nice(10)
+    try:
+        # Its own session (start_new_session) is its own CFS autogroup, where nice takes effect against others.
+        with open("/proc/self/autogroup", "w", encoding="ascii") as handle:
+            handle.write("10")
+    except OSError:
+        pass
+
+
 def validate_cli_args(
     serving_python: Path, args: list[str], model_dir: Path | None = None, timeout_s: float = 180.0
 ) -> ValidationResult:
@@ -132,6 +142,9 @@ def validate_cli_args(
             text=True,
             timeout=timeout_s,
             check=False,
+            # Importing vLLM is seconds of CPU: at low priority, so replicas serving traffic do not feel it.
+            preexec_fn=_low_priority,
+            start_new_session=True,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return ValidationResult(False, "", f"could not run vLLM's argument parser with {serving_python}: {exc}")
