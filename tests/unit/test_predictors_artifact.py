@@ -19,6 +19,7 @@ from predictors.artifact import (
     load_artifact,
     predict_proba,
     save_artifact,
+    single_threaded,
 )
 from predictors.features import feature_hash, feature_names
 from predictors.modeling import calibrate, fit_gbm, fit_logistic
@@ -30,7 +31,8 @@ def _artifact() -> ModelArtifact:
     X = rng.normal(size=(300, len(feature_names())))
     X[::5, 2] = np.nan
     y = (X[:, 0] > 0.2).astype(np.int64)
-    models = {d: calibrate(fit_gbm(X, y), X, y) for d in DIMENSIONS}
+    with single_threaded():  # OpenMP spinning on a busy 2-core machine makes the fits slow
+        models = {d: calibrate(fit_gbm(X, y), X, y) for d in DIMENSIONS}
     return ModelArtifact(
         models=models,
         feature_names=feature_names(),
