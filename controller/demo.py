@@ -342,7 +342,7 @@ def run_demo(
             evaluation_interval="1s",
             scrape_configs=[
                 http_sd_scrape_config("vllm", f"{control_url}/api/v1/sd", refresh_interval="1s"),
-                static_scrape_config("router", [router_url.removeprefix("http://")]),
+                static_scrape_config("router", [router_url.removeprefix("http://")], labels={"namespace": NAMESPACE}),
                 static_scrape_config("tailguard", [f"127.0.0.1:{controller_port}"]),
             ],
         )
