@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -573,6 +574,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     engine = ENGINES[args.engine]
+
+    def terminate(signum: int, _frame: object) -> None:
+        # SIGTERM's default action would skip the cleanup below and leave the tier and its vLLM processes behind.
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
     timings = DemoTimings(warmup_s=args.warmup) if engine.engine == "simulator" else vllm_timings(args.warmup)
     try:
         summary = run_demo(Path(args.out), timings, engine=engine)
