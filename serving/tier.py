@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import math
 import os
 import signal
@@ -806,6 +807,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=None, help="control API port (0 = any free port)")
     parser.add_argument("--engine", choices=("simulator", "vllm"), default=None, help="override the config's engine")
     args = parser.parse_args(argv)
+    # The supervisor reports replica starts, warm-ups, failovers and restarts through logging (stderr).
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load_tier_config(args.config)
         if args.engine is not None:
