@@ -239,11 +239,17 @@ class Split:
 
 def time_split(rows: Rows, train: float = 0.6, validation: float = 0.2) -> Split:
     """Split by time, never shuffled: train < validation < test. The last horizon before each boundary is
-    dropped from the earlier part (its labels would look across the boundary into the later part)."""
-    first, last = float(rows.times.min()), float(rows.times.max())
-    span = last - first
-    train_end = first + span * train
-    val_end = first + span * (train + validation)
+    dropped from the earlier part (its labels would look across the boundary into the later part).
+
+    The boundaries are quantiles of the times of rows with a known label, so a window made of several
+    recorded stretches with gaps between them (no data, no labels) is split by its data, not its span."""
+    labelled = np.zeros(len(rows), dtype=bool)
+    for values in rows.labels.values():
+        labelled |= np.isfinite(values)
+    times = rows.times[labelled] if labelled.any() else rows.times
+    last = float(rows.times.max())
+    train_end = float(np.quantile(times, train)) if train < 1 else last
+    val_end = float(np.quantile(times, train + validation)) if train + validation < 1 else last
     embargo = rows.horizon_s
     t = rows.times
     return Split(

@@ -34,10 +34,17 @@ class FeatureSpec:
     description: str
 
 
-def _quantile(q: float, metric: str, window: str = "1m") -> str:
+def _quantile(q: float, metric: str, window: str = "1m", offset: str = "") -> str:
+    shift = f" offset {offset}" if offset else ""
     return (
-        f"histogram_quantile({q}, sum by (le, {{{{ by }}}}) (rate({metric}_bucket{{ {{{{ selector }}}} }}[{window}])))"
+        f"histogram_quantile({q}, sum by (le, {{{{ by }}}})"
+        f" (rate({metric}_bucket{{ {{{{ selector }}}} }}[{window}]{shift})))"
     )
+
+
+def _over(function: str, expression: str, window: str) -> str:
+    # A subquery evaluates `expression` every scrape interval in the window before t (never after it).
+    return f"{function}(({expression})[{window}:15s])"
 
 
 def _ratio(numerator: str, denominator: str) -> str:
@@ -81,6 +88,10 @@ DEFAULT_SLI_THRESHOLDS: dict[str, float] = {"cpu": 1.0, "gpu": 20.0, "network": 
 _OVERHEAD_MEAN = _ratio(
     _rate("tailguard_router_proxy_overhead_seconds_sum", "30s"),
     _rate("tailguard_router_proxy_overhead_seconds_count", "30s"),
+)
+
+_ITL_MEAN_30S = _ratio(
+    _rate("vllm:inter_token_latency_seconds_sum", "30s"), _rate("vllm:inter_token_latency_seconds_count", "30s")
 )
 
 FEATURES: tuple[FeatureSpec, ...] = (
@@ -184,6 +195,111 @@ FEATURES: tuple[FeatureSpec, ...] = (
         "network_jitter",
         f"stddev_over_time(({_OVERHEAD_MEAN})[5m:15s])",
         "standard deviation over 5m of the router's mean proxy overhead (30s means, every 15s)",
+    ),
+    # -- trends, recent extremes and lags: what the next horizon is likely to bring (issue 5, round 2) --
+    FeatureSpec(
+        "queue_time_p99_max_1m",
+        _over("max_over_time", CPU_SLI, "1m"),
+        "highest CPU SLI over the last minute (what persistence knows)",
+    ),
+    FeatureSpec("queue_time_p99_slope", _over("deriv", CPU_SLI, "2m"), "CPU SLI slope over 2m (s per s)"),
+    FeatureSpec(
+        "queue_time_p99_1m_ago",
+        _quantile(0.99, "vllm:request_queue_time_seconds", offset="1m"),
+        "CPU SLI one minute ago (lag)",
+    ),
+    FeatureSpec(
+        "inference_time_p99_max_1m",
+        _over("max_over_time", GPU_SLI, "1m"),
+        "highest GPU SLI over the last minute",
+    ),
+    FeatureSpec("inference_time_p99_slope", _over("deriv", GPU_SLI, "2m"), "GPU SLI slope over 2m (s per s)"),
+    FeatureSpec(
+        "inference_time_p99_1m_ago",
+        _quantile(0.99, "vllm:request_inference_time_seconds", offset="1m"),
+        "GPU SLI one minute ago (lag)",
+    ),
+    FeatureSpec(
+        "network_overhead_p99_max_1m",
+        _over("max_over_time", NETWORK_SLI, "1m"),
+        "highest network SLI over the last minute",
+    ),
+    FeatureSpec("network_overhead_p99_slope", _over("deriv", NETWORK_SLI, "2m"), "network SLI slope over 2m"),
+    FeatureSpec(
+        "network_overhead_mean_30s",
+        _OVERHEAD_MEAN,
+        "mean router proxy overhead over the last 30s (reacts before the 1m P99)",
+    ),
+    FeatureSpec(
+        "queue_waiting_slope",
+        _over("deriv", _agg("sum", "vllm:num_requests_waiting{ {{ selector }} }"), "1m"),
+        "growth of the waiting queue over 1m (requests per second)",
+    ),
+    FeatureSpec(
+        "queue_waiting_max_1m",
+        _over("max_over_time", _agg("sum", "vllm:num_requests_waiting{ {{ selector }} }"), "1m"),
+        "longest waiting queue over the last minute",
+    ),
+    FeatureSpec(
+        "request_rate_per_replica",
+        f"{_agg('sum', _rate('vllm:request_success_total', '1m'))}"
+        f" / {_agg('count', 'vllm:num_requests_running{ {{ selector }} }')}",
+        "finished requests per second per replica over 1m (load against capacity)",
+    ),
+    FeatureSpec(
+        "request_surge_ratio_short",
+        f"{_agg('sum', _rate('vllm:request_success_total', '30s'))}"
+        f" / {_agg('sum', _rate('vllm:request_success_total', '5m'))}",
+        "request rate over 30s divided by the rate over 5m (a faster surge signal)",
+    ),
+    FeatureSpec(
+        "request_rate_slope",
+        _over("deriv", _agg("sum", _rate("vllm:request_success_total", "1m")), "2m"),
+        "acceleration of the request rate over 2m (requests per second per second)",
+    ),
+    FeatureSpec(
+        "kv_cache_usage_max_1m",
+        _over("max_over_time", _agg("max", "vllm:kv_cache_usage_perc{ {{ selector }} }"), "1m"),
+        "highest KV-cache usage of any replica over the last minute",
+    ),
+    FeatureSpec(
+        "mean_output_tokens_1m",
+        _ratio(_rate("vllm:request_generation_tokens_sum", "1m"), _rate("vllm:request_generation_tokens_count", "1m")),
+        "mean generated length of the requests finished in the last minute (engine time grows with it)",
+    ),
+    FeatureSpec(
+        "itl_p90_slope",
+        _over("deriv", _quantile(0.9, "vllm:inter_token_latency_seconds"), "2m"),
+        "inter-token latency P90 slope over 2m (engine slowing down)",
+    ),
+    FeatureSpec(
+        "expected_queue_wait",
+        f"{_agg('sum', 'vllm:num_requests_waiting{ {{ selector }} }')}"
+        f" / {_agg('sum', _rate('vllm:request_success_total', '1m'))}",
+        "requests waiting divided by the rate they finish at (Little's law): seconds a request now joining the "
+        "queue can expect to wait; the queue-time SLI only sees a wait once that request has finished",
+    ),
+    FeatureSpec(
+        "expected_inference_time",
+        f"histogram_quantile(0.99, sum by (le, {{{{ by }}}}) (rate(vllm:request_generation_tokens_bucket"
+        f"{{ {{{{ selector }}}} }}[5m]))) * {_ITL_MEAN_30S}",
+        "P99 output length (5m) times the mean inter-token latency of the last 30s: the engine time a long "
+        "request running now will take, before the GPU SLI (finished requests) shows it",
+    ),
+    FeatureSpec(
+        "running_per_replica",
+        _agg("avg", "vllm:num_requests_running{ {{ selector }} }"),
+        "mean running requests per replica (batch size: inter-token latency grows with it)",
+    ),
+    FeatureSpec(
+        "youngest_replica_samples_10m",
+        _agg("min", "count_over_time(vllm:num_requests_running{ {{ selector }} }[10m])"),
+        "scrapes of the youngest replica in the last 10m: small right after a rollout or scale-up",
+    ),
+    FeatureSpec(
+        "versions",
+        _agg("count", _agg("count", "vllm:num_requests_running{ {{ selector }} }").replace("by (", "by (version, ", 1)),
+        "versions serving at once (> 1 while a rollout drains the old one)",
     ),
 )
 

@@ -33,10 +33,12 @@ from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact, single
 from predictors.data import DataError, Rows, build_rows, policy_thresholds, time_split
 from predictors.evaluate import evaluate_rows, public_report, render_markdown
 from predictors.features import feature_hash, feature_names
-from predictors.modeling import calibrate, choose_threshold, fit_gbm, fit_logistic
+from predictors.modeling import choose_threshold, fit_calibrated_cv, gbm_estimator, logistic_estimator
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_HORIZON_S = 60.0
+DEFAULT_HOLDOUT = 0.2
+DEFAULT_FOLDS = 5
 
 
 class TrainingError(ValueError):
@@ -56,29 +58,43 @@ def fit_artifact(
     group_by: Sequence[str],
     seed: int = 0,
     now: float | None = None,
+    holdout: float = DEFAULT_HOLDOUT,
+    folds: int = DEFAULT_FOLDS,
 ) -> tuple[ModelArtifact, dict[str, str]]:
-    """Fit every dimension that has both classes in train and validation; returns (artifact, skipped reasons)."""
-    split = time_split(rows)
+    """Fit every dimension that has both classes in every cross-validation fold; returns (artifact, skipped).
+
+    The last `holdout` share of the window (by time) is only scored. On the rest, blocked time-series
+    cross-validation gives every row an out-of-fold probability: the sigmoid calibration and the decision
+    threshold are chosen on those, and the model itself is fitted on all of it.
+    """
+    split = time_split(rows, train=1.0 - holdout, validation=0.0)
     models: dict[str, Any] = {}
     baselines: dict[str, Any] = {}
     decision: dict[str, float] = {}
     baseline_cuts: dict[str, float] = {}
     skipped: dict[str, str] = {}
+    train_times = split.train.times
     for dimension in DIMENSIONS:
+        known = np.isfinite(split.train.labels[dimension])
         x_train, y_train = _known(split.train, dimension)
-        x_val, y_val = _known(split.validation, dimension)
-        for part, y in (("training", y_train), ("validation", y_val)):
-            if dimension not in skipped and (y.shape[0] == 0 or y.min() == y.max()):
-                skipped[dimension] = (
-                    f"the {part} part has only one class ({int(y.sum())} breaches in {y.shape[0]} rows)"
-                )
-        if dimension in skipped:
+        if y_train.shape[0] == 0 or y_train.min() == y_train.max():
+            skipped[dimension] = (
+                f"the training part has only one class ({int(y_train.sum())} breaches in {y_train.shape[0]} rows)"
+            )
             continue
-        with single_threaded():
-            gbm = calibrate(fit_gbm(x_train, y_train, seed), x_val, y_val)
-            logistic = calibrate(fit_logistic(x_train, y_train), x_val, y_val)
-            decision[dimension] = choose_threshold(gbm.predict_proba(x_val)[:, 1], y_val)
-            baseline_cuts[dimension] = choose_threshold(logistic.predict_proba(x_val)[:, 1], y_val)
+        try:
+            with single_threaded():
+                gbm, gbm_oof = fit_calibrated_cv(
+                    gbm_estimator(seed), x_train, y_train, train_times[known], rows.horizon_s, folds
+                )
+                logistic, logistic_oof = fit_calibrated_cv(
+                    logistic_estimator(), x_train, y_train, train_times[known], rows.horizon_s, folds
+                )
+        except ValueError as failed:
+            skipped[dimension] = str(failed)
+            continue
+        decision[dimension] = choose_threshold(gbm_oof, y_train)
+        baseline_cuts[dimension] = choose_threshold(logistic_oof, y_train)
         models[dimension] = gbm
         baselines[dimension] = logistic
     if not models:
@@ -91,7 +107,7 @@ def fit_artifact(
         thresholds=dict(rows.thresholds),
         decision_thresholds=decision,
         sklearn_version=sklearn.__version__,
-        trained_window=(float(rows.times.min()), float(split.boundaries[1])),
+        trained_window=(float(rows.times.min()), float(split.boundaries[0])),
         created_at=time.time() if now is None else now,
         report={},
         baselines=baselines,
@@ -103,8 +119,8 @@ def fit_artifact(
         "baseline_thresholds": baseline_cuts,
         "split": {
             "train_end": split.boundaries[0],
-            "validation_end": split.boundaries[1],
-            "rows": {"train": len(split.train), "validation": len(split.validation), "test": len(split.test)},
+            "folds": folds,
+            "rows": {"train": len(split.train), "test": len(split.test)},
         },
         "skipped": skipped,
         "held_out": _strip_rows(public_report(held_out)) if held_out is not None else None,
@@ -144,6 +160,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--step", default="15s", metavar="DURATION", help="evaluation step (default 15s)")
     parser.add_argument("--threshold", action="append", type=_threshold, default=[], metavar="DIM=SECONDS")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--holdout",
+        type=float,
+        default=DEFAULT_HOLDOUT,
+        help="share of the window (last, by time) only scored, never fitted (default 0.2; 0 = fit on all)",
+    )
+    parser.add_argument("--folds", type=int, default=DEFAULT_FOLDS, help="blocked cross-validation folds (default 5)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per Prometheus request")
     return parser
 
@@ -170,6 +193,8 @@ def main(argv: Sequence[str]) -> int:
             horizon, step = parse_duration(args.horizon), parse_duration(args.step)
         except ValueError as bad:
             raise UsageError(f"--horizon/--step: {bad}") from None
+        if not 0 <= args.holdout < 1 or args.folds < 2:
+            raise UsageError(f"--holdout must be in [0, 1) and --folds at least 2 (got {args.holdout}, {args.folds})")
         if step <= 0 or horizon < step:
             raise UsageError(f"--horizon ({args.horizon}) must be at least one --step ({args.step}) > 0")
         settings = PrometheusSettings(url=args.prometheus, timeout=args.timeout)
@@ -207,7 +232,12 @@ def main(argv: Sequence[str]) -> int:
             source, policy.targets.match, policy.targets.groupBy, start, end, step, horizon, thresholds, progress=True
         )
         artifact, skipped = fit_artifact(
-            rows, match=policy.targets.match, group_by=policy.targets.groupBy, seed=args.seed
+            rows,
+            match=policy.targets.match,
+            group_by=policy.targets.groupBy,
+            seed=args.seed,
+            holdout=args.holdout,
+            folds=args.folds,
         )
     except (DataError, TrainingError) as bad:
         print(f"tailguard train: error: {bad}", file=sys.stderr)

@@ -152,3 +152,63 @@ def test_policy_thresholds_from_vars_and_overrides() -> None:
     assert thresholds == {"cpu": 2.5, "gpu": 9.0, "network": 0.25}
     with pytest.raises(DataError, match="vars.sla_cpu_seconds: expected seconds or a duration"):
         policy_thresholds(_policy({"sla_cpu_seconds": "soon"}))
+
+
+def test_blocked_folds_partition_the_rows_with_an_embargo() -> None:
+    from predictors.modeling import blocked_folds
+
+    # two targets share one time grid: a time block holds both targets' rows
+    times = np.concatenate([np.arange(100) * 15.0, np.arange(100) * 15.0])
+    splits = blocked_folds(times, 60.0, folds=5)
+    assert len(splits) == 5
+    tested = np.concatenate([test for _, test in splits])
+    assert sorted(tested.tolist()) == list(range(200))  # every row tested exactly once
+    for train, test in splits:
+        first, last = times[test].min(), times[test].max()
+        assert not set(train.tolist()) & set(test.tolist())
+        # no training row within one horizon of the test block (its label would see the test block)
+        near = (times[train] >= first - 60.0) & (times[train] <= last + 60.0)
+        assert not near.any()
+        # both targets' rows at a time are in the same block
+        values, counts = np.unique(times[test], return_counts=True)
+        assert (counts == 2).all(), values[counts != 2]
+
+
+def test_fit_calibrated_cv_scores_every_row_out_of_fold() -> None:
+    from predictors.artifact import single_threaded
+    from predictors.modeling import fit_calibrated_cv, gbm_estimator
+
+    rng = np.random.default_rng(3)
+    times = np.arange(400) * 15.0
+    X = rng.normal(size=(400, 3))
+    y = (X[:, 0] + 0.3 * rng.normal(size=400) > 0.3).astype(np.int64)
+    with single_threaded():  # OpenMP threads spinning on a busy 2-core machine cost seconds per fit
+        model, out_of_fold = fit_calibrated_cv(gbm_estimator(0), X, y, times, 60.0, folds=4)
+    assert out_of_fold.shape == (400,)
+    assert ((out_of_fold >= 0) & (out_of_fold <= 1)).all()
+    # out-of-fold probabilities rank the labels, and the fitted model predicts in [0, 1]
+    assert np.mean((out_of_fold >= 0.5) == y) > 0.8
+    probabilities = model.predict_proba(X)[:, 1]
+    assert ((probabilities >= 0) & (probabilities <= 1)).all()
+    # a label column that one fold's training part lacks cannot be cross-validated: a clear error
+    only_late = np.zeros(400, dtype=np.int64)
+    only_late[390:] = 1
+    with pytest.raises(ValueError, match="one class only"), single_threaded():
+        fit_calibrated_cv(gbm_estimator(0), X, only_late, times, 60.0, folds=4)
+
+
+def test_time_split_follows_the_data_across_a_gap() -> None:
+    rows = _rows(n=40)
+    # a second recorded stretch far later (a gap of hours without data between them)
+    late = rows.select(np.ones(len(rows), dtype=bool))
+    late.times = late.times + 10 * 3600.0
+    both = rows.select(np.ones(len(rows), dtype=bool))
+    both.times = np.concatenate([rows.times, late.times])
+    both.target_index = np.concatenate([rows.target_index, late.target_index])
+    both.X = np.vstack([rows.X, late.X])
+    for name in ("sli", "labels", "persistence"):
+        setattr(both, name, {d: np.concatenate([getattr(rows, name)[d], getattr(late, name)[d]]) for d in rows.sli})
+    split = time_split(both, train=0.8, validation=0.0)
+    # by span, 80% would put the whole second stretch in the test part; by data, most of it is trained on
+    assert (split.train.times > rows.times.max()).sum() > 0
+    assert len(split.test) < len(both) * 0.3
