@@ -20,15 +20,17 @@ Array = npt.NDArray[np.float64]
 MIN_PRECISION = 0.9
 
 
-def gbm_estimator(seed: int = 0) -> HistGradientBoostingClassifier:
-    """The unfitted gradient-boosted model. HGB handles NaN natively (missing DCGM, no traffic)."""
-    # Shallow trees and large leaves: a few thousand rows from a handful of targets, strongly autocorrelated
-    # in time; deeper trees fit the training services' idiosyncrasies (blocked cross-validation, docs).
+def gbm_estimator(seed: int = 0, rows: int = 2000) -> HistGradientBoostingClassifier:
+    """The unfitted gradient-boosted model for a training set of about `rows` rows. HGB handles NaN natively
+    (missing DCGM, no traffic)."""
+    # Shallow trees and large leaves (2% of the rows, 5..40): a few thousand rows from a handful of targets,
+    # strongly autocorrelated in time; deeper trees fit the training services' idiosyncrasies (blocked
+    # cross-validation, docs/sla-model.md), while a short window still needs leaves small enough to split.
     return HistGradientBoostingClassifier(
         max_iter=150,
         learning_rate=0.05,
         max_depth=3,
-        min_samples_leaf=40,
+        min_samples_leaf=int(np.clip(rows // 50, 5, 40)),
         l2_regularization=1.0,
         random_state=seed,
     )
@@ -46,7 +48,7 @@ def logistic_estimator() -> Pipeline:
 
 
 def fit_gbm(X: Array, y: npt.NDArray[np.int64], seed: int = 0) -> HistGradientBoostingClassifier:
-    return gbm_estimator(seed).fit(X, y)
+    return gbm_estimator(seed, X.shape[0]).fit(X, y)
 
 
 def fit_logistic(X: Array, y: npt.NDArray[np.int64]) -> Pipeline:

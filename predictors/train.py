@@ -85,7 +85,7 @@ def fit_artifact(
         try:
             with single_threaded():
                 gbm, gbm_oof = fit_calibrated_cv(
-                    gbm_estimator(seed), x_train, y_train, train_times[known], rows.horizon_s, folds
+                    gbm_estimator(seed, x_train.shape[0]), x_train, y_train, train_times[known], rows.horizon_s, folds
                 )
                 logistic, logistic_oof = fit_calibrated_cv(
                     logistic_estimator(), x_train, y_train, train_times[known], rows.horizon_s, folds
