@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 import numpy as np
@@ -109,9 +110,15 @@ def calibrate(model: Any, X_val: Array, y_val: npt.NDArray[np.int64]) -> Calibra
     return calibrated.fit(X_val, y_val)
 
 
-def choose_threshold(probabilities: Array, y: npt.NDArray[np.int64], min_precision: float = MIN_PRECISION) -> float:
+def choose_threshold(
+    probabilities: Array, y: npt.NDArray[np.int64], min_precision: float = MIN_PRECISION, confidence_z: float = 0.0
+) -> float:
     """The decision threshold picked on validation data: the lowest probability cut whose precision is at
-    least `min_precision` (most recall at that precision); if none reaches it, the cut with the best F1."""
+    least `min_precision` (most recall at that precision); if none reaches it, the cut with the best F1.
+
+    With `confidence_z` > 0 the precision that must reach `min_precision` is the Wilson lower bound at that
+    many standard deviations: a cut whose precision only just reaches the target on the rows it was picked
+    on falls below it on new data about half the time."""
     candidates = np.unique(np.round(probabilities, 4))
     best_recall, best_recall_cut = -1.0, None
     best_f1, best_f1_cut = -1.0, 0.5
@@ -125,8 +132,17 @@ def choose_threshold(probabilities: Array, y: npt.NDArray[np.int64], min_precisi
         precision = tp / (tp + fp)
         recall = tp / positives
         f1 = 0.0 if precision + recall == 0 else 2 * precision * recall / (precision + recall)
-        if precision >= min_precision and recall > best_recall:
+        if _wilson_lower(precision, tp + fp, confidence_z) >= min_precision and recall > best_recall:
             best_recall, best_recall_cut = recall, float(cut)
         if f1 > best_f1:
             best_f1, best_f1_cut = f1, float(cut)
     return best_recall_cut if best_recall_cut is not None else best_f1_cut
+
+
+def _wilson_lower(share: float, n: int, z: float) -> float:
+    """Wilson score lower bound of a proportion observed as `share` over `n` trials (`share` when z = 0)."""
+    if z <= 0:
+        return share
+    centre = share + z * z / (2 * n)
+    spread = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n))
+    return (centre - spread) / (1 + z * z / n)

@@ -212,3 +212,12 @@ def test_time_split_follows_the_data_across_a_gap() -> None:
     # by span, 80% would put the whole second stretch in the test part; by data, most of it is trained on
     assert (split.train.times > rows.times.max()).sum() > 0
     assert len(split.test) < len(both) * 0.3
+
+
+def test_choose_threshold_with_a_confidence_margin_asks_for_more_precision() -> None:
+    # 100 rows at p = 0.6 (90 breaches), 50 at p = 0.9 (all breaches), 100 at p = 0.1 (none)
+    probabilities = np.concatenate([np.full(100, 0.6), np.full(50, 0.9), np.full(100, 0.1)])
+    labels = np.concatenate([np.r_[np.ones(90), np.zeros(10)], np.ones(50), np.zeros(100)]).astype(np.int64)
+    assert choose_threshold(probabilities, labels) == pytest.approx(0.6)  # 140/150 = 0.93 >= 0.9
+    # the Wilson lower bound of 140/150 at z = 1.645 is about 0.89: the margin moves the cut up
+    assert choose_threshold(probabilities, labels, confidence_z=1.645) == pytest.approx(0.9)
