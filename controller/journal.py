@@ -24,6 +24,7 @@ from typing import Any, Self
 
 from controller.engine import PolicyState
 from controller.model import MUTATING_ACTIONS, ActionRequest, ActionType, Decision, target_labels
+from controller.sqlite_store import immediate_transaction, make_durable, open_durable
 
 SCHEMA_VERSION = 1
 
@@ -202,16 +203,9 @@ class Journal:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock = threading.RLock()
+        self._db = open_durable(self.path, JournalError, "journal")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
-            self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False, timeout=30.0)
-        except (OSError, sqlite3.Error) as exc:
-            raise JournalError(f"journal {self.path}: cannot open: {exc}") from exc
-        self._db.row_factory = sqlite3.Row
-        try:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
+            make_durable(self._db)
             self._db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
         except sqlite3.DatabaseError as exc:
@@ -253,14 +247,8 @@ class Journal:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with immediate_transaction(self._db, self._lock) as db:
+            yield db
 
     # -- engine state ---------------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from controller.protocols import Clock
+from controller.sqlite_store import immediate_transaction, make_durable, open_durable
 
 SCHEMA_VERSION = 1
 
@@ -102,15 +103,9 @@ class Outbox:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock = threading.RLock()
+        self._db = open_durable(self.path, OutboxError, "outbox")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False, timeout=30.0)
-        except (OSError, sqlite3.Error) as exc:
-            raise OutboxError(f"outbox {self.path}: cannot open: {exc}") from exc
-        self._db.row_factory = sqlite3.Row
-        try:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
+            make_durable(self._db)
             with self._transaction() as db:
                 for statement in _SCHEMA:
                     db.execute(statement)
@@ -132,14 +127,8 @@ class Outbox:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with immediate_transaction(self._db, self._lock) as db:
+            yield db
 
     # -- producers --------------------------------------------------------------------------------------
 

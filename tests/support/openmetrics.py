@@ -12,30 +12,11 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-# vllm:e2e_request_latency_seconds bucket boundaries, from a real vLLM 0.32 /metrics page.
-VLLM_E2E_BUCKETS: tuple[float, ...] = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
+from serving.vllm_metrics import LATENCY_BUCKETS
+
+# vllm:e2e_request_latency_seconds bucket boundaries: the simulator's, which a test checks against a real
+# vLLM 0.32 /metrics page (tests/fixtures/vllm-0.32-cpu-metrics.txt).
+VLLM_E2E_BUCKETS: tuple[float, ...] = tuple(LATENCY_BUCKETS)
 VLLM_E2E = "vllm:e2e_request_latency_seconds"
 
 

@@ -1,0 +1,45 @@
+"""The SQLite conventions every durable store of the controller shares (the journal, the Grafana outbox).
+
+One connection per store, shared by threads under the store's lock; transactions are explicit
+(`BEGIN IMMEDIATE ... COMMIT`), the log is WAL and every COMMIT is fsynced (synchronous=FULL), so a
+committed row survives a crash of the process or of the machine.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def open_durable(path: Path, error: Callable[[str], Exception], what: str) -> sqlite3.Connection:
+    """Open (creating its folder) a store; an unusable path raises `error` with a message naming `what`."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
+        db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
+    except (OSError, sqlite3.Error) as exc:
+        raise error(f"{what} {path}: cannot open: {exc}") from exc
+    db.row_factory = sqlite3.Row
+    return db
+
+
+def make_durable(db: sqlite3.Connection) -> None:
+    """WAL and an fsync per COMMIT. Raises sqlite3.DatabaseError when the file is not a database."""
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+
+
+@contextmanager
+def immediate_transaction(db: sqlite3.Connection, lock: threading.RLock) -> Iterator[sqlite3.Connection]:
+    """One write transaction: takes the write lock up front, rolls back on any exception."""
+    with lock:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
