@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from controller.actuators.argocd import ArgoCDSettings
 from controller.actuators.grafana import GrafanaSettings
@@ -71,6 +71,23 @@ class AnnotationSettings(_Strict):
     grafana: GrafanaSettings | None = Field(default=None, description="also annotate in Grafana (durable outbox)")
 
 
+class WebhookAuthSettings(_Strict):
+    """The bearer token Alertmanager must send to `POST /api/v1/alerts`: named by a file or a variable, not a value."""
+
+    bearerTokenFile: str | None = Field(default=None, min_length=1, description="file holding the token")
+    bearerTokenEnv: str | None = Field(default=None, min_length=1, description="environment variable holding it")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> WebhookAuthSettings:
+        if (self.bearerTokenFile is None) == (self.bearerTokenEnv is None):
+            raise ValueError("expected exactly one of bearerTokenFile or bearerTokenEnv")
+        return self
+
+
+class WebhookTokenError(ValueError):
+    """The configured webhook token cannot be read; the message names where it was looked for, never its value."""
+
+
 class ControllerSettings(_Strict):
     prometheus: PrometheusSettings
     policies: list[str] = Field(min_length=1, description="policy files or directories (*.yaml, *.yml)")
@@ -83,6 +100,9 @@ class ControllerSettings(_Strict):
         default=None, description="rollout sources for attributing breaches (argocd, tier, kubernetes) and window"
     )
     annotations: AnnotationSettings | None = None
+    webhook: WebhookAuthSettings | None = Field(
+        default=None, description="bearer token required on POST /api/v1/alerts (absent: the webhook is open)"
+    )
     receivers: dict[str, WebhookReceiver] = Field(default_factory=dict, description="notify action receivers")
     links: LinkSettings = Field(default_factory=LinkSettings, description="Grafana/Argo CD links in notifications")
     limits: GlobalLimits = Field(default_factory=GlobalLimits)
@@ -120,6 +140,28 @@ class ControllerSettings(_Strict):
 
     def annotations_path(self) -> Path | None:
         return self.path(self.annotations.path) if self.annotations is not None else None
+
+    def webhook_token(self) -> str | None:
+        """The token Alertmanager must present, read now; None when `webhook` is absent (an open webhook)."""
+        if self.webhook is None:
+            return None
+        if self.webhook.bearerTokenEnv is not None:
+            where = f"webhook.bearerTokenEnv: environment variable {self.webhook.bearerTokenEnv}"
+            token = os.environ.get(self.webhook.bearerTokenEnv, "")
+        else:
+            assert self.webhook.bearerTokenFile is not None  # _exactly_one
+            path = self.path(self.webhook.bearerTokenFile)
+            where = f"webhook.bearerTokenFile: {path}"
+            try:
+                token = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as unreadable:
+                reason = getattr(unreadable, "strerror", None) or type(unreadable).__name__
+                raise WebhookTokenError(f"{where}: cannot read the token: {reason}") from None
+        # Secret files usually end with a newline (`echo token > file`); the token is what is before it.
+        token = token.strip()
+        if not token:
+            raise WebhookTokenError(f"{where}: the token is empty or not set")
+        return token
 
 
 class SettingsError(Exception):
