@@ -132,7 +132,8 @@ class Dispatcher:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.links_for = links_for
-        self._mutation_lock = threading.Lock()
+        self._locks_guard = threading.Lock()
+        self._service_locks: dict[str, threading.Lock] = {}
 
     # -- public ---------------------------------------------------------------------------------------------
 
@@ -158,11 +159,17 @@ class Dispatcher:
         if record is None:
             raise KeyError(f"action {key!r} is not in the journal")
         if record.mutating and not record.dry_run and not record.terminal:
-            # One lock across all policies (they evaluate on separate threads): the limits check and the
-            # start of a mutating action are atomic, and two changes to the serving tier never interleave.
-            with self._mutation_lock:
+            # One lock per service across all policies (they evaluate on separate threads): the limits check
+            # and the start of a mutating action are atomic, and two changes to one service never interleave.
+            # Per service, not global: a slow change (a traffic ramp holding between steps) on one service
+            # must not delay a rollback of another.
+            with self._service_lock(record.resource):
                 return self._run_unlocked(key)
         return self._run_unlocked(key)
+
+    def _service_lock(self, resource: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._service_locks.setdefault(resource, threading.Lock())
 
     def _run_unlocked(self, key: str) -> ActionRecord:
         record = self.journal.get_action(key)

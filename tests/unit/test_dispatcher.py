@@ -22,6 +22,7 @@ from controller.dispatcher import Actuators, Dispatcher, GlobalLimits, ScaleErro
 from controller.engine import PolicyState
 from controller.journal import ActionRecord, ActionStatus, Journal
 from controller.model import Decision
+from controller.protocols import ActionOutcome
 
 
 class SimulatedCrash(BaseException):
@@ -444,4 +445,33 @@ def test_concurrent_policies_cannot_both_pass_the_cooldown(tmp_path: Path) -> No
         assert statuses == ["succeeded", "suppressed", "suppressed", "suppressed"]
         assert len(rig.router.performed("set_weight")) == 1
     finally:
+        rig.journal.close()
+
+
+def test_a_slow_change_on_one_service_does_not_hold_up_another(tmp_path: Path) -> None:
+    rig = Rig(tmp_path / "j.db", GlobalLimits())
+    entered, release = threading.Event(), threading.Event()
+    original = rig.router.set_weight
+
+    def slow_for_chat(service: str, version: str, weight: int, *, idempotency_key: str) -> ActionOutcome:
+        if service == "chat":
+            entered.set()
+            release.wait(timeout=30)  # e.g. a ramp holding between weight steps
+        return original(service, version, weight, idempotency_key=idempotency_key)
+
+    rig.router.set_weight = slow_for_chat  # type: ignore[method-assign]
+    try:
+        dispatcher = rig.dispatcher()
+        slow = threading.Thread(target=lambda: dispatcher.dispatch(_shift("error-rate", 1.0)))
+        slow.start()
+        assert entered.wait(timeout=30)
+        other = make_decision([("rollback", {"service": "code"})], policy="p99-rollback", service="code", onset=2.0)
+        (record,) = dispatcher.dispatch(other)  # returns while the chat change is still in progress
+        assert record.status.value == "succeeded"
+        assert rig.router.performed("set_weight") == [], "the rollback of code ran while chat's change was held"
+        release.set()
+        slow.join(timeout=30)
+        assert rig.router.performed("set_weight")
+    finally:
+        release.set()
         rig.journal.close()
