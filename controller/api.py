@@ -16,10 +16,17 @@ the schedule. Matching rule, alert -> policies (see `policies_for_alert`):
 Firing and resolved alerts both trigger: a resolved alert is news too (the
 engine may be about to recover). The evaluation is of the whole policy, against
 Prometheus, as a scheduled one would be; the alert only says "look now".
+
+Authentication: with a webhook token (settings `webhook:`), `POST /api/v1/alerts`
+needs `Authorization: Bearer <token>`: 401 without it, 403 with another token
+(compared in constant time, so the answer time does not leak how much of a guess
+was right). The token is never logged or echoed. /healthz, /readyz and /metrics
+stay open: probes and Prometheus have no token and expose nothing that acts.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import threading
@@ -134,9 +141,13 @@ class ControllerAPI:
         host: str = "127.0.0.1",
         port: int = 0,
         max_body_bytes: int = MAX_BODY_BYTES,
+        webhook_token: str | None = None,
     ) -> None:
+        if webhook_token is not None and not webhook_token:
+            raise ValueError("webhook_token must not be empty (None leaves the webhook open)")
         self.controller = controller
         self.max_body_bytes = max_body_bytes
+        self._webhook_token = webhook_token.encode() if webhook_token is not None else None
         self._server = ThreadingHTTPServer((host, port), _handler_for(self))
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -189,6 +200,19 @@ class ControllerAPI:
             return 400, {"error": f"limit must be an integer between 1 and {MAX_DECISIONS}"}
         return 200, self.controller.recent_decisions(limit)
 
+    def authorize_webhook(self, authorization: str | None) -> tuple[int, dict[str, Any]] | None:
+        """None when the request may post alerts, else the refusal (401 no bearer token, 403 a wrong one)."""
+        if self._webhook_token is None:
+            return None
+        scheme, _, presented = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not presented.strip():
+            logger.warning("rejected Alertmanager webhook: no bearer token (401)")
+            return 401, {"error": "authentication required: send Authorization: Bearer <token>"}
+        if not hmac.compare_digest(presented.strip().encode(), self._webhook_token):
+            logger.warning("rejected Alertmanager webhook: wrong bearer token (403)")  # never the token itself
+            return 403, {"error": "the bearer token is not the one configured for this webhook"}
+        return None
+
     def alerts(self, body: bytes) -> tuple[int, dict[str, Any]]:
         try:
             payload = parse_alertmanager_payload(body)
@@ -218,16 +242,18 @@ def _handler_for(api: ControllerAPI) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             logger.debug("%s %s", self.address_string(), format % args)
 
-        def _send(self, status: int, body: bytes, content_type: str) -> None:
+        def _send(self, status: int, body: bytes, content_type: str, headers: Mapping[str, str] | None = None) -> None:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(body)
 
-        def _json(self, status: int, value: Any) -> None:
-            self._send(status, (json.dumps(value, default=str) + "\n").encode(), "application/json")
+        def _json(self, status: int, value: Any, headers: Mapping[str, str] | None = None) -> None:
+            self._send(status, (json.dumps(value, default=str) + "\n").encode(), "application/json", headers)
 
         def do_GET(self) -> None:
             parts = urlsplit(self.path)
@@ -256,6 +282,12 @@ def _handler_for(api: ControllerAPI) -> type[BaseHTTPRequestHandler]:
                     404 if parts.path not in ("/healthz", "/readyz", "/metrics") else 405,
                     {"error": f"no POST endpoint at {parts.path}"},
                 )
+                return
+            refusal = api.authorize_webhook(self.headers.get("Authorization"))
+            if refusal is not None:
+                self._drain()  # a small unread body would otherwise be parsed as the next request
+                status, error = refusal
+                self._json(status, error, {"WWW-Authenticate": 'Bearer realm="tailguard"'} if status == 401 else None)
                 return
             length_header = self.headers.get("Content-Length")
             if length_header is None:
