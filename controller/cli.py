@@ -172,7 +172,7 @@ def run_controller(config: Path) -> int:
     from controller.outbox import OutboxError
     from controller.protocols import Annotator, Deployer, TrafficRouter
     from controller.runtime import Controller, PolicyLoadError, configure_logging
-    from controller.settings import SettingsError, load_settings
+    from controller.settings import SettingsError, WebhookTokenError, load_settings
     from controller.sources.prometheus import PrometheusSource, SourceConfigError
     from predictors.serving import PredictionProvider
 
@@ -183,6 +183,19 @@ def run_controller(config: Path) -> int:
             print(error, file=sys.stderr)
         return EXIT_CONFIG
     configure_logging(settings.logFormat, settings.logLevel)
+    try:
+        webhook_token = settings.webhook_token()
+    except WebhookTokenError as unreadable:
+        print(f"{config}: {unreadable}", file=sys.stderr)
+        return EXIT_CONFIG
+    if webhook_token is None:
+        logger.warning(
+            "no `webhook` section in %s: POST /api/v1/alerts accepts anyone who can reach %s:%d "
+            "(set webhook.bearerTokenFile or webhook.bearerTokenEnv)",
+            config,
+            settings.listen.host,
+            settings.listen.port,
+        )
     paths = settings.policy_paths()
     _loaded, policy_errors = load_policies(paths)
     policy_errors = policy_errors or _unknown_receivers(list(settings.receivers), paths)
@@ -291,7 +304,7 @@ def run_controller(config: Path) -> int:
         leader=elector,
     )
     try:
-        api = ControllerAPI(controller, settings.listen.host, settings.listen.port)
+        api = ControllerAPI(controller, settings.listen.host, settings.listen.port, webhook_token=webhook_token)
     except OSError as unbound:
         print(
             f"{config}: cannot listen on {settings.listen.host}:{settings.listen.port}: {unbound.strerror}",

@@ -193,3 +193,15 @@ def test_settings_read_the_token_from_a_file_or_the_environment(
     monkeypatch.setenv("TG_WEBHOOK_TOKEN", "  \n")
     with pytest.raises(WebhookTokenError, match="TG_WEBHOOK_TOKEN: the token is empty"):
         from_env.webhook_token()
+
+
+def test_run_refuses_an_unreadable_webhook_token(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from controller.cli import EXIT_CONFIG, main
+
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "checkout.yaml").write_text(POLICY)
+    config = tmp_path / "controller.yaml"
+    config.write_text(BASE + "webhook: {bearerTokenFile: secrets/absent-token}\n")
+    assert main(["run", "--config", str(config)]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "webhook.bearerTokenFile:" in err and "absent-token: cannot read the token" in err
