@@ -35,7 +35,7 @@ BASE = REPO / "deploy" / "base"
 OVERLAY = REPO / "deploy" / "overlays" / "example"
 SERVING_NAMESPACE = "llm"
 LEASE_NAME = "tailguard-leader"
-SECRETS = {"tailguard-grafana", "tailguard-argocd", "tailguard-webhook"}
+SECRETS = {"tailguard-grafana", "tailguard-argocd", "tailguard-webhook", "tailguard-alertmanager"}
 
 # What the actuators and the change tracker call (the kubernetes client methods in controller/actuators/
 # kubernetes_hpa.py, traffic.py and controller/changes.py), until controller/cluster_permissions.py provides
@@ -236,6 +236,8 @@ def test_controller_config_is_valid_and_in_cluster(base: list[dict[str, Any]], o
     secret_files = [receiver.secretFile for receiver in settings.receivers.values()]
     assert settings.annotations is not None and settings.annotations.grafana is not None
     secret_files.append(settings.annotations.grafana.tokenFile)
+    assert settings.webhook is not None and settings.webhook.bearerTokenFile is not None
+    secret_files.append(Path(settings.webhook.bearerTokenFile))
     for secret_file in secret_files:
         assert secret_file is not None and str(secret_file.parent) in secret_mounts, secret_file
     # The overlay's configuration is the base's plus dryRun: true, and its Lease in the overlay's namespace.
@@ -348,7 +350,11 @@ def test_alertmanager_example_is_valid_and_posts_to_the_controller(
         service = one(objects, "Service")
         port = service["spec"]["ports"][0]["port"]
         expected = f"http://{service['metadata']['name']}.{namespace}.svc:{port}/api/v1/alerts"
-        assert receiver["webhook_configs"] == [{"url": expected, "send_resolved": True, "max_alerts": 0}]
+        # The controller requires the bearer token of the Secret tailguard-alertmanager on its webhook.
+        authorization = {"type": "Bearer", "credentials_file": "/etc/alertmanager/secrets/tailguard-alertmanager/token"}
+        assert receiver["webhook_configs"] == [
+            {"url": expected, "send_resolved": True, "max_alerts": 0, "http_config": {"authorization": authorization}}
+        ]
         assert any(route["receiver"] == "tailguard" for route in config["route"]["routes"])
 
 
