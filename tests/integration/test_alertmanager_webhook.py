@@ -3,15 +3,23 @@
 Real Prometheus (rule firing on its first 1 s evaluation) -> real Alertmanager (group_wait 0s) ->
 POST /api/v1/alerts on the controller's API -> an evaluation with trigger="alert", which itself queries
 the same Prometheus through the real PrometheusSource.
+
+The webhook is authenticated as in deploy/base: Alertmanager reads the bearer token from a file
+(`http_config.authorization.credentials_file`) and the controller requires it. With another token in that
+file, Alertmanager's delivery fails (403) and nothing is evaluated.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import requests
+import yaml
 from prometheus_client import CollectorRegistry
 
 from controller.actuators.annotations import JsonlAnnotator
@@ -24,7 +32,12 @@ from controller.model import SignalResult
 from controller.protocols import RangeResult
 from controller.runtime import Controller
 from controller.sources.prometheus import PrometheusSettings, PrometheusSource
-from serving.promstack import AlertmanagerServer, PrometheusServer, write_prometheus_config
+from serving.promstack import (
+    AlertmanagerServer,
+    PrometheusServer,
+    write_alertmanager_config,
+    write_prometheus_config,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -86,7 +99,32 @@ def evaluations(registry: CollectorRegistry, policy_name: str, trigger: str) -> 
     return registry.get_sample_value("tailguard_evaluations_total", {"policy": policy_name, "trigger": trigger}) or 0
 
 
-def test_real_alertmanager_webhook_triggers_an_evaluation_of_the_matching_policy(tmp_path: Path) -> None:
+TOKEN = "tailguard-webhook-token-1f0c"
+
+
+@dataclass
+class Stack:
+    controller: Controller
+    registry: CollectorRegistry
+    alertmanager: AlertmanagerServer
+    annotations: Path
+
+
+def authenticated_alertmanager_config(path: Path, webhook_url: str, token_file: Path) -> Path:
+    """promstack's test configuration plus the deploy example's authorization block (credentials_file)."""
+    write_alertmanager_config(path, webhook_url)
+    config = yaml.safe_load(path.read_text())
+    (receiver,) = config["receivers"]
+    receiver["webhook_configs"][0]["http_config"] = {
+        "authorization": {"type": "Bearer", "credentials_file": str(token_file)}
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+@contextmanager
+def running_stack(tmp_path: Path, alertmanager_token: str) -> Iterator[Stack]:
+    """Prometheus firing one alert -> Alertmanager (sending `alertmanager_token`) -> the API requiring TOKEN."""
     rules = tmp_path / "policies"
     rules.mkdir()
     (rules / "llm.yaml").write_text(policy("llm-alerts", "llm"))
@@ -111,8 +149,15 @@ def test_real_alertmanager_webhook_triggers_an_evaluation_of_the_matching_policy
             metrics=ControllerMetrics(registry),
             schedule=False,  # only the webhook evaluates: every evaluation counted below came from an alert
         )
-        api = ControllerAPI(controller, "127.0.0.1", 0)
-        alertmanager = AlertmanagerServer(webhook_url=f"{api.url}/api/v1/alerts", workdir=tmp_path / "am").start()
+        api = ControllerAPI(controller, "127.0.0.1", 0, webhook_token=TOKEN)
+        token_file = tmp_path / "am-secret" / "token"
+        token_file.parent.mkdir()
+        token_file.write_text(alertmanager_token + "\n")
+        (tmp_path / "am").mkdir()
+        am_config = authenticated_alertmanager_config(
+            tmp_path / "am" / "alertmanager.yml", f"{api.url}/api/v1/alerts", token_file
+        )
+        alertmanager = AlertmanagerServer(am_config, workdir=tmp_path / "am").start()
         (tmp_path / "rules.yml").write_text(RULES)
         write_prometheus_config(
             prometheus.config,
@@ -125,24 +170,7 @@ def test_real_alertmanager_webhook_triggers_an_evaluation_of_the_matching_policy
         controller.start()
         api.start()
         prometheus.wait_alertmanagers_discovered(timeout=60)
-
-        deadline = time.monotonic() + 90
-        while evaluations(registry, "llm-alerts", "alert") < 1 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert evaluations(registry, "llm-alerts", "alert") >= 1, alertmanager.log_tail()
-        assert controller.wait_for_triggered(timeout=30)
-        assert evaluations(registry, "batch-alerts", "alert") == 0
-        assert evaluations(registry, "llm-alerts", "schedule") == 0
-        # The triggered evaluation read the alert's own ALERTS series from the real Prometheus and fired.
-        deadline = time.monotonic() + 30
-        while not controller.recent_decisions(5) and time.monotonic() < deadline:
-            controller.trigger(["llm-alerts"])
-            controller.wait_for_triggered(timeout=30)
-        decisions = controller.recent_decisions(5)
-        assert [(d["policy"], d["kind"], d["target"]) for d in decisions] == [
-            ("llm-alerts", "fire", {"service": "checkout"})
-        ]
-        assert "checkout has 1 firing alert(s)" in annotations.read_text()
+        yield Stack(controller, registry, alertmanager, annotations)
     finally:
         if api is not None:
             api.stop()
@@ -153,3 +181,51 @@ def test_real_alertmanager_webhook_triggers_an_evaluation_of_the_matching_policy
         prometheus.stop()
         if alertmanager is not None:
             alertmanager.stop()
+
+
+def failed_webhook_notifications(alertmanager: AlertmanagerServer) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(f"http://{alertmanager.address}/metrics", timeout=5).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "alertmanager_notifications_failed_total" and sample.labels.get("integration") == "webhook"
+    )
+
+
+def test_real_alertmanager_webhook_triggers_an_evaluation_of_the_matching_policy(tmp_path: Path) -> None:
+    with running_stack(tmp_path, TOKEN) as stack:
+        controller, registry = stack.controller, stack.registry
+        deadline = time.monotonic() + 90
+        while evaluations(registry, "llm-alerts", "alert") < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert evaluations(registry, "llm-alerts", "alert") >= 1, stack.alertmanager.log_tail()
+        assert controller.wait_for_triggered(timeout=30)
+        assert evaluations(registry, "batch-alerts", "alert") == 0
+        assert evaluations(registry, "llm-alerts", "schedule") == 0
+        assert failed_webhook_notifications(stack.alertmanager) == 0
+        # The triggered evaluation read the alert's own ALERTS series from the real Prometheus and fired.
+        deadline = time.monotonic() + 30
+        while not controller.recent_decisions(5) and time.monotonic() < deadline:
+            controller.trigger(["llm-alerts"])
+            controller.wait_for_triggered(timeout=30)
+        decisions = controller.recent_decisions(5)
+        assert [(d["policy"], d["kind"], d["target"]) for d in decisions] == [
+            ("llm-alerts", "fire", {"service": "checkout"})
+        ]
+        assert "checkout has 1 firing alert(s)" in stack.annotations.read_text()
+
+
+def test_real_alertmanager_with_a_wrong_token_fails_delivery_and_evaluates_nothing(tmp_path: Path) -> None:
+    with running_stack(tmp_path, "not-the-token") as stack:
+        deadline = time.monotonic() + 90
+        while failed_webhook_notifications(stack.alertmanager) < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert failed_webhook_notifications(stack.alertmanager) >= 1, stack.alertmanager.log_tail()
+        assert "403" in stack.alertmanager.log_tail()
+        assert evaluations(stack.registry, "llm-alerts", "alert") == 0
+        assert evaluations(stack.registry, "batch-alerts", "alert") == 0
+        assert stack.controller.recent_decisions(5) == []
+        assert TOKEN not in stack.alertmanager.log_tail()
