@@ -188,6 +188,13 @@ def run_controller(config: Path) -> int:
     except WebhookTokenError as unreadable:
         print(f"{config}: {unreadable}", file=sys.stderr)
         return EXIT_CONFIG
+    paths = settings.policy_paths()
+    _loaded, policy_errors = load_policies(paths)
+    policy_errors = policy_errors or _unknown_receivers(list(settings.receivers), paths)
+    if policy_errors:
+        for error in policy_errors:
+            print(error, file=sys.stderr)
+        return EXIT_CONFIG
     if webhook_token is None:
         logger.warning(
             "no `webhook` section in %s: POST /api/v1/alerts accepts anyone who can reach %s:%d "
@@ -196,14 +203,6 @@ def run_controller(config: Path) -> int:
             settings.listen.host,
             settings.listen.port,
         )
-    paths = settings.policy_paths()
-    _loaded, policy_errors = load_policies(paths)
-    policy_errors = policy_errors or _unknown_receivers(list(settings.receivers), paths)
-    if policy_errors:
-        for error in policy_errors:
-            print(error, file=sys.stderr)
-        return EXIT_CONFIG
-
     clock = SystemClock()
     metrics = ControllerMetrics(CollectorRegistry())
     try:
