@@ -328,8 +328,11 @@ conditions:
     ids=["not-in-a-cluster", "kubeconfig-unreadable", "leader-election-not-in-a-cluster"],
 )
 def test_run_with_an_unreachable_cluster_exits_2_with_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], section: str, expected: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, section: str, expected: str
 ) -> None:
+    # A webhook token, so the only line on stderr is the cluster error (no "webhook is open" warning).
+    monkeypatch.setenv("TAILGUARD_TEST_WEBHOOK_TOKEN", "not-a-real-token")
+    section = "webhook: {bearerTokenEnv: TAILGUARD_TEST_WEBHOOK_TOKEN}\n" + section
     (tmp_path / "rules").mkdir()
     (tmp_path / "rules" / "queue.yaml").write_text(POLICY, encoding="utf-8")
     config = tmp_path / "controller.yaml"
