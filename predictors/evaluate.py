@@ -31,6 +31,7 @@ from predictors.artifact import (
     predict_proba,
     single_threaded,
 )
+from predictors.commandline import parse_command, time_window
 from predictors.data import (
     DataError,
     Rows,
@@ -231,19 +232,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> int:
-    from controller.backtest import UsageError, parse_time
+    from controller.backtest import UsageError
     from controller.clock import SystemClock
     from controller.sources.prometheus import PrometheusSettings, PrometheusSource
 
-    parser = _parser()
+    args = parse_command(_parser(), argv)
+    if isinstance(args, int):
+        return args
     try:
-        args = parser.parse_args(list(argv))
-    except SystemExit as exited:
-        return int(exited.code) if isinstance(exited.code, int) else EXIT_USAGE
-    try:
-        start, end = parse_time(args.start, "--start"), parse_time(args.end, "--end")
-        if end <= start:
-            raise UsageError(f"--end ({args.end}) must be after --start ({args.start})")
+        start, end = time_window(args)
     except UsageError as bad:
         print(f"tailguard evaluate: error: {bad}", file=sys.stderr)
         return EXIT_USAGE

@@ -32,6 +32,7 @@ import numpy as np
 import sklearn
 
 from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact, single_threaded
+from predictors.commandline import parse_command, time_window
 from predictors.data import DataError, Rows, build_rows, policy_thresholds, time_split
 from predictors.evaluate import evaluate_rows, public_report, render_markdown
 from predictors.features import feature_hash, feature_names
@@ -179,21 +180,17 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
     from pydantic import ValidationError
 
-    from controller.backtest import UsageError, parse_time
+    from controller.backtest import UsageError
     from controller.clock import SystemClock
     from controller.durations import parse_duration
     from controller.policy_files import load_policies
     from controller.sources.prometheus import PrometheusSettings, PrometheusSource
 
-    parser = _parser()
+    args = parse_command(_parser(), argv)
+    if isinstance(args, int):
+        return args
     try:
-        args = parser.parse_args(list(argv))
-    except SystemExit as exited:
-        return int(exited.code) if isinstance(exited.code, int) else EXIT_USAGE
-    try:
-        start, end = parse_time(args.start, "--start"), parse_time(args.end, "--end")
-        if end <= start:
-            raise UsageError(f"--end ({args.end}) must be after --start ({args.start})")
+        start, end = time_window(args)
         try:
             horizon, step = parse_duration(args.horizon), parse_duration(args.step)
         except ValueError as bad:
