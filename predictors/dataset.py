@@ -72,8 +72,15 @@ RECORDED_PREFIXES = (
     "tailguard_router_request_duration_seconds",
     "tailguard_router_proxy_overhead_seconds",
     "tailguard_router_requests",
+    "tailguard_router_upstream_errors",
 )
 PROFILE_CHOICES = (("stable", 0.72), ("bad-max-num-seqs", 0.1), ("small-kv-cache", 0.1), ("high-memory", 0.08))
+# A new replica (rollout or scale-up) is not scrapable until its vLLM process answers /health: 17-48 s on this
+# machine (the fidelity runs of the vLLM engine); Prometheus records `up 0` for its target meanwhile. Then the
+# tier's shadow warm-up (health, models, metrics, 3 short completions) keeps it out of rotation a few seconds
+# more while it already exports its metrics, with no traffic (serving/warmup.py, serving/tier.py _sync).
+STARTUP_S = (17.0, 48.0)
+WARMUP_S = (2.0, 6.0)
 
 
 class DatasetError(ValueError):
@@ -205,6 +212,10 @@ class _Replica:
     hbm: HbmModel
     cpu: Counter
     draining: bool = False
+    # Virtual times: its process answers /health (scrapable) at up_at, it joins the router at ready_at.
+    up_at: float = 0.0
+    ready_at: float = 0.0
+    superseded: bool = False  # an older version: serves only until a replica of the newest version is ready
     step_end: float | None = None
     plan: Any = None
     prefix_seen: tuple[int, int] = (0, 0)
@@ -213,7 +224,13 @@ class _Replica:
 
 
 class VirtualTier:
-    """One service: replicas of BatchingModel behind a least-loaded router, all in virtual time."""
+    """One service: replicas of BatchingModel behind a least-loaded router, all in virtual time.
+
+    As the tier does with vLLM replicas: a new replica starts (STARTUP_S, not scrapable), warms up (WARMUP_S,
+    scrapable, no traffic), then takes traffic; during a rollout the superseded version keeps serving until a
+    replica of the new version is ready (shadow warm-up), then drains. The replicas present when the
+    recording starts were deployed before it: ready at once.
+    """
 
     def __init__(self, seed: int, start: float, service: str = SERVICE):
         self.service = service
@@ -236,19 +253,32 @@ class VirtualTier:
 
     def configure(self, segment: Segment) -> None:
         """Apply a segment's capacity: a new profile is a rollout (new version); replica counts change."""
-        active = [r for r in self.replicas if not r.draining]
+        deployed_before = not self.replicas
+        active = [r for r in self.replicas if not r.draining and not r.superseded]
         if segment.profile != self.profile_name:
             self.profile_name = segment.profile
             self.version_number += 1
             for replica in active:
-                replica.draining = True
+                replica.superseded = True  # keeps serving until the new version has a ready replica
             active = []
         while len(active) < segment.replicas:
-            active.append(self._new_replica())
+            active.append(self._new_replica(ready_now=deployed_before))
+        # Scale-down stops the newest replicas first (the tier drains the highest indexes).
         for replica in active[segment.replicas :]:
             replica.draining = True
 
-    def _new_replica(self) -> _Replica:
+    def serving(self) -> list[_Replica]:
+        """The replicas the router sends traffic to now; retires the superseded ones once the newest version
+        has a ready replica (until then they keep serving, as the tier's shadow warm-up does)."""
+        newest = [r for r in self.replicas if not r.draining and not r.superseded and r.ready_at <= self.now]
+        if newest:
+            for replica in self.replicas:
+                if replica.superseded:
+                    replica.draining = True
+            return newest
+        return [r for r in self.replicas if not r.draining and r.ready_at <= self.now]
+
+    def _new_replica(self, ready_now: bool = False) -> _Replica:
         self.counter += 1
         profile = self._profile(self.profile_name)
         version = f"r{self.version_number}"
@@ -260,6 +290,11 @@ class VirtualTier:
         cpu = Counter("process_cpu_seconds", "Total user and system CPU time spent in seconds.", registry=registry)
         metrics.set_queue_state(0, 0, 0.0)
         replica = _Replica(name, version, profile, BatchingModel(profile), registry, metrics, hbm, cpu)
+        if ready_now:
+            replica.up_at = replica.ready_at = self.now
+        else:
+            replica.up_at = self.now + self.rng.uniform(*STARTUP_S)
+            replica.ready_at = replica.up_at + self.rng.uniform(*WARMUP_S)
         replica.labels = {
             "namespace": NAMESPACE,
             "service": self.service,
@@ -272,7 +307,10 @@ class VirtualTier:
         return replica
 
     def route(self, arrival: Arrival, network_delay: float) -> None:
-        candidates = [r for r in self.replicas if not r.draining]
+        candidates = self.serving()
+        if not candidates:
+            self.router.upstream_errors.labels(self.service, "none", "no_healthy_replica").inc()
+            return
         replica = min(candidates, key=lambda r: (r.core.num_running + r.core.num_waiting, r.name))
         request = _Request(f"q{id(arrival)}", arrival.prompt_tokens, arrival.output_tokens, arrival.at)
         try:
@@ -368,6 +406,14 @@ class Recorder:
                 rendered = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(merged.items()))
                 lines.append(f"{sample.name}{{{rendered}}} {_number(sample.value)} {stamp}")
                 self.samples += 1
+
+    def sample(self, name: str, kind: str, labels: dict[str, str], value: float, timestamp: float) -> None:
+        """One sample of a series no registry holds (Prometheus' synthetic `up`)."""
+        stamp = f"{timestamp:.3f}".rstrip("0").rstrip(".")
+        _, lines = self.families.setdefault(name, (kind, []))
+        rendered = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+        lines.append(f"{name}{{{rendered}}} {_number(value)} {stamp}")
+        self.samples += 1
 
     def render(self) -> str:
         out: list[str] = []
@@ -470,7 +516,15 @@ def _run_service(
         step_at = next_step[0] if next_step is not None else math.inf
         if next_scrape <= arrival_at and next_scrape <= step_at:
             tier.now = next_scrape
+            tier.serving()  # retire superseded replicas whose successor became ready since the last event
             for replica in tier.replicas:
+                # Prometheus' own `up` series for each target the tier's SD lists: 0 while it starts.
+                scrapable = replica.up_at <= next_scrape
+                if replica.draining and not scrapable:
+                    continue  # stopped before it ever answered: the tier's SD no longer lists it
+                recorder.sample("up", "gauge", replica.labels, 1.0 if scrapable else 0.0, next_scrape)
+                if not scrapable:
+                    continue
                 # Gauges only matter when scraped: set them here, not after every step (same values).
                 core = replica.core
                 replica.metrics.set_queue_state(core.num_running, core.num_waiting, core.kv_cache_usage)
@@ -486,10 +540,10 @@ def _run_service(
             assert next_arrival is not None
             t = next_arrival.at
             segment = segment_at(segments, t)
+            tier.now = start + t
             if segment is not current:
                 tier.configure(segment)
                 current = segment
-            tier.now = start + t
             tier.contention = segment.at(t, segment.contention_from, segment.contention_to)
             delay = max(0.0, rng.gauss(segment.at(t, segment.delay_from, segment.delay_to), segment.jitter))
             tier.route(dataclasses.replace(next_arrival, at=start + t), delay)

@@ -68,3 +68,39 @@ def test_several_services_are_independent_targets() -> None:
     assert 'service="chat"' in text and 'service="chat-1"' in text
     with pytest.raises(DatasetError, match="services must be at least 1"):
         generate(3, 30.0, services=0)
+
+
+def _series(text: str, name: str, replica: str) -> list[tuple[float, float]]:
+    """(timestamp, value) of one replica's samples of `name`, summed over its other labels, in time order."""
+    summed: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'replica="{replica}"' in line:
+            _, value, stamp = line.rsplit(" ", 2)
+            summed[float(stamp)] = summed.get(float(stamp), 0.0) + float(value)
+    return sorted(summed.items())
+
+
+def test_a_rollout_starts_and_warms_up_before_it_takes_traffic_as_the_tier_does() -> None:
+    slow2 = SLOW.model_copy(update={"name": "slow2"})
+    segments = [
+        Segment(0.0, 60.0, "slow", 1, 0.3, 0.3, 1.0, 1.0, 0.005, 0.005, 0.002),
+        Segment(60.0, 180.0, "slow2", 1, 0.3, 0.3, 1.0, 1.0, 0.005, 0.005, 0.002),
+    ]
+    dataset = generate(5, 180.0, segments=segments, scrape_interval_s=5.0, profiles={"slow": SLOW, "slow2": slow2})
+    text = dataset.openmetrics
+    start = dataset.start
+    # Deployed before the recording: up and exporting from the first scrape.
+    old_up = _series(text, "up", "chat-r1-1")
+    assert old_up[0][1] == 1.0 and old_up[0][0] <= start + 5.0
+    # The new version's target is listed at the rollout but not scrapable for 17-48 s (up 0) ...
+    new_up = _series(text, "up", "chat-r2-2")
+    starting = [t for t, v in new_up if v == 0.0]
+    up_from = min(t for t, v in new_up if v == 1.0)
+    assert starting and min(starting) >= start + 60.0 and max(starting) < up_from
+    assert 17.0 - 5.0 <= up_from - min(starting) <= 48.0 + 5.0
+    # ... and exports vLLM metrics only once up.
+    assert min(t for t, _ in _series(text, "vllm:num_requests_running", "chat-r2-2")) == up_from
+    # Meanwhile the old version keeps serving: it still finishes requests after the rollout.
+    finished = dict(_series(text, "vllm:request_success_total", "chat-r1-1"))
+    assert max(finished.values()) > finished[start + 65.0]
+    assert "no_healthy_replica" not in text
