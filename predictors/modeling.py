@@ -110,17 +110,28 @@ def calibrate(model: Any, X_val: Array, y_val: npt.NDArray[np.int64]) -> Calibra
     return calibrated.fit(X_val, y_val)
 
 
+OBJECTIVES = ("recall", "accuracy")
+
+
 def choose_threshold(
-    probabilities: Array, y: npt.NDArray[np.int64], min_precision: float = MIN_PRECISION, confidence_z: float = 0.0
+    probabilities: Array,
+    y: npt.NDArray[np.int64],
+    min_precision: float = MIN_PRECISION,
+    confidence_z: float = 0.0,
+    objective: str = "recall",
 ) -> float:
-    """The decision threshold picked on validation data: the lowest probability cut whose precision is at
-    least `min_precision` (most recall at that precision); if none reaches it, the cut with the best F1.
+    """The decision threshold picked on validation data: among the probability cuts whose precision is at
+    least `min_precision`, the one with the most recall (`objective="recall"`: the lowest such cut, hence
+    the earliest alarms) or the highest accuracy (`objective="accuracy"`); if none reaches the precision,
+    the cut with the best F1.
 
     With `confidence_z` > 0 the precision that must reach `min_precision` is the Wilson lower bound at that
     many standard deviations: a cut whose precision only just reaches the target on the rows it was picked
     on falls below it on new data about half the time."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     candidates = np.unique(np.round(probabilities, 4))
-    best_recall, best_recall_cut = -1.0, None
+    best_score, best_cut = -1.0, None
     best_f1, best_f1_cut = -1.0, 0.5
     positives = max(1, int(y.sum()))
     for cut in candidates:
@@ -132,11 +143,12 @@ def choose_threshold(
         precision = tp / (tp + fp)
         recall = tp / positives
         f1 = 0.0 if precision + recall == 0 else 2 * precision * recall / (precision + recall)
-        if _wilson_lower(precision, tp + fp, confidence_z) >= min_precision and recall > best_recall:
-            best_recall, best_recall_cut = recall, float(cut)
+        score = recall if objective == "recall" else float(np.mean(alarm == (y == 1)))
+        if _wilson_lower(precision, tp + fp, confidence_z) >= min_precision and score > best_score:
+            best_score, best_cut = score, float(cut)
         if f1 > best_f1:
             best_f1, best_f1_cut = f1, float(cut)
-    return best_recall_cut if best_recall_cut is not None else best_f1_cut
+    return best_cut if best_cut is not None else best_f1_cut
 
 
 def _wilson_lower(share: float, n: int, z: float) -> float:

@@ -124,6 +124,16 @@ def test_choose_threshold_prefers_precision() -> None:
     assert cut == pytest.approx(0.6)
 
 
+def test_choose_threshold_most_recall_or_most_accuracy_at_the_precision() -> None:
+    probabilities = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
+    labels = np.array([0, 0, 0, 1, 0, 1, 1, 1, 1])
+    # 0.3: all 5 breaches at precision 5/7; 0.4: all 5 at 5/6 with one false alarm fewer (accuracy 8/9).
+    assert choose_threshold(probabilities, labels, min_precision=0.7) == pytest.approx(0.3)
+    assert choose_threshold(probabilities, labels, min_precision=0.7, objective="accuracy") == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="objective must be one of recall, accuracy"):
+        choose_threshold(probabilities, labels, objective="f1")
+
+
 def _policy(vars_: dict[str, str]) -> Policy:
     return Policy.model_validate(
         {
