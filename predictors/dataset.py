@@ -8,14 +8,15 @@
 model (serving.batching.BatchingModel, the same core the simulated vLLM replicas run) in VIRTUAL time, so
 hours take minutes. A seeded scenario varies, segment by segment: load (ramps and surges of the trace's
 rate), capacity (replicas 1-4), bad-config rollouts (profiles bad-max-num-seqs, small-kv-cache), network
-delay and jitter injected at the router, and CPU contention (engine steps slowed by a factor). Every
-scrape interval it records what the real tier exposes: each replica's vLLM metrics (serving.vllm_metrics,
-same names, labels and buckets), DCGM HBM/DRAM gauges, a process CPU counter, and the router's latency and
-proxy-overhead histograms, with the labels the tier's service discovery adds (namespace, service, version,
-replica). The output is OpenMetrics (`DIR/history.om`, byte-identical for a seed) plus `DIR/scenario.json`;
-`--backfill` turns it into Prometheus TSDB blocks in `DIR/data` with promtool
-(serving.promstack.backfill_openmetrics) for a real Prometheus to serve: `prometheus
---storage.tsdb.path=DIR/data ...`.
+delay and jitter injected at the router, and CPU contention (engine steps slowed by a factor). New replicas
+(rollouts, scale-ups) start and warm up before they take traffic, as the tier's vLLM replicas do. Every
+scrape interval it records what the real tier exposes: Prometheus' `up` of each replica target, each
+replica's vLLM metrics (serving.vllm_metrics, same names, labels and buckets), DCGM HBM/DRAM gauges, a
+process CPU counter, and the router's latency and proxy-overhead histograms, with the labels the tier's
+service discovery adds (namespace, service, version, replica). The output is OpenMetrics
+(`DIR/history.om`, byte-identical for a seed) plus `DIR/scenario.json`; `--backfill` turns it into
+Prometheus TSDB blocks in `DIR/data` with promtool (serving.promstack.backfill_openmetrics) for a real
+Prometheus to serve: `prometheus --storage.tsdb.path=DIR/data ...`.
 
 `live` drives the real tier process (python -m serving.tier) with the trace replayer in real time and a
 real Prometheus scraping it, for spot checks of the virtual path; its data dir is left in DIR/data.
