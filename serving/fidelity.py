@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gzip
 import json
 import math
 import os
@@ -47,7 +48,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from serving.batching import BatchingModel, SimRequest
 from serving.load import BUILTIN_TRACES, PlannedRequest, plan, quantile, read_trace, replay
 from serving.profiles import EngineProfile
-from serving.vllm_metrics import LATENCY_BUCKETS, TTFT_BUCKETS
+from serving.vllm_metrics import ITL_BUCKETS, LATENCY_BUCKETS, TTFT_BUCKETS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_POLICIES = (
@@ -136,6 +137,8 @@ class Sample:
     steps: float  # engine steps (vllm:iteration_tokens_total_count)
     prompt_tokens: float  # prompt tokens computed (cache hits excluded)
     generation_tokens: float
+    # cumulative counts per ITL_BUCKETS, +Inf last; empty in recordings made before it was recorded
+    itl_buckets: tuple[float, ...] = ()
 
 
 @dataclass
@@ -165,6 +168,7 @@ class RunRecord:
                             **s,
                             "e2e_buckets": tuple(s["e2e_buckets"]),
                             "ttft_buckets": tuple(s["ttft_buckets"]),
+                            "itl_buckets": tuple(s.get("itl_buckets", ())),
                         }
                     )
                     for s in data["samples"]
@@ -177,11 +181,18 @@ class RunRecord:
 
 
 def load_runs(path: str | Path) -> list[RunRecord]:
-    """Recorded runs from a JSON file written by this module (`{"runs": [...]}`); FidelityError if unusable."""
+    """Recorded runs from a JSON file written by this module (`{"runs": [...]}`, gzipped if it ends in .gz).
+
+    FidelityError if unusable.
+    """
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise FidelityError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        if str(path).endswith(".gz"):
+            with gzip.open(path, "rt", encoding="utf-8") as compressed:
+                data = json.load(compressed)
+        else:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, EOFError) as exc:
+        raise FidelityError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     except json.JSONDecodeError as exc:
         raise FidelityError(f"{path}:{exc.lineno}: not JSON: {exc.msg}") from None
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
@@ -196,7 +207,13 @@ def load_runs(path: str | Path) -> list[RunRecord]:
 
 
 def save_runs(path: str | Path, runs: Sequence[RunRecord]) -> None:
-    Path(path).write_text(json.dumps({"runs": [r.to_json() for r in runs]}, indent=1) + "\n", encoding="utf-8")
+    text = json.dumps({"runs": [r.to_json() for r in runs]}, indent=1) + "\n"
+    if str(path).endswith(".gz"):
+        # No name, mtime 0: the same runs give the same bytes (the recorded runs are kept in the repository).
+        with open(path, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as compressed:
+            compressed.write(text.encode("utf-8"))
+    else:
+        Path(path).write_text(text, encoding="utf-8")
 
 
 # -- reading a vLLM /metrics page --------------------------------------------------------------------
@@ -209,10 +226,11 @@ def _cumulative(buckets: dict[float, float], bounds: Sequence[float]) -> tuple[f
 def parse_metrics_page(text: str, t: float) -> Sample:
     """The values of one vLLM /metrics page that the comparison uses (summed over engines, labels dropped)."""
     gauges: dict[str, float] = {}
-    histograms: dict[str, dict[float, float]] = {"e2e": {}, "ttft": {}}
+    histograms: dict[str, dict[float, float]] = {"e2e": {}, "ttft": {}, "itl": {}}
     families = {
         "vllm:e2e_request_latency_seconds": "e2e",
         "vllm:time_to_first_token_seconds": "ttft",
+        "vllm:inter_token_latency_seconds": "itl",
     }
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -240,6 +258,7 @@ def parse_metrics_page(text: str, t: float) -> Sample:
         steps=gauges.get("vllm:iteration_tokens_total_count", 0.0),
         prompt_tokens=gauges.get("vllm:prompt_tokens_by_source_total", gauges.get("vllm:prompt_tokens_total", 0.0)),
         generation_tokens=gauges.get("vllm:generation_tokens_total", 0.0),
+        itl_buckets=_cumulative(histograms["itl"], ITL_BUCKETS),
     )
 
 
@@ -260,6 +279,7 @@ def since(sample: Sample, base: Sample) -> Sample:
         steps=sample.steps - base.steps,
         prompt_tokens=sample.prompt_tokens - base.prompt_tokens,
         generation_tokens=sample.generation_tokens - base.generation_tokens,
+        itl_buckets=tuple(a - b for a, b in zip(sample.itl_buckets, base.itl_buckets, strict=True)),
     )
 
 
@@ -280,6 +300,7 @@ def simulate_run(
     requests: list[SimRequest] = []
     finished: list[SimRequest] = []
     counters = {"steps": 0.0, "prompt": 0.0, "generation": 0.0, "itl_sum": 0.0, "itl_count": 0.0}
+    itl_cumulative = [0.0] * (len(ITL_BUCKETS) + 1)
     samples: list[Sample] = []
     next_sample = 0.0
     now, index = 0.0, 0
@@ -303,6 +324,7 @@ def simulate_run(
                 steps=counters["steps"],
                 prompt_tokens=counters["prompt"],
                 generation_tokens=counters["generation"],
+                itl_buckets=tuple(itl_cumulative),
             )
         )
 
@@ -335,6 +357,9 @@ def simulate_run(
         counters["generation"] += len(step.decode) + len(outcome.first_tokens)
         counters["itl_sum"] += step.duration * len(step.decode)
         counters["itl_count"] += len(step.decode)
+        for position, bound in enumerate((*ITL_BUCKETS, math.inf)):
+            if step.duration <= bound:
+                itl_cumulative[position] += len(step.decode)
         finished.extend(outcome.finished)
         now = end
     record(max(now, next_sample))
@@ -349,6 +374,13 @@ def simulate_run(
         for r in requests
     ]
     return RunRecord("simulator", profile.name, load, records, samples, now, {"virtual_time": True})
+
+
+def resimulate(runs: Sequence[RunRecord], profile: EngineProfile) -> list[RunRecord]:
+    """The recorded real runs, with the simulator's runs made again with `profile` (one per load level)."""
+    real = [r for r in runs if r.engine != "simulator"]
+    recorded = {r.load.level: r.load for r in real}
+    return real + [simulate_run(profile, load, load.schedule()) for load in recorded.values()]
 
 
 # -- the real side -----------------------------------------------------------------------------------
@@ -660,10 +692,24 @@ class RunSummary:
     preemptions: float
     queue_series: list[float]  # waiting every 5 s
     verdicts: dict[str, bool]
+    # Share of inter-token latencies above SLOW_TOKEN_S: slow engine steps (big prefill chunks, or
+    # the host taking the CPU away); None for recordings without the ITL histogram.
+    slow_token_share: float | None = None
 
 
 def _nan_to_none(value: float) -> float | None:
     return None if math.isnan(value) else value
+
+
+SLOW_TOKEN_S = 0.025
+
+
+def slow_token_share(sample: Sample | None) -> float | None:
+    """Share of the inter-token latencies above SLOW_TOKEN_S in a run's cumulative ITL histogram."""
+    if sample is None or not sample.itl_buckets or sample.itl_buckets[-1] <= 0:
+        return None
+    below = sample.itl_buckets[ITL_BUCKETS.index(SLOW_TOKEN_S)]
+    return 1.0 - below / sample.itl_buckets[-1]
 
 
 def summarize_run(record: RunRecord) -> RunSummary:
@@ -700,6 +746,7 @@ def summarize_run(record: RunRecord) -> RunSummary:
         preemptions=last.preemptions if last else 0.0,
         queue_series=queue_series,
         verdicts={v.policy: v.fired for v in policy_verdicts(record)},
+        slow_token_share=slow_token_share(last),
     )
 
 
@@ -769,8 +816,8 @@ def render_markdown(comparisons: Sequence[Comparison], *, profile: str, target: 
         f"Profile `{profile}`. Latencies in ms; real values are the median over repetitions (min-max).",
         "",
         "| load | engine | req/s | P50 e2e | P99 e2e | TTFT P50 | TTFT P99 | waiting mean/max"
-        + " | running mean | KV usage mean/max | preemptions | verdicts |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        + " | running mean | KV usage mean/max | preemptions | ITL > 25 ms | verdicts |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in comparisons:
         rows: list[tuple[str, list[RunSummary]]] = [("vLLM", c.real), ("simulator", [c.sim])]
@@ -785,7 +832,8 @@ def render_markdown(comparisons: Sequence[Comparison], *, profile: str, target: 
                 f"| {_median([s.running_mean for s in summaries]):.1f} "
                 f"| {_median([s.kv_usage_mean for s in summaries]):.3f} / "
                 f"{_median([s.kv_usage_max for s in summaries]):.3f} "
-                f"| {_median([s.preemptions for s in summaries]):.0f} | {_verdict_text(first.verdicts)} |"
+                f"| {_median([s.preemptions for s in summaries]):.0f} "
+                f"| {_share([s.slow_token_share for s in summaries])} | {_verdict_text(first.verdicts)} |"
             )
     lines += [
         "",
@@ -805,6 +853,11 @@ def render_markdown(comparisons: Sequence[Comparison], *, profile: str, target: 
         lines.append(f"- {c.level:g}x vLLM: {_series(c.real[0].queue_series)}")
         lines.append(f"- {c.level:g}x simulator: {_series(c.sim.queue_series)}")
     return "\n".join(lines) + "\n"
+
+
+def _share(values: Sequence[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    return f"{_median(known) * 100:.2f}%" if known else "-"
 
 
 def _median(values: Sequence[float]) -> float:
@@ -924,9 +977,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.from_runs is not None:
             runs = load_runs(args.from_runs)
             if args.resimulate:
-                real = [r for r in runs if r.engine != "simulator"]
-                recorded = {r.load.level: r.load for r in real}
-                runs = real + [simulate_run(profile, load, load.schedule()) for load in recorded.values()]
+                runs = resimulate(runs, profile)
         else:
             loads = [
                 LoadSpec(

