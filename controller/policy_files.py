@@ -1,8 +1,6 @@
-"""Loading policy files with errors that point at file, line and field.
+"""Loading policy files with errors that point at file, line and field (controller/located_yaml.py).
 
-YAML is composed into nodes first so every value keeps its line; Pydantic's
-error locations are then mapped back onto those nodes. Duplicate keys, which
-PyYAML would silently collapse, are errors too.
+A file may hold several policy documents; each error names its file, line and field.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from controller.located_yaml import DuplicateKey, construct, field_path, line_for
 from controller.policy import Policy, PolicyReferenceError
 
 POLICY_SUFFIXES = (".yaml", ".yml")
@@ -37,88 +36,6 @@ class LoadedPolicy:
     policy: Policy
     file: str
     line: int
-
-
-class _Located:
-    """A plain Python value with the YAML node it came from (for line lookups)."""
-
-    def __init__(self, node: yaml.Node, value: Any, children: dict[Any, _Located]):
-        self.node = node
-        self.value = value
-        self.children = children
-
-    @property
-    def line(self) -> int:
-        return self.node.start_mark.line + 1
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, key: str, line: int):
-        super().__init__(key)
-        self.key = key
-        self.line = line
-
-
-def _join(path: str, part: Any) -> str:
-    if isinstance(part, int):
-        return f"{path}[{part}]"
-    return f"{path}.{part}" if path else str(part)
-
-
-def _construct(node: yaml.Node, loader: yaml.SafeLoader, path: str = "") -> _Located:
-    if isinstance(node, yaml.MappingNode):
-        loader.flatten_mapping(node)
-        value: dict[Any, Any] = {}
-        children: dict[Any, _Located] = {}
-        for key_node, value_node in node.value:
-            key = loader.construct_object(key_node, deep=True)
-            if key in value:
-                # Reported with its full path (conditions[0].noData), like validation errors.
-                raise _DuplicateKey(_join(path, key), key_node.start_mark.line + 1)
-            child = _construct(value_node, loader, _join(path, key))
-            value[key] = child.value
-            children[key] = child
-        return _Located(node, value, children)
-    if isinstance(node, yaml.SequenceNode):
-        items = [_construct(item, loader, _join(path, index)) for index, item in enumerate(node.value)]
-        return _Located(node, [item.value for item in items], dict(enumerate(items)))
-    return _Located(node, loader.construct_object(node, deep=True), {})
-
-
-def _line_for(root: _Located, loc: tuple[int | str, ...]) -> int:
-    """The line of the deepest node the error location reaches (union tags in `loc` are skipped)."""
-    current = root
-    for part in loc:
-        child = current.children.get(part)
-        if child is None and isinstance(part, str) and part.endswith("_"):
-            child = current.children.get(part.rstrip("_"))
-        if child is not None:
-            current = child
-    return current.line
-
-
-def _field_path(loc: tuple[int | str, ...], root: _Located) -> str:
-    parts: list[str] = []
-    current: _Located | None = root
-    for part in loc:
-        child = current.children.get(part) if current is not None else None
-        if child is None and isinstance(part, str) and part.endswith("_") and current is not None:
-            child = current.children.get(part.rstrip("_"))
-            part = part.rstrip("_")
-        if (
-            child is None
-            and isinstance(part, str)
-            and current is not None
-            and isinstance(current.value, dict)
-            and current.value.get("type") == part
-        ):
-            continue  # a discriminated-union tag such as 'scale', not a key in the file
-        if isinstance(part, int):
-            parts.append(f"[{part}]")
-        else:
-            parts.append(("." if parts else "") + str(part).rstrip("_"))
-        current = child
-    return "".join(parts)
 
 
 def _message(error: dict[str, Any]) -> str:
@@ -151,8 +68,8 @@ def parse_policy_text(text: str, file: str) -> tuple[list[LoadedPolicy], list[Po
             if node is None:
                 continue
             try:
-                located = _construct(node, loader)
-            except _DuplicateKey as duplicate:
+                located = construct(node, loader)
+            except DuplicateKey as duplicate:
                 errors.append(PolicyError(file, duplicate.line, duplicate.key, "duplicate key"))
                 continue
             if located.value is None:
@@ -169,7 +86,7 @@ def parse_policy_text(text: str, file: str) -> tuple[list[LoadedPolicy], list[Po
                     if isinstance(cause, PolicyReferenceError):
                         loc = (*loc, *cause.loc)
                     errors.append(
-                        PolicyError(file, _line_for(located, loc), _field_path(loc, located), _message(dict(error)))
+                        PolicyError(file, line_for(located, loc), field_path(loc, located), _message(dict(error)))
                     )
                 continue
             policies.append(LoadedPolicy(policy, file, located.line))

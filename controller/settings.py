@@ -24,15 +24,9 @@ from controller.changes import ChangeTrackingSettings
 from controller.cluster import KubernetesSettings
 from controller.dispatcher import GlobalLimits
 from controller.leader import LeaderElectionSettings
+from controller.located_yaml import DuplicateKey, construct, field_path, line_for
 from controller.policy import Duration
-from controller.policy_files import (
-    PolicyError,
-    _construct,
-    _DuplicateKey,
-    _field_path,
-    _line_for,
-    _message,
-)
+from controller.policy_files import PolicyError, _message
 from controller.sources.prometheus import PrometheusSettings
 from predictors.serving import ModelSpec, PredictorSettings, model_specs
 
@@ -185,8 +179,8 @@ def parse_settings_text(text: str, file: str, base_dir: Path) -> ControllerSetti
         if node is None:
             raise SettingsError([PolicyError(file, 1, "", "the configuration file is empty")])
         try:
-            located = _construct(node, loader)
-        except _DuplicateKey as duplicate:
+            located = construct(node, loader)
+        except DuplicateKey as duplicate:
             raise SettingsError([PolicyError(file, duplicate.line, duplicate.key, "duplicate key")]) from None
     except yaml.YAMLError as bad_yaml:
         mark = getattr(bad_yaml, "problem_mark", None)
@@ -209,7 +203,7 @@ def parse_settings_text(text: str, file: str, base_dir: Path) -> ControllerSetti
         for error in invalid.errors():
             loc = tuple(error["loc"])
             errors.append(
-                PolicyError(file, _line_for(located, loc), _field_path(loc, located), _settings_message(dict(error)))
+                PolicyError(file, line_for(located, loc), field_path(loc, located), _settings_message(dict(error)))
             )
         raise SettingsError(errors) from None
 

@@ -44,6 +44,10 @@ def test_duplicate_keys_and_bad_yaml_are_errors(tmp_path: Path) -> None:
     path.write_text("name: x\nname: y\nmodel: m\n")
     with pytest.raises(ConfigFileError, match=r"p.yaml:2: name: duplicate key"):
         load_profile(path)
+    # A nested duplicate is named by its full path, as the policy loader names it.
+    path.write_text("name: x\nmodel: m\nengineArgs:\n  max_num_seqs: 8\n  max_num_seqs: 2\n")
+    with pytest.raises(ConfigFileError, match=r"p.yaml:5: engineArgs.max_num_seqs: duplicate key"):
+        load_profile(path)
     path.write_text("name: [x\n")
     with pytest.raises(ConfigFileError, match="invalid YAML"):
         load_profile(path)
