@@ -376,6 +376,21 @@ def simulate_run(
     return RunRecord("simulator", profile.name, load, records, samples, now, {"virtual_time": True})
 
 
+def recorded_when(runs: Sequence[RunRecord]) -> str:
+    """When and where the real runs were measured, from what they recorded (older recordings lack the time)."""
+    real = [r for r in runs if r.engine != "simulator"]
+    times = sorted({str(r.meta["measured_at"]) for r in real if "measured_at" in r.meta})
+    machines = sorted({str(r.meta["machine"]) for r in real if "machine" in r.meta})
+    when = f"real runs measured {times[0]} to {times[-1]}" if times else "real runs measured at an unrecorded time"
+    # Recordings made before 2026-11-30 16:00 UTC took the load average at the end of each run
+    # (including the run itself) and say so with "loadavg_after".
+    for key, moment in (("loadavg_before", "before them"), ("loadavg_after", "at their end")):
+        loads = [float(r.meta[key]) for r in real if key in r.meta]
+        if loads:
+            when += f", 1-minute load average {min(loads):.1f}-{max(loads):.1f} {moment}"
+    return when + (f", on {'; '.join(machines)}" if machines else "")
+
+
 def resimulate(runs: Sequence[RunRecord], profile: EngineProfile) -> list[RunRecord]:
     """The recorded real runs, with the simulator's runs made again with `profile` (one per load level)."""
     real = [r for r in runs if r.engine != "simulator"]
@@ -919,10 +934,15 @@ def measure(
         for repetition in range(repeat):
             for load in loads:
                 log(f"vLLM {profile.name} load {load.level:g}x, repetition {repetition + 1}/{repeat}")
+                # Taken before the run: what the other tenants of the machine were doing, not this run.
+                meta = {
+                    "repetition": repetition,
+                    "loadavg_before": os.getloadavg()[0],
+                    "machine": machine_description(),
+                    "measured_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                }
                 record = run_real(server.url, profile, load, load.schedule(), scrape_every=scrape_every)
-                record.meta.update(
-                    {"repetition": repetition, "loadavg_before": os.getloadavg()[0], "machine": machine_description()}
-                )
+                record.meta.update(meta)
                 runs.append(record)
     for load in loads:
         runs.append(simulate_run(profile, load, load.schedule(), sample_every=scrape_every))
@@ -1009,6 +1029,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     header = f"Measured {stamp} on {machine_description()}.\n\n"
+    if args.from_runs is not None:
+        header = f"Rendered {stamp} from {args.from_runs}: {recorded_when(runs)}.\n\n"
     markdown = header + render_markdown(comparisons, profile=profile.name)
     (args.out_dir / "fidelity.md").write_text(markdown, encoding="utf-8")
     report = {"measured_at": stamp, "machine": machine_description(), **report_json(comparisons)}

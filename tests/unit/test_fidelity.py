@@ -22,6 +22,7 @@ from serving.fidelity import (
     main,
     parse_metrics_page,
     policy_verdicts,
+    recorded_when,
     render_markdown,
     report_json,
     resimulate,
@@ -239,3 +240,17 @@ def test_gzipped_runs_round_trip_byte_for_byte(tmp_path: Path) -> None:
     (tmp_path / "cut.runs.json.gz").write_bytes((tmp_path / "a.runs.json.gz").read_bytes()[:100])
     with pytest.raises(FidelityError, match="cut.runs.json.gz: cannot read"):
         load_runs(tmp_path / "cut.runs.json.gz")
+
+
+def test_rendered_reports_say_when_and_how_busy_the_real_runs_were() -> None:
+    recorded = load_runs(FIXTURES / "fidelity" / "quiet-tiny-cpu-stable.runs.json.gz")
+    assert recorded_when(recorded) == (
+        "real runs measured at an unrecorded time, 1-minute load average 0.8-1.8 at their end, "
+        "on Intel(R) Xeon(R) Processor, 2 cores, Python 3.11.7"
+    )
+    first, second = recorded[0], recorded[1]
+    first.meta.update({"measured_at": "2026-12-01 10:00 UTC", "loadavg_before": 0.25})
+    second.meta.update({"measured_at": "2026-12-01 10:02 UTC", "loadavg_before": 3.0})
+    assert recorded_when([first, second]).startswith(
+        "real runs measured 2026-12-01 10:00 UTC to 2026-12-01 10:02 UTC, 1-minute load average 0.2-3.0 before them"
+    )
