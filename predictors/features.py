@@ -94,6 +94,14 @@ _ITL_MEAN_30S = _ratio(
     _rate("vllm:inter_token_latency_seconds_sum", "30s"), _rate("vllm:inter_token_latency_seconds_count", "30s")
 )
 
+# Prometheus' synthetic `up` of every vLLM replica target (the tier's SD labels them with `replica`).
+_UP = 'up{ replica!="", {{ selector }} }'
+
+
+def _by_version(how: str, expression: str) -> str:
+    return _agg(how, expression).replace("by (", "by (version, ", 1)
+
+
 FEATURES: tuple[FeatureSpec, ...] = (
     FeatureSpec(
         "request_rate",
@@ -300,6 +308,47 @@ FEATURES: tuple[FeatureSpec, ...] = (
         "versions",
         _agg("count", _agg("count", "vllm:num_requests_running{ {{ selector }} }").replace("by (", "by (version, ", 1)),
         "versions serving at once (> 1 while a rollout drains the old one)",
+    ),
+    # -- the tier's replicas before they take traffic (issue 5, round 3). A new replica is listed by the tier's
+    # service discovery at once, but vLLM answers /health (and /metrics) only after 17-48 s, and the shadow
+    # warm-up keeps it out of rotation a few seconds more: Prometheus' own `up` series shows a rollout or a
+    # scale-up up to a minute before the new replicas serve. `replica!=""` keeps the router's target out.
+    FeatureSpec(
+        "replicas_starting",
+        _agg("sum", f"{_UP} == bool 0"),
+        "replicas listed by the tier's service discovery whose vLLM does not answer yet (up 0): capacity or a "
+        "new version that will take traffic within about a minute",
+    ),
+    FeatureSpec(
+        "versions_starting",
+        _agg("sum", f"({_by_version('max', _UP)}) == bool 0"),
+        "versions none of whose replicas is up yet: a rollout (or rollback) in its start-up",
+    ),
+    FeatureSpec(
+        "versions_listed",
+        _agg("count", _by_version("count", _UP)),
+        "versions with a target in service discovery, started or not (> versions while a new one starts)",
+    ),
+    FeatureSpec(
+        "newest_version_samples_10m",
+        _agg("min", _by_version("max", f"count_over_time({_UP}[10m])")),
+        "scrapes since the newest version's first replica was listed, starting included (capped at 10m = 40): "
+        "the age of the last rollout, unlike youngest_replica_samples_10m which a scale-up resets too",
+    ),
+    FeatureSpec(
+        "hbm_used_ratio_min",
+        _agg(
+            "min",
+            "DCGM_FI_DEV_FB_USED{ {{ selector }} } / (DCGM_FI_DEV_FB_USED{ {{ selector }} }"
+            " + DCGM_FI_DEV_FB_FREE{ {{ selector }} })",
+        ),
+        "HBM used / total of the emptiest GPU: vLLM preallocates its KV-cache pool at start, so a replica whose "
+        "KV cache is small (a bad num_gpu_blocks_override) shows it while it warms up, before it takes traffic",
+    ),
+    FeatureSpec(
+        "youngest_target_samples_10m",
+        _agg("min", f"count_over_time({_UP}[10m])"),
+        "scrapes of the youngest replica target in the last 10m, starting included (a scale-up or rollout)",
     ),
 )
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from controller.clock import SystemClock
@@ -217,3 +218,40 @@ def test_train_bad_policy_name_is_a_usage_error(
     )
     assert code == 2
     assert "no policy named 'nope'" in capsys.readouterr().err
+
+
+def test_a_rollout_shows_in_the_start_up_features_before_the_new_version_serves(tmp_path: Path) -> None:
+    """The new version's replica is listed (up 0) for 17-48 s before it answers, then warms up, then serves:
+    the up-based features see the rollout coming, in a real Prometheus."""
+    slow2 = SLOW.model_copy(update={"name": "slow2"})
+    segments = [
+        Segment(0.0, 90.0, "slow", 1, 0.05, 0.05, 1.0, 1.0, 0.005, 0.005, 0.002),
+        Segment(90.0, 240.0, "slow2", 1, 0.05, 0.05, 1.0, 1.0, 0.005, 0.005, 0.002),
+    ]
+    dataset = generate(5, 240.0, segments=segments, scrape_interval_s=STEP, profiles={"slow": SLOW, "slow2": slow2})
+    write_dataset(dataset, tmp_path / "dataset", backfill=True)
+    names = ["replicas_starting", "versions_starting", "versions_listed", "newest_version_samples_10m", "versions"]
+    server = PrometheusServer(data_dir=tmp_path / "dataset" / "data", workdir=tmp_path / "prom")
+    with server.start() as prom, PrometheusSource(PrometheusSettings(url=prom.url), SystemClock()) as source:
+        rows = build_rows(
+            source,
+            {"namespace": "llm"},
+            ["service"],
+            DEFAULT_START,
+            DEFAULT_START + 240.0,
+            STEP,
+            20.0,
+            {"cpu": 1.0, "gpu": 20.0, "network": 0.5},
+        )
+    column = {name: feature_names().index(name) for name in names}
+    seconds = rows.times - DEFAULT_START
+    starting = rows.X[:, column["versions_starting"]]
+    before = (seconds > 30) & (seconds < 90)
+    assert (starting[before] == 0).all() and (rows.X[before, column["versions_listed"]] == 1).all()
+    rollout = seconds[(seconds >= 90) & (starting == 1)]
+    assert rollout.size >= 2 and rollout.min() <= 105.0  # listed at once, not up for 17-48 s
+    assert (rows.X[np.isin(seconds, rollout), column["replicas_starting"]] == 1).all()
+    assert (rows.X[np.isin(seconds, rollout), column["versions_listed"]] == 2).all()
+    # The rollout's age counts from its first listing, while the old version is still the one serving.
+    assert rows.X[seconds == rollout.min() + STEP, column["newest_version_samples_10m"]][0] <= 3
+    assert (starting[seconds > rollout.max() + STEP] == 0).all()
