@@ -1,4 +1,11 @@
-"""The injected clock: real time in production, a manual clock in tests."""
+"""The injected clock: real time in production, a manual clock in tests.
+
+Every wait of the controller (retry backoff, an Argo CD sync poll, a traffic ramp's hold) goes through
+`sleep`, so shutdown can cut them short: after `interrupt()`, a sleep raises ShutdownInterrupt instead
+of waiting. An action cut short this way is left "started" in the journal and resumed, with the same
+idempotency key, by the next process: a SIGTERM never has to wait out a 60 s ramp hold, and nothing
+is lost or done twice.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +13,29 @@ import threading
 import time
 
 
+class ShutdownInterrupt(BaseException):
+    """A wait was cut short because the controller is stopping.
+
+    A BaseException, like KeyboardInterrupt: the broad `except Exception` that turns an actuator's
+    failure into a FAILED outcome must not catch it, or the action would be journaled as failed
+    instead of being left for the next process to finish.
+    """
+
+
 class SystemClock:
+    def __init__(self) -> None:
+        self._stopping = threading.Event()
+
     def now(self) -> float:
         return time.time()
 
     def sleep(self, seconds: float) -> None:
-        time.sleep(max(0.0, seconds))
+        if self._stopping.wait(max(0.0, seconds)) or self._stopping.is_set():
+            raise ShutdownInterrupt("the controller is stopping")
+
+    def interrupt(self) -> None:
+        """Wake every current sleep and make every later one raise ShutdownInterrupt at once."""
+        self._stopping.set()
 
 
 class ManualClock:
@@ -20,6 +44,7 @@ class ManualClock:
     def __init__(self, start: float = 1_700_000_000.0):
         self._now = start
         self._lock = threading.Lock()
+        self._stopping = False
 
     def now(self) -> float:
         with self._lock:
@@ -30,4 +55,9 @@ class ManualClock:
             self._now += seconds
 
     def sleep(self, seconds: float) -> None:
+        if self._stopping:
+            raise ShutdownInterrupt("the controller is stopping")
         self.advance(max(0.0, seconds))
+
+    def interrupt(self) -> None:
+        self._stopping = True

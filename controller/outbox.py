@@ -28,6 +28,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Self
 
+from controller.clock import ShutdownInterrupt
 from controller.protocols import Clock
 from controller.sqlite_store import immediate_transaction, make_durable, open_durable
 
@@ -340,6 +341,8 @@ class OutboxWorker:
             self._wake.clear()
             try:
                 self.last_report = deliver_due(self.outbox, self.sender, self.clock, self.backoff)
+            except ShutdownInterrupt:
+                return  # a delivery's retry wait was cut short by shutdown; the entry stays due for next time
             except Exception as exc:  # noqa: BLE001 - e.g. a locked database: try again next round
                 self.last_report = PassReport(error=f"{type(exc).__name__}: {exc}")
             wait = self.idle_interval

@@ -101,4 +101,8 @@ class Notifier(Protocol):
 class Clock(Protocol):
     def now(self) -> float: ...
 
-    def sleep(self, seconds: float) -> None: ...
+    def sleep(self, seconds: float) -> None:
+        """Wait; raises controller.clock.ShutdownInterrupt once interrupt() was called."""
+
+    def interrupt(self) -> None:
+        """Shutdown: cut every current and later sleep short."""

@@ -27,6 +27,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from controller.attribution import Rollout
 from controller.changes import ChangeFeed, lookback
+from controller.clock import ShutdownInterrupt
 from controller.engine import Phase, PolicyState, transition
 from controller.metrics import ControllerMetrics
 from controller.model import Decision, SignalResult, TargetKey, format_target
@@ -261,12 +262,18 @@ class Controller:
         logger.info("controller started with %d policies: %s", len(self._policies), ", ".join(sorted(self._policies)))
 
     def stop(self) -> None:
-        """Stop scheduling, wait for running evaluations to finish, close the journal. Idempotent."""
+        """Stop scheduling, wait for running evaluations to finish, close the journal. Idempotent.
+
+        Waits inside actions (a traffic ramp's hold, an Argo CD sync poll, a retry backoff) are cut short
+        through the clock: the action stays "started" in the journal and the next process resumes it with
+        the same idempotency key, so stopping takes seconds, not a ramp's length.
+        """
         with self._lock:
             if self._stopped:
                 return
             self._stopped = True
             scheduler = self._scheduler
+        self._clock.interrupt()
         if scheduler is not None and scheduler.running:
             scheduler.shutdown(wait=True)
         self._executor.shutdown(wait=True, cancel_futures=True)
@@ -542,6 +549,8 @@ class Controller:
     def _run_scheduled(self, name: str) -> None:
         try:
             self.evaluate(name, TRIGGER_SCHEDULE)
+        except ShutdownInterrupt:
+            _log_interrupted(name)
         except Exception:  # one failed evaluation must not stop the schedule of the others
             logger.exception("evaluation of policy %s failed", name)
 
@@ -571,6 +580,9 @@ class Controller:
                 with self._lock:
                     self._pending_alerts.discard(name)
                 return self._evaluate_holding_lock(name, trigger)
+        except ShutdownInterrupt:
+            _log_interrupted(name)
+            return None
         except Exception:
             logger.exception("%s-triggered evaluation of policy %s failed", trigger, name)
             return None
@@ -628,6 +640,14 @@ class Controller:
             if not self._journal_open:
                 return []
         return self._journal.recent_decisions(limit)
+
+
+def _log_interrupted(policy_name: str) -> None:
+    logger.info(
+        "evaluation of policy %s interrupted by shutdown; its unfinished actions are in the journal and resume "
+        "at the next start",
+        policy_name,
+    )
 
 
 def _log_evaluation(policy: Policy, trigger: str, state: PolicyState, source_errors: Sequence[str]) -> None:
