@@ -14,7 +14,8 @@ evaluate on another window). On the rest, blocked time-series cross-validation (
 blocks, one horizon of embargo around each) gives every row an out-of-fold prediction; per dimension a
 gradient-boosted model (HistGradientBoostingClassifier) and a logistic-regression baseline are fitted on
 all of it, calibrated (sigmoid) on the out-of-fold decisions, and each decision threshold is picked on the
-calibrated out-of-fold probabilities (lowest probability whose precision's 95% lower bound is >= 0.9).
+calibrated out-of-fold probabilities: among the cuts whose precision's 95% lower bound is >= 0.9, the
+best accuracy for cpu (its target is accuracy) and the most recall (earliest alarms) for gpu and network.
 The held-out scores go into the artifact's report.
 Exit codes: 0 written, 1 the data or the source failed, 2 usage (bad arguments or policy).
 """
@@ -45,6 +46,11 @@ DEFAULT_FOLDS = 5
 # The decision threshold must reach precision 0.9 at the one-sided 95% Wilson lower bound on the out-of-fold
 # rows, not just on average: a cut chosen at the edge fell below 0.9 on a separate validation seed.
 PRECISION_CONFIDENCE_Z = 1.645
+# Among the cuts that reach that precision, each dimension's operating point serves its target in the issue:
+# CPU is judged by accuracy (the cut with the best out-of-fold accuracy), GPU by F1 and all of them by lead
+# time (the lowest cut: most recall, earliest alarms). On the validation seed the accuracy cut raised CPU
+# accuracy by 0.005-0.02 over the recall cut; for GPU it lowered F1 and lead time (docs/sla-model.md).
+THRESHOLD_OBJECTIVES = {"cpu": "accuracy", "gpu": "recall", "network": "recall"}
 
 
 class TrainingError(ValueError):
@@ -99,8 +105,13 @@ def fit_artifact(
         except ValueError as failed:
             skipped[dimension] = str(failed)
             continue
-        decision[dimension] = choose_threshold(gbm_oof, y_train, confidence_z=PRECISION_CONFIDENCE_Z)
-        baseline_cuts[dimension] = choose_threshold(logistic_oof, y_train, confidence_z=PRECISION_CONFIDENCE_Z)
+        objective = THRESHOLD_OBJECTIVES[dimension]
+        decision[dimension] = choose_threshold(
+            gbm_oof, y_train, confidence_z=PRECISION_CONFIDENCE_Z, objective=objective
+        )
+        baseline_cuts[dimension] = choose_threshold(
+            logistic_oof, y_train, confidence_z=PRECISION_CONFIDENCE_Z, objective=objective
+        )
         models[dimension] = gbm
         baselines[dimension] = logistic
     if not models:
@@ -123,6 +134,7 @@ def fit_artifact(
         "targets": {"match": dict(match), "groupBy": list(group_by)},
         "step_s": rows.step,
         "baseline_thresholds": baseline_cuts,
+        "threshold_objectives": {d: THRESHOLD_OBJECTIVES[d] for d in decision},
         "split": {
             "train_end": split.boundaries[0],
             "folds": folds,

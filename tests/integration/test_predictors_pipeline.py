@@ -156,6 +156,7 @@ def test_train_then_evaluate_end_to_end(stack: Stack, tmp_path: Path, capsys: py
     assert artifact.dimensions == ["cpu"]
     assert artifact.thresholds["cpu"] == 1.0  # from the policy's vars
     assert artifact.horizon_s == 20.0
+    assert artifact.report["threshold_objectives"] == {"cpu": "accuracy"}  # CPU's target is accuracy
     assert artifact.report["held_out"]["dimensions"]["cpu"]["methods"]["model"]["rows"] > 0
 
     code = evaluate.main(
