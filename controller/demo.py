@@ -35,6 +35,7 @@ from controller.incident_report import IncidentTimeline, write_report
 from controller.journal import Journal
 from serving.promstack import (
     ManagedProcess,
+    ProcessNotReady,
     PrometheusServer,
     PromStackError,
     free_port,
@@ -141,21 +142,10 @@ def _log(start: float, message: str) -> None:
 
 
 def _read_ready_line(process: ManagedProcess, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        failure = process.exited()
-        if failure is not None:
-            raise DemoError(failure)
-        try:
-            lines = process.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError:
-            lines = []
-        for line in lines:
-            if line.startswith("{") and '"ready"' in line:
-                event: dict[str, Any] = json.loads(line)
-                return event
-        time.sleep(0.1)
-    raise DemoError(f"{process.name} did not become ready within {timeout:.0f}s: {process.log_tail()}")
+    try:
+        return process.wait_ready(timeout)
+    except ProcessNotReady as exc:
+        raise DemoError(str(exc)) from None
 
 
 @contextmanager
@@ -282,10 +272,22 @@ def run_demo(
     start = time.monotonic()
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("journal.db", "journal.db-wal", "journal.db-shm", "annotations.jsonl"):
+    # A run starts from nothing a previous run left: its journal would resume old decisions, its
+    # Prometheus data and logs would mix with this run's, and its revisions would make this rollout r3.
+    # Only the demo's own names are removed (the directory may be one the user chose).
+    for stale in (
+        "journal.db",
+        "journal.db-wal",
+        "journal.db-shm",
+        "annotations.jsonl",
+        "tier.log",
+        "controller.log",
+        "load.log",
+        "load-summary.json",
+    ):
         (out_dir / stale).unlink(missing_ok=True)
-    # A previous run's revisions would make this run's rollout r3: start the tier from its config.
-    shutil.rmtree(out_dir / "tier-state", ignore_errors=True)
+    for stale_dir in ("tier-state", "controller-state", "prometheus-data", "prometheus"):
+        shutil.rmtree(out_dir / stale_dir, ignore_errors=True)
 
     tier_config = out_dir / "tier.yaml"
     tier_document: dict[str, Any] = {
@@ -416,7 +418,7 @@ def run_demo(
                 )
             )
         )
-        relay = _LogRelay(controller.log_path, start)
+        relay = _LogRelay(controller.log_path, start, controller.log_offset)
 
         def healthy() -> bool:
             relay.pump()
@@ -546,10 +548,10 @@ def run_demo(
 class _LogRelay:
     """Prints the controller's evaluation and decision lines as they appear (the demo's live view)."""
 
-    def __init__(self, path: Path, start: float):
+    def __init__(self, path: Path, start: float, offset: int = 0):
         self.path = path
         self.start = start
-        self.offset = 0
+        self.offset = offset  # the log is appended to: start where this run's controller began writing
 
     def pump(self) -> None:
         try:

@@ -244,6 +244,10 @@ def backfill_openmetrics(
 # -- servers ----------------------------------------------------------------------------------------
 
 
+class ProcessNotReady(RuntimeError):
+    """A managed process exited, or did not say it was ready in time; str() says which, with its log's tail."""
+
+
 @dataclass
 class ManagedProcess:
     """A server process in its own process group; stop() kills the group and waits."""
@@ -253,9 +257,13 @@ class ManagedProcess:
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
     _log: Any = field(default=None, repr=False)
+    # Where this run's output starts in the log: the log is appended to, so an earlier run's lines (a stale
+    # "ready" line with another port) are before it and never read as this run's.
+    log_offset: int = 0
 
     def start(self) -> None:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.log_offset = self._log.seek(0, os.SEEK_END)
         self.process = subprocess.Popen(
             self.args,
             stdout=self._log,
@@ -272,11 +280,34 @@ class ManagedProcess:
             return None
         return f"{self.name} exited with {code}: {self.log_tail()}"
 
-    def log_tail(self, limit: int = 1500) -> str:
+    def log_text(self) -> str:
+        """What this run wrote to the log so far (not what earlier runs left in the same file)."""
         try:
-            return self.log_path.read_text(encoding="utf-8", errors="replace")[-limit:].strip()
+            with self.log_path.open("rb") as handle:
+                handle.seek(self.log_offset)
+                return handle.read().decode("utf-8", errors="replace")
         except OSError:
             return ""
+
+    def log_tail(self, limit: int = 1500) -> str:
+        return self.log_text()[-limit:].strip()
+
+    def wait_ready(self, timeout: float) -> dict[str, Any]:
+        """The JSON `{"event": "ready", ...}` line this run printed (the tier prints its ports in it).
+
+        ProcessNotReady (saying why) if the process exits or prints none within `timeout` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            failure = self.exited()  # before reading: a line printed just before exiting is still seen
+            for line in self.log_text().splitlines():
+                if line.startswith("{") and '"ready"' in line:
+                    event: dict[str, Any] = json.loads(line)
+                    return event
+            if failure is not None:
+                raise ProcessNotReady(failure)
+            time.sleep(0.1)
+        raise ProcessNotReady(f"{self.name} did not become ready within {timeout:g}s: {self.log_tail()}")
 
     def stop(self, grace: float = 5.0) -> None:
         process = self.process
