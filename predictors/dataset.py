@@ -112,8 +112,12 @@ class Segment:
         return low + (high - low) * share
 
 
-def make_scenario(seed: int, duration_s: float) -> list[Segment]:
+def make_scenario(seed: int, duration_s: float, *, profile_change: float = 0.3) -> list[Segment]:
     """The seeded sequence of segments covering [0, duration_s).
+
+    Each segment re-draws the engine profile with probability `profile_change` (from stable: a weighted
+    draw of PROFILE_CHOICES, so most draws keep stable; from any other: back to stable). A larger value
+    makes training data richer in rollouts; held-out data keep the default mix.
 
     Load is a multiple of the trace's own rate (~5 requests/s) per replica: 1.5-5x is 20-70% of a stable
     replica's capacity at TOKEN_SCALE; surges ramp to 7-12x (over capacity, so queues build over minutes).
@@ -126,7 +130,7 @@ def make_scenario(seed: int, duration_s: float) -> list[Segment]:
     profile = "stable"
     while t < duration_s:
         end = min(duration_s, t + rng.uniform(120.0, 360.0))
-        if rng.random() < 0.3:
+        if rng.random() < profile_change:
             profile = _weighted(rng, PROFILE_CHOICES) if profile == "stable" else "stable"
         if rng.random() < 0.3:
             replicas = rng.randint(1, 4)
@@ -459,6 +463,7 @@ def generate(
     profiles: Mapping[str, EngineProfile] | None = None,
     services: int = 1,
     progress: bool = False,
+    profile_change: float = 0.3,
 ) -> GeneratedDataset:
     """Run the scenario of `seed` for `duration_s` virtual seconds; pure apart from reading the trace file.
 
@@ -469,6 +474,8 @@ def generate(
         raise DatasetError(f"duration ({duration_s:g}s) must be at least one scrape interval ({scrape_interval_s:g}s)")
     if services < 1:
         raise DatasetError(f"services must be at least 1, got {services}")
+    if not 0.0 <= profile_change <= 1.0:
+        raise DatasetError(f"profile change probability must be in [0, 1], got {profile_change:g}")
     requests = read_trace(BUILTIN_TRACES.get(trace, Path(trace)))
     recorder = Recorder()
     all_segments: list[Segment] = []
@@ -477,7 +484,11 @@ def generate(
     for index in range(services):
         service_seed = seed + 7919 * index
         service = SERVICE if index == 0 else f"{SERVICE}-{index}"
-        plan = list(segments) if segments is not None else make_scenario(service_seed, duration_s)
+        plan = (
+            list(segments)
+            if segments is not None
+            else make_scenario(service_seed, duration_s, profile_change=profile_change)
+        )
         all_segments.extend(plan)
         routed += _run_service(
             service, service_seed, plan, requests, recorder, start, duration_s, scrape_interval_s, profiles, bar
@@ -663,6 +674,12 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--trace", default="conv", help="conv, code or a CSV path")
     gen.add_argument("--backfill", action="store_true", help="also write TSDB blocks to OUT/data with promtool")
     gen.add_argument("--services", type=int, default=1, help="independent services (targets), each its own scenario")
+    gen.add_argument(
+        "--profile-change",
+        type=float,
+        default=0.3,
+        help="probability that a segment re-draws the engine profile (default 0.3; more = more rollouts)",
+    )
     gen.add_argument("--live", action="store_true", help="real time: the tier process scraped by a real Prometheus")
     gen.add_argument("--minutes", type=float, default=10.0, help="--live: how long to replay (wall clock)")
     gen.add_argument("--rate-scale", type=float, default=4.0, help="--live: trace rate multiplier")
@@ -688,7 +705,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         dataset = generate(
-            args.seed, args.hours * 3600.0, start=args.start, trace=args.trace, services=args.services, progress=True
+            args.seed,
+            args.hours * 3600.0,
+            start=args.start,
+            trace=args.trace,
+            services=args.services,
+            progress=True,
+            profile_change=args.profile_change,
         )
         summary = write_dataset(dataset, args.out, backfill=args.backfill)
     except (DatasetError, OSError, ValueError) as failed:

@@ -55,6 +55,17 @@ def test_scenario_is_seeded_and_covers_the_duration() -> None:
     assert {s.profile for s in make_scenario(7, 6 * 3600.0)} > {"stable"}  # some bad rollouts
 
 
+def test_profile_change_sets_how_often_the_scenario_rolls_out() -> None:
+    def rollouts(segments: list[Segment]) -> int:
+        return sum(1 for a, b in itertools.pairwise(segments) if a.profile != b.profile)
+
+    assert rollouts(make_scenario(7, 6 * 3600.0, profile_change=0.0)) == 0
+    assert rollouts(make_scenario(7, 6 * 3600.0, profile_change=1.0)) > rollouts(make_scenario(7, 6 * 3600.0))
+    assert make_scenario(7, 3600.0, profile_change=0.3) == make_scenario(7, 3600.0)  # the default
+    with pytest.raises(DatasetError, match=r"profile change probability must be in \[0, 1\], got 1.5"):
+        generate(1, 60.0, profile_change=1.5)
+
+
 def test_bad_duration_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(DatasetError, match="at least one scrape interval"):
         generate(1, 5.0)
