@@ -12,10 +12,13 @@ modes from configuration alone:
 - a running set limited by `max_num_seqs`; each step spends at most
   `max_num_batched_tokens` tokens, decodes first (one token per running
   sequence), then chunked prefill of running and newly admitted requests;
-- a paged KV cache of `num_gpu_blocks` blocks of `block_size` tokens; when a
-  running sequence needs a block and none is free, the most recently admitted
-  (or, with priority scheduling, the lowest-priority) sequence is preempted:
-  its blocks are freed and it goes back to the waiting queue to be recomputed;
+- a paged KV cache of `num_gpu_blocks` blocks of `block_size` tokens, one of
+  which vLLM keeps as its null block; a request is admitted only when its whole
+  prompt fits; when a running sequence needs a block and none is free, the most
+  recently admitted (or, with priority scheduling, the lowest-priority) sequence
+  is preempted: its blocks are freed and it goes back to the waiting queue,
+  keeping its output, whose KV is recomputed with the prompt when it resumes
+  (vLLM's recompute preemption);
 - prefix caching: with `enable_prefix_caching`, a fixed share of each prompt
   (whole blocks, `hardware.prefix_cache_hit_ratio`) is a cache hit and is not
   recomputed;
@@ -63,14 +66,21 @@ class SimRequest:
     finish_reason: str | None = None
     inter_token_latencies: list[float] = field(default_factory=list)
     prompt_tokens_computed: int = 0  # prefill work actually done, recomputation included
+    # Output tokens whose KV was dropped by a preemption: recomputed with the prompt when it resumes.
+    recompute_tokens: int = 0
 
     @property
     def finished(self) -> bool:
         return self.finished_at is not None
 
     @property
+    def prefill_target(self) -> int:
+        """Tokens whose KV a prefill must compute: the prompt, plus the output kept across a preemption."""
+        return self.prompt_tokens + self.recompute_tokens
+
+    @property
     def in_prefill(self) -> bool:
-        return self.computed_tokens < self.prompt_tokens
+        return self.computed_tokens < self.prefill_target
 
 
 @dataclass(frozen=True)
@@ -103,7 +113,9 @@ class BatchingModel:
         self.profile = profile
         args = profile.engineArgs
         self.block_size = args.block_size
-        self.num_blocks = profile.num_gpu_blocks()
+        # vLLM's block pool keeps one block aside as the null block (padding for skipped positions):
+        # of `num_gpu_blocks` blocks, one fewer ever holds KV, and usage is counted over those.
+        self.num_blocks = max(profile.num_gpu_blocks() - 1, 0)
         self.free_blocks = self.num_blocks
         self.max_num_seqs = args.max_num_seqs
         self.token_budget = args.max_num_batched_tokens
@@ -169,11 +181,11 @@ class BatchingModel:
         self.running.remove(victim)
         self.free_blocks += victim.blocks
         victim.blocks = 0
+        # Like vLLM's recompute preemption: the output so far is kept; its KV (and the prompt's) is
+        # recomputed in one prefill when the request is scheduled again, then decoding continues.
+        victim.recompute_tokens = victim.generated
         victim.computed_tokens = 0
-        victim.generated = 0
         victim.cached_tokens = 0
-        victim.inter_token_latencies.clear()
-        victim.last_token_at = None
         victim.preemptions += 1
         self.num_preemptions += 1
         self._push_waiting(victim)
@@ -202,12 +214,14 @@ class BatchingModel:
             if request not in self.running:  # preempted by an earlier request of this step
                 continue
             if request.in_prefill:
-                chunk = min(request.prompt_tokens - request.computed_tokens, budget)
+                chunk = min(request.prefill_target - request.computed_tokens, budget)
                 if self._grow(request, request.computed_tokens + chunk):
                     prefill.append((request, chunk))
                     budget -= chunk
             else:
-                if self._grow(request, request.prompt_tokens + request.generated + 1):
+                # This step computes the KV of the newest token: prompt + generated tokens in all (vLLM
+                # allocates slots for exactly the tokens computed so far plus this step's).
+                if self._grow(request, request.prompt_tokens + request.generated):
                     decode.append(request)
                     budget -= 1
         decode = [r for r in decode if r in self.running]
@@ -217,7 +231,7 @@ class BatchingModel:
             while self._waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 request = self._waiting[0][3]
                 cached = self._cache_hit_tokens(request)
-                chunk = min(request.prompt_tokens - cached, budget)
+                chunk = min(request.prefill_target - cached, budget)
                 blocks = self._blocks_for(cached + chunk)
                 if blocks > self.free_blocks:
                     break
@@ -262,8 +276,11 @@ class BatchingModel:
             request.computed_tokens += tokens
             request.prompt_tokens_computed += tokens
             if not request.in_prefill:
-                # The step that completes the prefill samples the first token.
-                request.generated = 1
+                # The step that completes the prefill samples the next token: the first one, or, after a
+                # preemption, the one after the kept output (the wait in between is one inter-token gap).
+                if request.last_token_at is not None:
+                    request.inter_token_latencies.append(ended_at - request.last_token_at)
+                request.generated += 1
                 request.first_token_at = request.first_token_at or ended_at
                 request.last_token_at = ended_at
                 first_tokens.append(request)

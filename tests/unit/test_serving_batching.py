@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -60,8 +61,54 @@ def test_kv_exhaustion_preempts_and_every_request_still_finishes() -> None:
     requests = simulate(profile, arrivals)
     assert sum(r.preemptions for r in requests) > 0
     assert all(r.finished and r.generated == 60 for r in requests)
-    # Preempted requests recompute their prompt.
+    # Preempted requests recompute their prompt, and the output they had kept.
     assert any(r.prompt_tokens_computed > r.prompt_tokens for r in requests)
+    once = [r for r in requests if r.preemptions == 1]
+    assert once and all(r.prompt_tokens_computed == 2 * r.prompt_tokens + r.recompute_tokens for r in once)
+
+
+def _run_until(model: BatchingModel, now: float, done: Callable[[], bool]) -> float:
+    while not done():
+        plan = model.plan_step(now)
+        now += plan.duration
+        model.finish_step(plan, now)
+    return now
+
+
+def test_a_preempted_request_keeps_its_output_and_recomputes_it_with_the_prompt() -> None:
+    # 5 usable blocks of 16 tokens (vLLM keeps one of the 6 as its null block).
+    profile = _with_args(
+        resolve_profile("stable"), num_gpu_blocks_override=6, block_size=16, enable_prefix_caching=False
+    )
+    model = BatchingModel(profile)
+    first, second = SimRequest("first", 30, 40, 0.0), SimRequest("second", 30, 40, 0.0)
+    model.add(first)
+    model.add(second)
+    # Each takes 2 blocks for its prompt; the fifth block goes to the first one to cross 32 tokens;
+    # the next crossing needs a block that is not there: the most recently admitted one is preempted.
+    now = _run_until(model, 0.0, lambda: second.preemptions > 0)
+    assert second.generated > 1 and second.recompute_tokens == second.generated and second.blocks == 0
+    kept, last_token = second.generated, second.last_token_at
+    assert last_token is not None
+    now = _run_until(model, now, lambda: second.computed_tokens == second.prefill_target)
+    # The step that finished the recompute sampled the token after the kept output; the wait was one gap.
+    assert second.generated == kept + 1 and second.prompt_tokens_computed == 30 + 30 + kept
+    assert second.inter_token_latencies[-1] == pytest.approx(now - last_token)
+    _run_until(model, now, lambda: second.finished)
+    assert second.generated == 40 and len(second.inter_token_latencies) == 39
+    assert first.finished and first.preemptions == 0
+
+
+def test_the_null_block_is_never_used_and_usage_counts_the_others() -> None:
+    profile = _with_args(resolve_profile("stable"), num_gpu_blocks_override=6, block_size=16)
+    model = BatchingModel(profile)
+    assert model.num_blocks == 5
+    with pytest.raises(RequestRejected, match="has 5"):
+        model.check(90, 1)  # 91 tokens want 6 blocks
+    model.add(SimRequest("r", 40, 5, 0.0))
+    plan = model.plan_step(0.0)
+    model.finish_step(plan, plan.duration)
+    assert model.kv_cache_usage == pytest.approx(3 / 5)  # 41 tokens in 3 blocks
 
 
 def test_ample_kv_cache_never_preempts() -> None:
