@@ -591,23 +591,6 @@ def write_dataset(dataset: GeneratedDataset, out: Path, *, backfill: bool) -> di
     return summary
 
 
-def _read_ready_line(log: Path, alive: Any, timeout: float) -> dict[str, Any]:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        failure = alive()
-        if failure is not None:
-            raise DatasetError(f"the serving tier did not start: {failure}")
-        lines = log.read_text(encoding="utf-8", errors="replace").splitlines() if log.exists() else []
-        for line in lines:
-            if line.startswith("{") and '"ready"' in line:
-                event: dict[str, Any] = json.loads(line)
-                return event
-        time.sleep(0.1)
-    raise DatasetError(f"the serving tier was not ready within {timeout:g}s")
-
-
 def generate_live(out: Path, *, minutes: float, rate_scale: float, replicas: int, profile: str) -> dict[str, Any]:
     """Real time: the tier process (real replicas, router) replays the trace and a real Prometheus scrapes it
     every SCRAPE_INTERVAL_S. Its TSDB is left in OUT/data. Not reproducible byte for byte (real time)."""
@@ -616,6 +599,7 @@ def generate_live(out: Path, *, minutes: float, rate_scale: float, replicas: int
     from serving.load import run_replay
     from serving.promstack import (
         ManagedProcess,
+        ProcessNotReady,
         PrometheusServer,
         http_sd_scrape_config,
         static_scrape_config,
@@ -634,7 +618,10 @@ def generate_live(out: Path, *, minutes: float, rate_scale: float, replicas: int
     )
     tier.start()
     try:
-        ready = _read_ready_line(tier.log_path, tier.exited, 30.0)
+        try:
+            ready = tier.wait_ready(30.0)
+        except ProcessNotReady as exc:
+            raise DatasetError(f"the serving tier did not start: {exc}") from None
         interval = f"{SCRAPE_INTERVAL_S:g}s"
         prometheus_config = write_prometheus_config(
             out / "prometheus.yml",
