@@ -30,7 +30,7 @@ class SystemClock:
         return time.time()
 
     def sleep(self, seconds: float) -> None:
-        if self._stopping.wait(max(0.0, seconds)) or self._stopping.is_set():
+        if self._stopping.wait(max(0.0, seconds)):  # True at once when already interrupted
             raise ShutdownInterrupt("the controller is stopping")
 
     def interrupt(self) -> None:
