@@ -390,6 +390,11 @@ def _observe_finished(metrics: VllmMetrics, request: SimRequest) -> None:
 # -- recording ---------------------------------------------------------------------------------------
 
 
+def _stamp(timestamp: float) -> str:
+    """OpenMetrics timestamps are seconds; millisecond precision, no trailing zeros."""
+    return f"{timestamp:.3f}".rstrip("0").rstrip(".")
+
+
 class Recorder:
     """OpenMetrics text, one block of lines per family (OpenMetrics wants a family's samples together)."""
 
@@ -398,24 +403,24 @@ class Recorder:
         self.samples = 0
 
     def scrape(self, registry: CollectorRegistry, labels: dict[str, str], timestamp: float) -> None:
-        stamp = f"{timestamp:.3f}".rstrip("0").rstrip(".")
+        stamp = _stamp(timestamp)
         for metric in registry.collect():
             if not metric.name.startswith(RECORDED_PREFIXES):
                 continue
             kind = metric.type if metric.type in ("counter", "gauge", "histogram") else "gauge"
-            _, lines = self.families.setdefault(metric.name, (kind, []))
+            # Registered when first collected, samples or not: the family order (and the bytes) of a seed's file.
+            self.families.setdefault(metric.name, (kind, []))
             for sample in metric.samples:
                 if sample.name.endswith("_created"):
                     continue
-                merged = {**sample.labels, **labels}
-                rendered = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(merged.items()))
-                lines.append(f"{sample.name}{{{rendered}}} {_number(sample.value)} {stamp}")
-                self.samples += 1
+                self._add(metric.name, kind, sample.name, {**sample.labels, **labels}, sample.value, stamp)
 
     def sample(self, name: str, kind: str, labels: dict[str, str], value: float, timestamp: float) -> None:
         """One sample of a series no registry holds (Prometheus' synthetic `up`)."""
-        stamp = f"{timestamp:.3f}".rstrip("0").rstrip(".")
-        _, lines = self.families.setdefault(name, (kind, []))
+        self._add(name, kind, name, labels, value, _stamp(timestamp))
+
+    def _add(self, family: str, kind: str, name: str, labels: dict[str, str], value: float, stamp: str) -> None:
+        _, lines = self.families.setdefault(family, (kind, []))
         rendered = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
         lines.append(f"{name}{{{rendered}}} {_number(value)} {stamp}")
         self.samples += 1
