@@ -40,6 +40,7 @@ from prometheus_client import CollectorRegistry, Counter
 from tqdm import tqdm
 
 from serving.batching import BatchingModel, RequestRejected, SimRequest
+from serving.engine_args_metric import EngineArgCollector, ListedReplica
 from serving.load import BUILTIN_TRACES, TraceRequest, read_trace
 from serving.profiles import PROFILES_DIR, EngineProfile, load_profile
 from serving.router import RouterMetrics
@@ -73,6 +74,7 @@ RECORDED_PREFIXES = (
     "tailguard_router_request_duration_seconds",
     "tailguard_router_proxy_overhead_seconds",
     "tailguard_router_requests",
+    "tailguard_serving_engine_arg",
     "tailguard_router_upstream_errors",
 )
 PROFILE_CHOICES = (("stable", 0.72), ("bad-max-num-seqs", 0.1), ("small-kv-cache", 0.1), ("high-memory", 0.08))
@@ -248,6 +250,7 @@ class VirtualTier:
         self.profiles: dict[str, EngineProfile] = {}
         self.router_registry = CollectorRegistry()
         self.router = RouterMetrics(self.router_registry)
+        self.router_registry.register(EngineArgCollector(self.listed))
         self.counter = 0
         self.contention = 1.0
 
@@ -282,6 +285,14 @@ class VirtualTier:
                     replica.draining = True
             return newest
         return [r for r in self.replicas if not r.draining and r.ready_at <= self.now]
+
+    def listed(self) -> list[ListedReplica]:
+        """The replicas service discovery lists now (those with an `up` sample) and their engine args."""
+        return [
+            ListedReplica(self.service, r.version, r.name, r.profile.engineArgs)
+            for r in self.replicas
+            if not (r.draining and r.up_at > self.now)
+        ]
 
     def _new_replica(self, ready_now: bool = False) -> _Replica:
         self.counter += 1

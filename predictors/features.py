@@ -96,6 +96,7 @@ _ITL_MEAN_30S = _ratio(
 
 # Prometheus' synthetic `up` of every vLLM replica target (the tier's SD labels them with `replica`).
 _UP = 'up{ replica!="", {{ selector }} }'
+_SEQ_LIMIT = 'tailguard_serving_engine_arg{ arg="max_num_seqs", {{ selector }} }'
 
 
 def _by_version(how: str, expression: str) -> str:
@@ -349,6 +350,22 @@ FEATURES: tuple[FeatureSpec, ...] = (
         "youngest_target_samples_10m",
         _agg("min", f"count_over_time({_UP}[10m])"),
         "scrapes of the youngest replica target in the last 10m, starting included (a scale-up or rollout)",
+    ),
+    # -- the listed replicas' scheduler limits (issue 5, round 4). vLLM does not export max_num_seqs; the tier
+    # does, for every replica it lists, from the moment it lists it (serving/engine_args_metric.py). A rollout
+    # whose limit cannot hold the sequences the current replicas carry queues as soon as it takes traffic.
+    FeatureSpec(
+        "seq_limit_min",
+        _agg("min", _SEQ_LIMIT),
+        "smallest max_num_seqs among the replicas the tier lists, starting ones included",
+    ),
+    FeatureSpec(
+        "load_over_seq_limit",
+        f"(({_agg('sum', 'vllm:num_requests_running{ {{ selector }} }')}"
+        f" + {_agg('sum', 'vllm:num_requests_waiting{ {{ selector }} }')})"
+        f" / {_agg('count', 'vllm:num_requests_running{ {{ selector }} }')}) / {_agg('min', _SEQ_LIMIT)}",
+        "sequences per serving replica (running + waiting) over the smallest listed max_num_seqs: above 1, a "
+        "replica with that limit queues at today's load (a bad rollout, before it takes traffic)",
     ),
 )
 

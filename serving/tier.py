@@ -46,7 +46,8 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from serving.profiles import EngineProfile, profile_from_dict, resolve_profile
+from serving.engine_args_metric import EngineArgCollector, ListedReplica
+from serving.profiles import EngineArgs, EngineProfile, profile_from_dict, resolve_profile
 from serving.router import ReplicaTarget, Router, VersionTarget
 from serving.simulator import ReplicaEngine, make_replica_app
 from serving.supervisor import (
@@ -281,8 +282,10 @@ class Tier:
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     supervisor: Supervisor | None = None
     _validated: dict[tuple[str, ...], str] = field(default_factory=dict)  # vLLM args -> '' or the refusal
+    _engine_args: dict[tuple[str, str], EngineArgs] = field(default_factory=dict)  # (service, version) -> args
 
     def __post_init__(self) -> None:
+        self.router.registry.register(EngineArgCollector(self.listed_replicas))
         if self.config.engine == "vllm":
             self.supervisor = Supervisor(
                 on_change=self._replicas_changed,
@@ -531,6 +534,25 @@ class Tier:
             "versions": versions,
         }
 
+    def _listed(self) -> list[RunningReplica]:
+        """The replicas service discovery lists: starting, warming up, serving or parked; not draining."""
+        return [r for r in sorted(self.replicas.values(), key=lambda r: r.id) if not r.draining]
+
+    def listed_replicas(self) -> list[ListedReplica]:
+        """The listed replicas with their revision's engine args (tailguard_serving_engine_arg)."""
+        listed = []
+        for replica in self._listed():
+            key = (replica.service, replica.version)
+            if key not in self._engine_args:
+                service = self.services.get(replica.service)
+                revision = service.revision(int(replica.version[1:])) if service is not None else None
+                if revision is None:
+                    continue
+                # A revision's profile never changes once created, so its parsed args are cached.
+                self._engine_args[key] = profile_from_dict(revision.profile, f"{key[0]} {key[1]}").engineArgs
+            listed.append(ListedReplica(replica.service, replica.version, replica.id, self._engine_args[key]))
+        return listed
+
     def sd_json(self) -> list[dict[str, Any]]:
         return [
             {
@@ -542,8 +564,7 @@ class Tier:
                     "namespace": self.services[r.service].namespace,
                 },
             }
-            for r in sorted(self.replicas.values(), key=lambda r: r.id)
-            if not r.draining
+            for r in self._listed()
         ]
 
     # -- mutations (called under the lock; return the answer without "replayed") ---

@@ -223,15 +223,24 @@ def test_train_bad_policy_name_is_a_usage_error(
 
 def test_a_rollout_shows_in_the_start_up_features_before_the_new_version_serves(tmp_path: Path) -> None:
     """The new version's replica is listed (up 0) for 17-48 s before it answers, then warms up, then serves:
-    the up-based features see the rollout coming, in a real Prometheus."""
-    slow2 = SLOW.model_copy(update={"name": "slow2"})
+    the up-based features see the rollout coming, in a real Prometheus, and so do the engine-arg features
+    (the new version's max_num_seqs 2, from the tier's tailguard_serving_engine_arg)."""
+    slow2 = SLOW.model_copy(update={"name": "slow2", "engineArgs": EngineArgs(max_num_seqs=2)})
     segments = [
         Segment(0.0, 90.0, "slow", 1, 0.05, 0.05, 1.0, 1.0, 0.005, 0.005, 0.002),
         Segment(90.0, 240.0, "slow2", 1, 0.05, 0.05, 1.0, 1.0, 0.005, 0.005, 0.002),
     ]
     dataset = generate(5, 240.0, segments=segments, scrape_interval_s=STEP, profiles={"slow": SLOW, "slow2": slow2})
     write_dataset(dataset, tmp_path / "dataset", backfill=True)
-    names = ["replicas_starting", "versions_starting", "versions_listed", "newest_version_samples_10m", "versions"]
+    names = [
+        "replicas_starting",
+        "versions_starting",
+        "versions_listed",
+        "newest_version_samples_10m",
+        "versions",
+        "seq_limit_min",
+        "load_over_seq_limit",
+    ]
     server = PrometheusServer(data_dir=tmp_path / "dataset" / "data", workdir=tmp_path / "prom")
     with server.start() as prom, PrometheusSource(PrometheusSettings(url=prom.url), SystemClock()) as source:
         rows = build_rows(
@@ -256,3 +265,16 @@ def test_a_rollout_shows_in_the_start_up_features_before_the_new_version_serves(
     # The rollout's age counts from its first listing, while the old version is still the one serving.
     assert rows.X[seconds == rollout.min() + STEP, column["newest_version_samples_10m"]][0] <= 3
     assert (starting[seconds > rollout.max() + STEP] == 0).all()
+    # The new version's scheduler limit is known from its first listing, while the old one (8) still serves.
+    limit = rows.X[:, column["seq_limit_min"]]
+    assert (limit[before] == 8).all()
+    assert (limit[np.isin(seconds, rollout)] == 2).all()
+    # Sequences per serving replica over the smallest listed limit: the new version's 2, before it serves.
+    load_ratio = rows.X[:, column["load_over_seq_limit"]]
+    per_replica = (
+        rows.X[:, feature_names().index("queue_running")] + rows.X[:, feature_names().index("queue_waiting")]
+    ) / rows.X[:, feature_names().index("replicas")]
+    busy = np.isin(seconds, rollout) & (per_replica > 0)
+    assert busy.any()
+    np.testing.assert_allclose(load_ratio[busy], per_replica[busy] / 2)
+    np.testing.assert_allclose(load_ratio[before], per_replica[before] / 8)

@@ -79,6 +79,16 @@ class TierProcess:
             json={"model": "llama-test", "prompt": "a b c", "max_tokens": max_tokens},
         )
 
+    def max_num_seqs(self) -> dict[str, float]:
+        """tailguard_serving_engine_arg{arg="max_num_seqs"} on the router's /metrics, by replica."""
+        page = requests.get(f"{self.router}/metrics", timeout=TIMEOUT).text
+        return {
+            s.labels["replica"]: s.value
+            for f in text_string_to_metric_families(page)
+            for s in f.samples
+            if s.name == "tailguard_serving_engine_arg" and s.labels["arg"] == "max_num_seqs"
+        }
+
     def stop(self) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -144,6 +154,10 @@ def test_rollout_rollback_scale_weights_and_routing(tier: TierProcess) -> None:
     assert {v["version"]: v["weight"] for v in service["versions"]} == {"r1": 50, "r2": 50}
     seen = collections.Counter(tier.complete().headers["X-Tailguard-Version"] for _ in range(10))
     assert seen == {"r1": 5, "r2": 5}
+    # The router exports every listed replica's scheduler limit (vLLM itself does not export max_num_seqs).
+    assert tier.max_num_seqs() == {"chat-r1-0": 64, "chat-r1-1": 64, "chat-r2-0": 2}  # a canary: one replica
+    sd = requests.get(f"{tier.control}/api/v1/sd", timeout=TIMEOUT).json()
+    assert set(tier.max_num_seqs()) == {t["labels"]["replica"] for t in sd}
 
     assert tier.post("weights", {"version": "r2", "weight": 0, "idempotency_key": "k2"}).json() == {
         "weights": {"r2": 0, "r1": 100},
@@ -169,6 +183,7 @@ def test_rollout_rollback_scale_weights_and_routing(tier: TierProcess) -> None:
     assert revisions[1]["profile"]["engineArgs"]["max_num_seqs"] == 2
     service = tier.service()
     assert [v["version"] for v in service["versions"]] == ["r1"] and service["replicas"] == 3
+    assert tier.max_num_seqs() == {f"chat-r1-{i}": 64 for i in range(3)}  # r2's replicas are no longer listed
     conflict = tier.post("rollback", {"idempotency_key": "k6"})
     assert conflict.status_code == 409 and "no good revision" in conflict.json()["error"]
 

@@ -41,6 +41,7 @@ def test_exposes_the_metrics_the_features_read_with_tier_labels() -> None:
         "process_cpu_seconds_total",
         "tailguard_router_request_duration_seconds_bucket",
         "tailguard_router_proxy_overhead_seconds_count",
+        "tailguard_serving_engine_arg",
     ):
         assert f"\n{name}{{" in text, name
     assert 'namespace="llm"' in text and 'service="chat"' in text and 'replica="chat-r1-1"' in text
@@ -109,6 +110,11 @@ def test_a_rollout_starts_and_warms_up_before_it_takes_traffic_as_the_tier_does(
     up_from = min(t for t, v in new_up if v == 1.0)
     assert starting and min(starting) >= start + 60.0 and max(starting) < up_from
     assert 17.0 - 5.0 <= up_from - min(starting) <= 48.0 + 5.0
+    # The router lists its engine args from the first listing on, as the tier's router does (summed over args,
+    # so compare with the old replica's: same profile arguments here).
+    limits = _series(text, "tailguard_serving_engine_arg", "chat-r2-2")
+    assert limits[0][0] == min(starting)
+    assert {v for _, v in limits} == {v for _, v in _series(text, "tailguard_serving_engine_arg", "chat-r1-1")}
     # ... and exports vLLM metrics only once up.
     assert min(t for t, _ in _series(text, "vllm:num_requests_running", "chat-r2-2")) == up_from
     # Meanwhile the old version keeps serving: it still finishes requests after the rollout.
