@@ -238,6 +238,19 @@ def slo_dashboard() -> dict[str, Any]:
                 (_by(f"vllm:num_requests_running{{{SELECTOR}}}"), f"running {legend}"),
             ],
         ),
+        panel(
+            "Running per replica vs max_num_seqs",
+            [
+                (_by(f"vllm:num_requests_running{{{SELECTOR}}}", "avg"), f"running per replica {legend}"),
+                (
+                    _by(f'tailguard_serving_engine_arg{{{SELECTOR}, arg="max_num_seqs"}}', "min"),
+                    f"max_num_seqs {legend}",
+                ),
+            ],
+            description="A replica whose running requests reach its max_num_seqs queues the rest. The limit comes "
+            "from tailguard_serving_engine_arg, which the bundled tier's router exports for every listed replica "
+            "(starting ones included); vLLM does not export it.",
+        ),
         row("Cache and memory"),
         panel(
             "KV-cache usage",

@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from controller import dashboards
 from controller.metrics import ControllerMetrics
+from serving.engine_args_metric import EngineArgCollector, ListedReplica
+from serving.profiles import EngineArgs
 from serving.router import RouterMetrics
 from tests.support.fake_grafana import FakeGrafana, _load_operations, check_request
 
@@ -52,6 +54,7 @@ def exposed_names() -> set[str]:
     registry = CollectorRegistry()
     ControllerMetrics(registry)
     RouterMetrics(registry)
+    registry.register(EngineArgCollector(lambda: [ListedReplica("s", "r1", "s-r1-0", EngineArgs())]))
     for family in registry.collect():
         suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}
         names.update(family.name + suffix for suffix in suffixes.get(family.type, [""]))
@@ -104,6 +107,7 @@ def test_slo_dashboard_has_the_panels_variables_and_annotations(generated: dict[
     for wanted in (
         "End-to-end latency", "Time to first token", "Inter-token latency", "Request rate", "Error rate", "Queue",
         "KV-cache usage", "Prefix-cache hit rate", "Preemptions", "HBM use (DCGM)", "DRAM activity (DCGM)",
+        "Running per replica vs max_num_seqs",
     ):  # fmt: skip
         assert wanted in titles
     e2e = next(p for p in slo["panels"] if p["title"] == "End-to-end latency")
