@@ -2,7 +2,6 @@
 # Round 4 datasets at HEAD (engine-arg series recorded). Two at a time on 2 cores.
 cd /work/main
 P=.venv/bin/python
-g() { $P -m predictors.dataset generate "$@" --backfill > /tmp/sla8/gen-$1-$2.log 2>&1; }
 gen() { local seed=$1 hours=$2 services=$3 start=$4 out=$5; shift 5
   $P -m predictors.dataset generate --seed $seed --hours $hours --services $services --start $start --out /tmp/sla8/$out --backfill "$@" > /tmp/sla8/$out.log 2>&1; echo "done $out $?" >> /tmp/sla8/progress; }
 ( gen 7 1.5 3 1767225600 ds7x3; gen 13 1 2 1767283200 ds13; gen 9 1 2 1767254400 ds9; gen 21 1 2 1767312000 ds21; gen 41 1 3 1767355200 ds41 --profile-change 1.0; gen 31 1.5 3 1767340800 ds31 --profile-change 1.0 ) &
