@@ -147,7 +147,7 @@ def vllm_timings(warmup_s: float = 20.0) -> DemoTimings:
         warmup_s=warmup_s,
         detect_timeout_s=90.0,
         # After the rollback the bad revision still finishes what it had queued, one sequence at a time, and the
-        # P99 window sees those requests last (measured: resolved 48 s after the rollback); the load client's
+        # P99 window sees those requests last (measured: resolved 52 s after the rollback); the load client's
         # 60 s timeout bounds how long that can take.
         recover_timeout_s=150.0,
         load_speedup=6.0,
