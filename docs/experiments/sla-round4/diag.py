@@ -1,16 +1,19 @@
 """Round-4 diagnosis (experiment script): wrong CPU rows of the final model by class and cause."""
-import json, sys, collections
+import collections, json, os, sys
+from pathlib import Path
 import numpy as np
-sys.path.insert(0, "/tmp/sla8"); sys.path.insert(0, "/work/main")
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE)); sys.path.insert(0, str(HERE.parents[2]))
+DATA = os.environ.get("SLA_DATA", "/tmp/sla8")
 from run import rows, onset_mask
 from predictors.artifact import load_artifact
 from predictors.artifact import predict_proba
-art = load_artifact("/tmp/sla8/model")
+art = load_artifact(f"{DATA}/model")
 for name in sys.argv[1:]:
     r = rows(name)
     p = predict_proba(art, r.X)["cpu"]
     alarm = p >= art.decision_thresholds["cpu"]
-    scen = json.load(open(f"/tmp/sla8/{name}/scenario.json"))
+    scen = json.load(open(f"{DATA}/{name}/scenario.json"))
     per_service, cur = [], None
     for seg in scen["segments"]:
         if seg["start"] == 0.0:

@@ -3,7 +3,9 @@ from __future__ import annotations
 import json, pickle, sys
 from pathlib import Path
 import numpy as np
-sys.path.insert(0, "/work/main")
+import os
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO))
 from controller.clock import SystemClock
 from controller.sources.prometheus import PrometheusSettings, PrometheusSource
 from predictors.data import Rows, build_rows
@@ -12,7 +14,7 @@ from predictors.features import feature_names
 from predictors.train import fit_artifact
 from serving.promstack import PrometheusServer
 
-ROOT = Path("/tmp/sla8")
+ROOT = Path(os.environ.get("SLA_DATA", "/tmp/sla8"))  # where gen.sh wrote the datasets
 MATCH, BY = {"namespace": "llm"}, ["service"]
 THRESH = {"cpu": 1.0, "gpu": 2.5, "network": 0.5}
 NEW = ["seq_limit_min", "load_over_seq_limit"]
