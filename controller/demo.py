@@ -98,7 +98,7 @@ SIMULATOR = EngineSetup("simulator", MODEL, 2, "bad-max-num-seqs", "max_num_seqs
 # on a slower one (the controller rightly fired before the rollout). One sequence at a time halves the bad
 # capacity again, so the lighter load keeps the stable version far from its own.
 # Threshold 2 s: while the new version cold-starts beside the stable one on the same 2 cores, the stable P99
-# rose to ~1.2 s. (The histogram's buckets around it are 1.5, 2 and 2.5 s.)
+# rose to 1.2-1.44 s. (The histogram's buckets around it are 1.5, 2 and 2.5 s.)
 VLLM = EngineSetup(
     "vllm",
     "tiny-llama",
