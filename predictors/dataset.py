@@ -286,12 +286,16 @@ class VirtualTier:
             return newest
         return [r for r in self.replicas if not r.draining and r.ready_at <= self.now]
 
+    def is_listed(self, replica: _Replica) -> bool:
+        """Whether the tier's service discovery lists it now: a replica stopped before it ever answered is not."""
+        return not (replica.draining and replica.up_at > self.now)
+
     def listed(self) -> list[ListedReplica]:
         """The replicas service discovery lists now (those with an `up` sample) and their engine args."""
         return [
             ListedReplica(self.service, r.version, r.name, r.profile.engineArgs)
             for r in self.replicas
-            if not (r.draining and r.up_at > self.now)
+            if self.is_listed(r)
         ]
 
     def _new_replica(self, ready_now: bool = False) -> _Replica:
@@ -547,9 +551,9 @@ def _run_service(
             tier.serving()  # retire superseded replicas whose successor became ready since the last event
             for replica in tier.replicas:
                 # Prometheus' own `up` series for each target the tier's SD lists: 0 while it starts.
+                if not tier.is_listed(replica):
+                    continue
                 scrapable = replica.up_at <= next_scrape
-                if replica.draining and not scrapable:
-                    continue  # stopped before it ever answered: the tier's SD no longer lists it
                 recorder.sample("up", "gauge", replica.labels, 1.0 if scrapable else 0.0, next_scrape)
                 if not scrapable:
                     continue
