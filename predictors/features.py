@@ -367,6 +367,13 @@ FEATURES: tuple[FeatureSpec, ...] = (
         "sequences per serving replica (running + waiting) over the smallest listed max_num_seqs: above 1, a "
         "replica with that limit queues at today's load (a bad rollout, before it takes traffic)",
     ),
+    # -- round 5: the CPU SLI is the tail of the queue-time histogram, set by the few slowest requests of a
+    # minute; its median says whether the whole queue is backing up or one request was unlucky.
+    FeatureSpec(
+        "queue_time_p50",
+        _quantile(0.5, "vllm:request_queue_time_seconds"),
+        "median queue time over 1m (same histogram as the CPU SLI): broad queueing, not one slow request",
+    ),
 )
 
 

@@ -123,7 +123,13 @@ def test_feature_queries_parse_in_prometheus_and_are_batched(stack: Stack) -> No
         "process_cpu",
         "network_jitter",
         "prompt_token_entropy",
+        "queue_time_p50",
     } <= present
+    # The median and the tail of the same queue-time histogram: never above it, and below it somewhere.
+    median = rows.X[:, feature_names().index("queue_time_p50")]
+    tail = rows.X[:, feature_names().index("queue_time_p99")]
+    both = np.isfinite(median) & np.isfinite(tail)
+    assert both.any() and (median[both] <= tail[both]).all() and (median[both] < tail[both]).any()
 
 
 def test_train_then_evaluate_end_to_end(stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
