@@ -197,9 +197,27 @@ def render_actions(
     return tuple(rendered)
 
 
-def _retention(policy: Policy) -> float:
+def action_retention(policy: Policy) -> float:
     """How long action times must be kept: the budget window, or the cooldown when it is longer."""
     return max(BUDGET_WINDOW_SECONDS, policy.limits.cooldown)
+
+
+def with_action_times(state: PolicyState, times: Mapping[TargetKey, Sequence[float]]) -> PolicyState:
+    """`state` with more mutating-action times (another leader's, handed over): the union per target. The next
+    transition prunes them like its own, so cooldown and budget count both leaders' actions."""
+    actions_at = dict(state.actions_at)
+    for target, stamps in times.items():
+        actions_at[target] = union_times(actions_at.get(target, ()), stamps)
+    return replace(state, actions_at=actions_at)
+
+
+def union_times(a: Sequence[float], b: Sequence[float]) -> tuple[float, ...]:
+    """Sorted union of two lists of action times. Handed-over times travel as JSON at millisecond precision, so
+    they are compared at that precision: the same action counts once in a budget, whichever way it came."""
+    seen: dict[float, float] = {}
+    for stamp in (*a, *b):
+        seen.setdefault(round(stamp, 3), stamp)
+    return tuple(sorted(seen.values()))
 
 
 def _limits_block(policy: Policy, state: PolicyState, target: TargetKey, now: float) -> str | None:
@@ -240,7 +258,7 @@ class _Step:
         # Pruned to the budget window, or to the cooldown when that is longer (a 2h cooldown must
         # still see an action taken 61 minutes ago).
         self.actions_at: dict[TargetKey, tuple[float, ...]] = {
-            target: tuple(t for t in times if now - t < _retention(policy))
+            target: tuple(t for t in times if now - t < action_retention(policy))
             for target, times in state.actions_at.items()
         }
         self.decisions: list[Decision] = []

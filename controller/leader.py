@@ -12,6 +12,13 @@ racing for the same Lease get one 200 and one 409: they never both lead.
 
 `release()` (on stop) empties holderIdentity so a successor takes over at once instead of waiting out
 the lease. Time comes from the injected clock; only the background loop (`start`) paces itself in real time.
+
+With a handover attached (the controller, `attach_handover`), every write also carries the leader's
+mutating-action times in the Lease annotation `tailguard.io/action-times` (controller/handover.py), and
+whoever acquires the Lease hands the previous holder's times to its controller before its first write: a
+new leader's cooldowns and budgets count what the old one did. `publish()` renews at once, so the controller
+can publish a new action's time before it acts. Rounds are serialised (the background loop and `publish`
+would otherwise race each other into a 409).
 """
 
 from __future__ import annotations
@@ -31,6 +38,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.actuators.http import RetryPolicy
 from controller.actuators.kubernetes_hpa import KubeError, kube_call
+from controller.handover import (
+    HANDOVER_ANNOTATION,
+    HandoverError,
+    HandoverPort,
+    decode_action_times,
+    encode_action_times,
+)
 from controller.policy import Duration
 from controller.protocols import Clock
 
@@ -117,6 +131,8 @@ class LeaderElector:
         self._leader_until = 0.0
         self._observed: tuple[str, float] | None = None  # (resourceVersion of someone else's record, seen at)
         self._lock = threading.Lock()
+        self._round = threading.Lock()  # one acquire/renew round at a time (background loop and publish)
+        self._handover: HandoverPort | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -128,8 +144,20 @@ class LeaderElector:
 
     # -- one round ----------------------------------------------------------------------------------
 
+    def attach_handover(self, handover: HandoverPort) -> None:
+        """Publish `handover`'s action times with every write, and hand it the previous holder's on acquiring."""
+        self._handover = handover
+
+    def publish(self) -> bool:
+        """Renew now (writing the current action times); returns whether we still lead."""
+        return self.run_once()
+
     def run_once(self) -> bool:
         """Acquire or renew; returns whether we lead now. Errors are recorded in `last_error`, never raised."""
+        with self._round:
+            return self._round_unlocked()
+
+    def _round_unlocked(self) -> bool:
         started = self.clock.now()
         found = self._call(
             lambda: self.api.read_namespaced_lease(self.name, self.namespace, _request_timeout=self.timeout),
@@ -152,6 +180,10 @@ class LeaderElector:
 
     def release(self) -> None:
         """Give the Lease up (if we hold it) so a successor need not wait for it to expire."""
+        with self._round:
+            self._release_unlocked()
+
+    def _release_unlocked(self) -> None:
         with self._lock:
             was_leader = self._leader_until > 0
             self._leader_until = 0.0
@@ -168,6 +200,8 @@ class LeaderElector:
         spec.lease_duration_seconds = 1
         spec.renew_time = self._timestamp(self.clock.now())
         found.spec = spec
+        found.metadata = found.metadata or k8s.V1ObjectMeta()
+        found.metadata.annotations = self._annotations(found.metadata.annotations)  # the successor's inheritance
         self._call(
             lambda: self.api.replace_namespaced_lease(self.name, self.namespace, found, _request_timeout=self.timeout),
             "releasing",
@@ -200,6 +234,32 @@ class LeaderElector:
 
     # -- helpers ----------------------------------------------------------------------------------------
 
+    def _inherit(self, lease: k8s.V1Lease) -> None:
+        """Hand the previous holder's action times to our controller; a bad annotation is logged and skipped."""
+        text = ((lease.metadata.annotations if lease.metadata else None) or {}).get(HANDOVER_ANNOTATION)
+        if self._handover is None or not text:
+            return
+        try:
+            times = decode_action_times(text)
+        except HandoverError as unreadable:
+            log.warning(
+                "lease %s/%s: annotation %s is unreadable (%s): cooldowns and budgets start from this replica's "
+                "journal", self.namespace, self.name, HANDOVER_ANNOTATION, unreadable,
+            )  # fmt: skip
+            return
+        self._handover.inherit_handover(times)
+        count = sum(len(stamps) for by_target in times.values() for stamps in by_target.values())
+        log.info("lease %s/%s: inherited %d action time(s) of the previous leader", self.namespace, self.name, count)
+
+    def _annotations(self, current: dict[str, str] | None) -> dict[str, str] | None:
+        if self._handover is None:
+            return current
+        text, dropped = encode_action_times(self._handover.handover_snapshot())
+        if dropped:
+            log.warning("lease %s/%s: %d target(s) with the oldest actions left out of %s (size limit)",
+                        self.namespace, self.name, dropped, HANDOVER_ANNOTATION)  # fmt: skip
+        return {**(current or {}), HANDOVER_ANNOTATION: text}
+
     def _expired(self, view: LeaseView, now: float) -> bool:
         with self._lock:
             if self._observed is None or self._observed[0] != view.resource_version:
@@ -210,7 +270,7 @@ class LeaderElector:
     def _create(self, started: float) -> bool:
         when = self._timestamp(started)
         lease = k8s.V1Lease(
-            metadata=k8s.V1ObjectMeta(name=self.name, namespace=self.namespace),
+            metadata=k8s.V1ObjectMeta(name=self.name, namespace=self.namespace, annotations=self._annotations(None)),
             spec=k8s.V1LeaseSpec(
                 holder_identity=self.identity,
                 lease_duration_seconds=max(1, math.ceil(self.lease_seconds)),
@@ -229,9 +289,12 @@ class LeaderElector:
         spec = lease.spec or k8s.V1LeaseSpec()
         when = self._timestamp(started)
         if acquiring:
+            self._inherit(lease)  # before our first write replaces the previous holder's action times
             spec.holder_identity = self.identity
             spec.acquire_time = when
             spec.lease_transitions = (spec.lease_transitions or 0) + 1
+        lease.metadata = lease.metadata or k8s.V1ObjectMeta()
+        lease.metadata.annotations = self._annotations(lease.metadata.annotations)
         spec.lease_duration_seconds = max(1, math.ceil(self.lease_seconds))
         spec.renew_time = when
         lease.spec = spec

@@ -28,7 +28,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from controller.attribution import Rollout
 from controller.changes import ChangeFeed, lookback
 from controller.clock import ShutdownInterrupt
-from controller.engine import Phase, PolicyState, transition
+from controller.engine import BUDGET_WINDOW_SECONDS, Phase, PolicyState, action_retention, transition, with_action_times
+from controller.handover import ActionTimes, HandoverPort, merge_action_times
 from controller.metrics import ControllerMetrics
 from controller.model import Decision, SignalResult, TargetKey, format_target
 from controller.policy import Policy
@@ -86,9 +87,14 @@ class PredictionPort(Protocol):
 
 
 class LeaderPort(Protocol):
-    """What the controller needs of controller.leader.LeaderElector: only the leader evaluates and acts."""
+    """What the controller needs of controller.leader.LeaderElector: only the leader evaluates and acts, and
+    the Lease carries its mutating-action times to the next leader (controller/handover.py)."""
 
     def is_leader(self) -> bool: ...
+
+    def attach_handover(self, handover: HandoverPort) -> None: ...
+
+    def publish(self) -> bool: ...
 
 
 class PolicyLoadError(Exception):
@@ -199,6 +205,9 @@ class Controller:
         self._leader = leader
         self.skipped_not_leader: dict[str, int] = {}
         self._resume_pending = False
+        # Action times a previous leader handed over (policy -> target -> times), until an evaluation of that
+        # policy has merged them into its state (and journal).
+        self._inherited: dict[str, dict[TargetKey, tuple[float, ...]]] = {}
         self._source = source
         self._journal = journal
         self._dispatcher = dispatcher
@@ -224,6 +233,8 @@ class Controller:
         self._journal_open = True
         self._scheduler: BackgroundScheduler | None = None
         self._executor = ThreadPoolExecutor(max_workers=max(1, alert_workers), thread_name_prefix="tailguard-alert")
+        if leader is not None:
+            leader.attach_handover(self)
 
     # ----- lifecycle -------------------------------------------------------------------------------
 
@@ -428,6 +439,25 @@ class Controller:
         with self._policy_lock(policy_name):
             return self._evaluate_holding_lock(policy_name, trigger)
 
+    # ----- handover between leaders (controller/handover.py) ---------------------------------------------
+
+    def handover_snapshot(self) -> ActionTimes:
+        """The mutating-action times that still count for a cooldown or budget: ours and those not merged yet."""
+        now = self._clock.now()
+        with self._lock:
+            own = {name: state.actions_at for name, state in self._states.items()}
+            merged = merge_action_times(own, self._inherited)
+            retention = {name: action_retention(loaded.policy) for name, loaded in self._policies.items()}
+        return {
+            policy: kept
+            for policy, by_target in merged.items()
+            if (kept := _recent(by_target, now - retention.get(policy, BUDGET_WINDOW_SECONDS)))
+        }
+
+    def inherit_handover(self, times: ActionTimes) -> None:
+        with self._lock:
+            self._inherited = merge_action_times(self._inherited, times)
+
     def _resume_actions(self) -> None:
         for record in self._dispatcher.resume():
             self.metrics.record_action(*action_labels(record))
@@ -440,6 +470,9 @@ class Controller:
                 return None
             policy = loaded.policy
             state = self._states.get(policy_name, PolicyState())
+            inherited = self._inherited.get(policy_name)
+        if inherited:
+            state = with_action_times(state, inherited)  # the previous leader's actions count for our limits
         if self._leader is not None:
             if not self._leader.is_leader():
                 with self._lock:
@@ -460,15 +493,39 @@ class Controller:
             if policy_name in self._policies:
                 self._states[policy_name] = new_state
                 self._last_evaluation[policy_name] = now
+                if inherited and self._inherited.get(policy_name) is inherited:
+                    del self._inherited[policy_name]  # in the state (and journal) now
         self.metrics.record_evaluation(policy_name, trigger, now)
         self.metrics.record_condition_states(policy_name, [c.name for c in policy.conditions], new_state)
         _log_evaluation(policy, trigger, new_state, source_errors)
+        act = self._publish_before_acting(policy_name, decisions)
         for decision in decisions:
             self.metrics.record_decision(decision)
             _log_decision(decision)
+            if not act:
+                continue
             for record in self._dispatcher.dispatch(decision):
                 self.metrics.record_action(*action_labels(record))
         return EvaluationOutcome(policy_name, trigger, now, tuple(decisions), new_state, tuple(source_errors))
+
+    def _publish_before_acting(self, policy_name: str, decisions: Sequence[Decision]) -> bool:
+        """With a leader elector and a mutating action to run: renew the Lease with the new action times first,
+        so a successor that takes over right after still counts this action. Returns whether to dispatch:
+        not when the renewal showed another replica holds the Lease (the actions stay planned in the journal
+        and are resumed when this replica leads again); a failed renewal otherwise only warns, as the lease
+        deadline still covers acting."""
+        if self._leader is None or not any(a.mutating for d in decisions for a in d.actions):
+            return True
+        if self._leader.publish():
+            return True
+        if self._leader.is_leader():
+            logger.warning("%s: could not publish the action times to the Lease before acting", policy_name)
+            return True
+        logger.warning("%s: lost the Lease before acting; the decided actions stay planned in the journal",
+                       policy_name)  # fmt: skip
+        with self._lock:
+            self._resume_pending = True
+        return False
 
     def _rollouts(self, policy: Policy, now: float) -> tuple[tuple[Rollout, ...], str | None]:
         """Rollouts within the policy's largest attribution window; an unreadable tracker is an error, as data."""
@@ -726,3 +783,7 @@ def configure_logging(log_format: str = "text", level: str = "INFO") -> None:
     root.setLevel(level.upper())
     # APScheduler logs every job run at INFO; the controller logs its own evaluation line instead.
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+
+def _recent(by_target: Mapping[TargetKey, tuple[float, ...]], since: float) -> dict[TargetKey, tuple[float, ...]]:
+    return {target: kept for target, stamps in by_target.items() if (kept := tuple(t for t in stamps if t > since))}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -10,9 +11,11 @@ from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry
 
 from controller.clock import ManualClock
+from controller.handover import HANDOVER_ANNOTATION
 from controller.journal import Journal
 from controller.leader import LeaderElector
 from controller.metrics import ControllerMetrics
+from controller.model import DecisionKind, SignalResult, target_key
 from controller.runtime import Controller
 from controller.sources.fakes import FakeSource
 from tests.support.fake_kubernetes import FakeKubernetes
@@ -96,3 +99,164 @@ def test_only_the_leader_evaluates_and_a_follower_takes_over(tmp_path: Path) -> 
         finally:
             first.stop()
             second.stop()
+
+
+SCALE_POLICY = """\
+apiVersion: tailguard.io/v1alpha1
+kind: Policy
+name: queue
+interval: 15s
+targets:
+  groupBy: [service]
+signals:
+  - name: waiting
+    query: sum by ({{ by }}) (vllm:num_requests_waiting)
+conditions:
+  - name: queue-high
+    signal: waiting
+    when: {op: ">", value: 20}
+    for: 2
+    noData: hold
+    actions:
+      - type: scale
+        delta: 1
+        max: 8
+limits:
+  cooldown: 10m
+  maxActionsPerHour: 3
+"""
+QUEUE_QUERY = "sum by (service) (vllm:num_requests_waiting)"
+CHAT = target_key({"service": "chat"})
+
+
+class LeaseReadingDispatcher:
+    """Records each dispatched decision with the action times the Lease annotation held at that moment."""
+
+    def __init__(self, leases: k8s.CoordinationV1Api) -> None:
+        self.leases = leases
+        self.dispatched: list[tuple[Any, dict[str, Any]]] = []
+
+    def dispatch(self, decision: Any) -> Sequence[Any]:
+        lease = self.leases.read_namespaced_lease("tailguard", "llm")
+        annotation = (lease.metadata.annotations or {}).get(HANDOVER_ANNOTATION, "{}")
+        self.dispatched.append((decision, json.loads(annotation)))
+        return []
+
+    def resume(self) -> Sequence[Any]:
+        return []
+
+
+def scaling_replica(
+    tmp_path: Path, name: str, fake: FakeKubernetes, clock: ManualClock
+) -> tuple[Controller, LeaderElector, LeaseReadingDispatcher]:
+    rules = tmp_path / f"rules-{name}"
+    rules.mkdir(exist_ok=True)
+    (rules / "queue.yaml").write_text(SCALE_POLICY)
+    elector = LeaderElector(k8s.CoordinationV1Api(fake.api_client()), "tailguard", "llm", name, 15, clock)
+    dispatcher = LeaseReadingDispatcher(k8s.CoordinationV1Api(fake.api_client()))
+    controller = Controller(
+        policy_paths=[rules],
+        source=FakeSource({QUEUE_QUERY: SignalResult({CHAT: 50.0})}),  # the queue stays high throughout
+        journal=Journal(tmp_path / f"{name}.db"),
+        dispatcher=dispatcher,
+        clock=clock,
+        metrics=ControllerMetrics(CollectorRegistry()),
+        schedule=False,
+        leader=elector,
+    )
+    return controller, elector, dispatcher
+
+
+def fires(dispatcher: LeaseReadingDispatcher) -> list[Any]:
+    return [decision for decision, _ in dispatcher.dispatched if decision.kind == DecisionKind.FIRE]
+
+
+def evaluate_every_interval(
+    controller: Controller, elector: LeaderElector, clock: ManualClock, times: int
+) -> list[Any]:
+    decisions: list[Any] = []
+    for _ in range(times):
+        assert elector.run_once()  # what the background loop does between evaluations
+        outcome = controller.evaluate("queue")
+        assert outcome is not None
+        decisions.extend(outcome.decisions)
+        clock.advance(15)
+    return decisions
+
+
+def test_a_new_leader_inherits_the_cooldown_and_does_not_scale_a_second_time(tmp_path: Path) -> None:
+    clock = ManualClock(start=1_000_000.0)
+    with FakeKubernetes() as fake:
+        first, first_elector, first_dispatcher = scaling_replica(tmp_path, "pod-a", fake, clock)
+        second, second_elector, second_dispatcher = scaling_replica(tmp_path, "pod-b", fake, clock)
+        assert first_elector.run_once() and not second_elector.run_once()
+        first.start()
+        second.start()
+        try:
+            fired = [d for d in evaluate_every_interval(first, first_elector, clock, 3) if d.kind == DecisionKind.FIRE]
+            assert len(fired) == 1 and len(first_dispatcher.dispatched) == 1
+            # The Lease already carried this action's time when the scale was dispatched (published first).
+            decision, annotation = first_dispatcher.dispatched[0]
+            assert annotation["policies"]["queue"][0]["times"] == [round(decision.at, 3)]
+            # pod-a dies without releasing; pod-b takes over once the record it saw has not changed for a
+            # lease duration; the queue is still high.
+            assert second_elector.run_once() is False
+            clock.advance(16)
+            assert second_elector.run_once()
+            later = evaluate_every_interval(second, second_elector, clock, 6)
+            assert fires(second_dispatcher) == []  # no second scale within pod-a's 10-minute cooldown
+            suppressed = [d for d in later if d.kind == DecisionKind.SUPPRESSED]
+            assert suppressed and "but cooldown: last mutating action 61s ago" in suppressed[0].reason
+            # The inherited time is in pod-b's own journal now, so a container restart keeps it too.
+            assert Journal(tmp_path / "pod-b.db").load_state("queue").actions_at[CHAT] == (decision.at,)
+        finally:
+            first.stop()
+            second.stop()
+
+
+def test_without_a_handover_annotation_the_new_leader_would_act_again(tmp_path: Path) -> None:
+    """The control for the test above: the same failover with the annotation wiped does scale again."""
+    clock = ManualClock(start=1_000_000.0)
+    with FakeKubernetes() as fake:
+        first, first_elector, _ = scaling_replica(tmp_path, "pod-a", fake, clock)
+        second, second_elector, second_dispatcher = scaling_replica(tmp_path, "pod-b", fake, clock)
+        assert first_elector.run_once()
+        first.start()
+        second.start()
+        try:
+            evaluate_every_interval(first, first_elector, clock, 3)
+            leases = k8s.CoordinationV1Api(fake.api_client())
+            lease = leases.read_namespaced_lease("tailguard", "llm")
+            lease.metadata.annotations = {HANDOVER_ANNOTATION: "not json"}  # unreadable: logged, not fatal
+            leases.replace_namespaced_lease("tailguard", "llm", lease)
+            clock.advance(16)
+            assert second_elector.run_once() is False  # it saw a new record: the lease has not expired for it
+            clock.advance(16)
+            assert second_elector.run_once()
+            evaluate_every_interval(second, second_elector, clock, 3)
+            assert len(fires(second_dispatcher)) == 1
+        finally:
+            first.stop()
+            second.stop()
+
+
+def test_a_leader_that_finds_the_lease_taken_before_acting_does_not_act(tmp_path: Path) -> None:
+    clock = ManualClock(start=1_000_000.0)
+    with FakeKubernetes() as fake:
+        first, first_elector, first_dispatcher = scaling_replica(tmp_path, "pod-a", fake, clock)
+        assert first_elector.run_once()
+        first.start()
+        try:
+            evaluate_every_interval(first, first_elector, clock, 1)
+            assert first_elector.run_once()
+            # Another replica writes the Lease (as after a partition): pod-a's deadline has not passed yet.
+            leases = k8s.CoordinationV1Api(fake.api_client())
+            lease = leases.read_namespaced_lease("tailguard", "llm")
+            lease.spec.holder_identity = "pod-b"
+            leases.replace_namespaced_lease("tailguard", "llm", lease)
+            outcome = first.evaluate("queue")
+            assert outcome is not None and [d.kind for d in outcome.decisions] == [DecisionKind.FIRE]
+            assert first_dispatcher.dispatched == []  # the renewal before acting found pod-b's record
+            assert not first_elector.is_leader()
+        finally:
+            first.stop()
