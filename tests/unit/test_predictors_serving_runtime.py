@@ -57,7 +57,7 @@ def save_gpu_model(directory: Path) -> Path:
     """Logistic models: a dimension breaches when inference_time_p99 > 10 (synthetic)."""
     rng = np.random.default_rng(3)
     names = feature_names()
-    x = rng.uniform(0.0, 20.0, size=(200, len(names)))
+    x = rng.uniform(0.0, 20.0, size=(3000, len(names)))  # enough rows: the other features get coefficients near 0
     y = (x[:, names.index("inference_time_p99")] > 10.0).astype(np.int64)
     model = Pipeline([("impute", SimpleImputer()), ("classify", LogisticRegression(max_iter=500))]).fit(x, y)
     artifact = ModelArtifact(
