@@ -4,8 +4,10 @@ queue-scale policy breaches, and the HPA's minReplicas is raised through the off
 spec-validating fake Kubernetes API (reached through a kubeconfig file, `inCluster: false`).
 
 With leader election, two controller processes share the fake's Lease: only the leader acts (exactly one HPA
-update), and after SIGTERM of the leader (which releases the Lease) the other takes over and acts on the next
-breach. Every wait is a poll with a deadline; nothing asserts on durations; every process is cleaned up.
+update), and after SIGTERM of the leader (which releases the Lease) the other takes over, inherits the old
+leader's action times from the Lease, and on the next breach within the policy's cooldown decides `suppressed`
+instead of scaling a second time. Every wait is a poll with a deadline; nothing asserts on durations; every
+process is cleaned up.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import pytest
 import requests
 
 from controller.actuators.kubernetes_hpa import ANNOTATION_HUMAN_FLOOR, ANNOTATION_KEYS
+from controller.handover import HANDOVER_ANNOTATION, decode_action_times
 from controller.journal import Journal
+from controller.model import target_key
 from serving.promstack import PrometheusServer, free_port, static_scrape_config, write_prometheus_config
 from tests.support.fake_kubernetes import FakeKubernetes, hpa
 from tests.support.latency_exporter import LatencyExporter
@@ -168,8 +172,11 @@ class ControllerProcess:
             self.process.wait(timeout=10)
 
     def fire_decisions(self) -> list[dict[str, Any]]:
+        return self.decisions("fire")
+
+    def decisions(self, kind: str) -> list[dict[str, Any]]:
         with Journal(self.dir / "journal.db") as journal:
-            return [d for d in journal.recent_decisions(100) if d["kind"] == "fire"]
+            return [d for d in journal.recent_decisions(100) if d["kind"] == kind]
 
 
 def poll(what: str, probe: Callable[[], T | None], *processes: ControllerProcess) -> T:
@@ -321,8 +328,13 @@ def test_only_the_leader_acts_and_the_standby_takes_over_after_sigterm(stack: St
         poll("tailguard-b leading", lambda: True if not standby.following() else None, standby)
         assert hpa_updates(stack) == 1
 
-        set_waiting(stack, 80.0)  # the next breach: ceil(2 * 80 / 20) = 8
-        poll("the new leader to raise the HPA floor to 8", lambda: True if min_replicas(stack) == 8 else None, standby)
+        # The next breach comes within the 10-minute cooldown of tailguard-a's scale: tailguard-b inherited that
+        # action's time from the Lease, so it decides `suppressed` instead of scaling again.
+        set_waiting(stack, 80.0)
+        (suppressed, *_) = poll(
+            "the new leader to suppress the breach (cooldown)", lambda: standby.decisions("suppressed") or None, standby
+        )
+        assert "cooldown: last mutating action" in suppressed["reason"]
         standby.terminate()
     finally:
         first.kill()
@@ -331,12 +343,14 @@ def test_only_the_leader_acts_and_the_standby_takes_over_after_sigterm(stack: St
     assert_clean_log(first)
     assert_clean_log(standby)
 
-    assert hpa_updates(stack) == 2
+    assert hpa_updates(stack) == 1 and min_replicas(stack) == 5
     (first_fire,) = first.fire_decisions()
-    (second_fire,) = standby.fire_decisions()
+    assert standby.fire_decisions() == []
     assert scale_record(first_fire)["result"]["detail"]["to"]["minReplicas"] == 5
-    assert scale_record(second_fire)["result"]["detail"]["to"]["minReplicas"] == 8
-    # The Lease changed hands once, and the last holder released it on its own SIGTERM.
+    # The Lease changed hands once, and the last holder released it on its own SIGTERM, still carrying the one
+    # scale's time for whoever leads next.
     lease = stack.kube.get_object("leases", LEASE_NAMESPACE, LEASE_NAME)
     assert lease is not None and lease["spec"]["leaseTransitions"] == 1
     assert lease["spec"].get("holderIdentity", "") == ""
+    handed_over = decode_action_times(lease["metadata"]["annotations"][HANDOVER_ANNOTATION])
+    assert handed_over == {"queue-scale": {target_key({"service": SERVICE}): (round(first_fire["at"], 3),)}}
