@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -184,60 +185,63 @@ def evaluate_every_interval(
     return decisions
 
 
+Replica = tuple[Controller, LeaderElector, LeaseReadingDispatcher]
+
+
+@contextmanager
+def two_scaling_replicas(tmp_path: Path, clock: ManualClock) -> Iterator[tuple[FakeKubernetes, Replica, Replica]]:
+    """pod-a leads, pod-b follows; both started, both stopped at the end."""
+    with FakeKubernetes() as fake:
+        first = scaling_replica(tmp_path, "pod-a", fake, clock)
+        second = scaling_replica(tmp_path, "pod-b", fake, clock)
+        assert first[1].run_once() and not second[1].run_once()
+        first[0].start()
+        second[0].start()
+        try:
+            yield fake, first, second
+        finally:
+            first[0].stop()
+            second[0].stop()
+
+
+def take_over(elector: LeaderElector, clock: ManualClock) -> None:
+    """pod-a has died without releasing: pod-b leads once the record it saw has not changed for a lease."""
+    assert elector.run_once() is False
+    clock.advance(16)
+    assert elector.run_once()
+
+
 def test_a_new_leader_inherits_the_cooldown_and_does_not_scale_a_second_time(tmp_path: Path) -> None:
     clock = ManualClock(start=1_000_000.0)
-    with FakeKubernetes() as fake:
-        first, first_elector, first_dispatcher = scaling_replica(tmp_path, "pod-a", fake, clock)
-        second, second_elector, second_dispatcher = scaling_replica(tmp_path, "pod-b", fake, clock)
-        assert first_elector.run_once() and not second_elector.run_once()
-        first.start()
-        second.start()
-        try:
-            fired = [d for d in evaluate_every_interval(first, first_elector, clock, 3) if d.kind == DecisionKind.FIRE]
-            assert len(fired) == 1 and len(first_dispatcher.dispatched) == 1
-            # The Lease already carried this action's time when the scale was dispatched (published first).
-            decision, annotation = first_dispatcher.dispatched[0]
-            assert annotation["policies"]["queue"][0]["times"] == [round(decision.at, 3)]
-            # pod-a dies without releasing; pod-b takes over once the record it saw has not changed for a
-            # lease duration; the queue is still high.
-            assert second_elector.run_once() is False
-            clock.advance(16)
-            assert second_elector.run_once()
-            later = evaluate_every_interval(second, second_elector, clock, 6)
-            assert fires(second_dispatcher) == []  # no second scale within pod-a's 10-minute cooldown
-            suppressed = [d for d in later if d.kind == DecisionKind.SUPPRESSED]
-            assert suppressed and "but cooldown: last mutating action 61s ago" in suppressed[0].reason
-            # The inherited time is in pod-b's own journal now, so a container restart keeps it too.
-            assert Journal(tmp_path / "pod-b.db").load_state("queue").actions_at[CHAT] == (decision.at,)
-        finally:
-            first.stop()
-            second.stop()
+    with two_scaling_replicas(tmp_path, clock) as (_, (first, first_elector, first_dispatcher), second_replica):
+        second, second_elector, second_dispatcher = second_replica
+        fired = [d for d in evaluate_every_interval(first, first_elector, clock, 3) if d.kind == DecisionKind.FIRE]
+        assert len(fired) == 1 and len(first_dispatcher.dispatched) == 1
+        # The Lease already carried this action's time when the scale was dispatched (published first).
+        decision, annotation = first_dispatcher.dispatched[0]
+        assert annotation["policies"]["queue"][0]["times"] == [round(decision.at, 3)]
+        take_over(second_elector, clock)  # the queue is still high
+        later = evaluate_every_interval(second, second_elector, clock, 6)
+        assert fires(second_dispatcher) == []  # no second scale within pod-a's 10-minute cooldown
+        suppressed = [d for d in later if d.kind == DecisionKind.SUPPRESSED]
+        assert suppressed and "but cooldown: last mutating action 61s ago" in suppressed[0].reason
+        # The inherited time is in pod-b's own journal now, so a container restart keeps it too.
+        assert Journal(tmp_path / "pod-b.db").load_state("queue").actions_at[CHAT] == (decision.at,)
 
 
 def test_without_a_handover_annotation_the_new_leader_would_act_again(tmp_path: Path) -> None:
-    """The control for the test above: the same failover with the annotation wiped does scale again."""
+    """The control for the test above: the same failover with the annotation unreadable does scale again."""
     clock = ManualClock(start=1_000_000.0)
-    with FakeKubernetes() as fake:
-        first, first_elector, _ = scaling_replica(tmp_path, "pod-a", fake, clock)
-        second, second_elector, second_dispatcher = scaling_replica(tmp_path, "pod-b", fake, clock)
-        assert first_elector.run_once()
-        first.start()
-        second.start()
-        try:
-            evaluate_every_interval(first, first_elector, clock, 3)
-            leases = k8s.CoordinationV1Api(fake.api_client())
-            lease = leases.read_namespaced_lease("tailguard", "llm")
-            lease.metadata.annotations = {HANDOVER_ANNOTATION: "not json"}  # unreadable: logged, not fatal
-            leases.replace_namespaced_lease("tailguard", "llm", lease)
-            clock.advance(16)
-            assert second_elector.run_once() is False  # it saw a new record: the lease has not expired for it
-            clock.advance(16)
-            assert second_elector.run_once()
-            evaluate_every_interval(second, second_elector, clock, 3)
-            assert len(fires(second_dispatcher)) == 1
-        finally:
-            first.stop()
-            second.stop()
+    with two_scaling_replicas(tmp_path, clock) as (fake, (first, first_elector, _), second_replica):
+        second, second_elector, second_dispatcher = second_replica
+        evaluate_every_interval(first, first_elector, clock, 3)
+        leases = k8s.CoordinationV1Api(fake.api_client())
+        lease = leases.read_namespaced_lease("tailguard", "llm")
+        lease.metadata.annotations = {HANDOVER_ANNOTATION: "not json"}  # unreadable: logged, not fatal
+        leases.replace_namespaced_lease("tailguard", "llm", lease)
+        take_over(second_elector, clock)
+        evaluate_every_interval(second, second_elector, clock, 3)
+        assert len(fires(second_dispatcher)) == 1
 
 
 def test_a_leader_that_finds_the_lease_taken_before_acting_does_not_act(tmp_path: Path) -> None:
