@@ -71,7 +71,8 @@ def encode_action_times(times: ActionTimes, max_bytes: int = HANDOVER_MAX_BYTES)
     dropped = 0
     for policy, target, stamps in entries:
         entry = {"target": [list(pair) for pair in target], "times": [round(t, 3) for t in stamps]}
-        # +4: the comma, and the policy's key and brackets the first time it appears (approximated below)
+        # An entry costs its JSON and a comma; a policy's first entry also the policy's key, colon and brackets.
+        # That over-counts by at most a byte per policy, so the text never exceeds max_bytes.
         cost = len(_dumps(entry)) + 1 + (0 if policy in kept else len(_dumps(policy)) + 3)
         if size + cost > max_bytes:
             dropped += 1

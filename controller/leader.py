@@ -200,8 +200,7 @@ class LeaderElector:
         spec.lease_duration_seconds = 1
         spec.renew_time = self._timestamp(self.clock.now())
         found.spec = spec
-        found.metadata = found.metadata or k8s.V1ObjectMeta()
-        found.metadata.annotations = self._annotations(found.metadata.annotations)  # the successor's inheritance
+        self._carry_over(found, acquiring=False)  # the successor's inheritance
         self._call(
             lambda: self.api.replace_namespaced_lease(self.name, self.namespace, found, _request_timeout=self.timeout),
             "releasing",
@@ -234,22 +233,29 @@ class LeaderElector:
 
     # -- helpers ----------------------------------------------------------------------------------------
 
-    def _inherit(self, lease: k8s.V1Lease) -> None:
-        """Hand the previous holder's action times to our controller; a bad annotation is logged and skipped."""
-        text = ((lease.metadata.annotations if lease.metadata else None) or {}).get(HANDOVER_ANNOTATION)
-        if self._handover is None or not text:
+    def _carry_over(self, lease: k8s.V1Lease, *, acquiring: bool) -> None:
+        """Before writing `lease`: hand the action times it carries to our controller, then set the annotation
+        to the union. On every write, not only on acquiring: a leader restarted in its container renews
+        before it has loaded its journal, and must not overwrite its own published times with nothing."""
+        if self._handover is None:
             return
-        try:
-            times = decode_action_times(text)
-        except HandoverError as unreadable:
-            log.warning(
-                "lease %s/%s: annotation %s is unreadable (%s): cooldowns and budgets start from this replica's "
-                "journal", self.namespace, self.name, HANDOVER_ANNOTATION, unreadable,
-            )  # fmt: skip
-            return
-        self._handover.inherit_handover(times)
-        count = sum(len(stamps) for by_target in times.values() for stamps in by_target.values())
-        log.info("lease %s/%s: inherited %d action time(s) of the previous leader", self.namespace, self.name, count)
+        lease.metadata = lease.metadata or k8s.V1ObjectMeta()
+        text = (lease.metadata.annotations or {}).get(HANDOVER_ANNOTATION)
+        if text:
+            try:
+                times = decode_action_times(text)
+            except HandoverError as unreadable:
+                log.warning(
+                    "lease %s/%s: annotation %s is unreadable (%s): cooldowns and budgets start from this "
+                    "replica's journal", self.namespace, self.name, HANDOVER_ANNOTATION, unreadable,
+                )  # fmt: skip
+            else:
+                self._handover.inherit_handover(times)
+                if acquiring:
+                    count = sum(len(stamps) for by_target in times.values() for stamps in by_target.values())
+                    log.info("lease %s/%s: inherited %d action time(s) of the previous leader",
+                             self.namespace, self.name, count)  # fmt: skip
+        lease.metadata.annotations = self._annotations(lease.metadata.annotations)
 
     def _annotations(self, current: dict[str, str] | None) -> dict[str, str] | None:
         if self._handover is None:
@@ -289,12 +295,10 @@ class LeaderElector:
         spec = lease.spec or k8s.V1LeaseSpec()
         when = self._timestamp(started)
         if acquiring:
-            self._inherit(lease)  # before our first write replaces the previous holder's action times
             spec.holder_identity = self.identity
             spec.acquire_time = when
             spec.lease_transitions = (spec.lease_transitions or 0) + 1
-        lease.metadata = lease.metadata or k8s.V1ObjectMeta()
-        lease.metadata.annotations = self._annotations(lease.metadata.annotations)
+        self._carry_over(lease, acquiring=acquiring)
         spec.lease_duration_seconds = max(1, math.ceil(self.lease_seconds))
         spec.renew_time = when
         lease.spec = spec

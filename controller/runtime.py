@@ -448,13 +448,17 @@ class Controller:
             own = {name: state.actions_at for name, state in self._states.items()}
             merged = merge_action_times(own, self._inherited)
             retention = {name: action_retention(loaded.policy) for name, loaded in self._policies.items()}
+        # A policy not loaded (yet, or any more) keeps its times as long as the longest loaded one would.
+        longest = max([BUDGET_WINDOW_SECONDS, *retention.values()])
         return {
             policy: kept
             for policy, by_target in merged.items()
-            if (kept := _recent(by_target, now - retention.get(policy, BUDGET_WINDOW_SECONDS)))
+            if (kept := _recent(by_target, now - retention.get(policy, longest)))
         }
 
     def inherit_handover(self, times: ActionTimes) -> None:
+        """Times read from the Lease (the previous leader's, or our own as published): merged into each policy's
+        state by its next evaluation. Idempotent: a time we already count counts once."""
         with self._lock:
             self._inherited = merge_action_times(self._inherited, times)
 

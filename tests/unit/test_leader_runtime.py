@@ -264,3 +264,39 @@ def test_a_leader_that_finds_the_lease_taken_before_acting_does_not_act(tmp_path
             assert not first_elector.is_leader()
         finally:
             first.stop()
+
+
+class PublishedHandover:
+    """The controller of the process before the restart: it had published these action times."""
+
+    def __init__(self, times: Any) -> None:
+        self.times = times
+
+    def handover_snapshot(self) -> Any:
+        return self.times
+
+    def inherit_handover(self, times: Any) -> None:
+        pass
+
+
+def test_a_restarted_leader_renewing_before_its_journal_is_loaded_keeps_the_published_times(tmp_path: Path) -> None:
+    clock = ManualClock(start=1_000_000.0)
+    with FakeKubernetes() as fake:
+        leases = k8s.CoordinationV1Api(fake.api_client())
+        before = LeaderElector(leases, "tailguard", "llm", "pod-a", 15, clock)
+        before.attach_handover(PublishedHandover({"queue": {CHAT: (999_990.0,)}}))
+        assert before.run_once()
+        # The container restarts (same pod name, the Lease still ours): the new process renews once before its
+        # controller has started (loaded policies and journal), as `tailguard run` does.
+        controller, restarted, _ = scaling_replica(tmp_path, "pod-a", fake, clock)
+        clock.advance(2)
+        assert restarted.run_once()
+        annotation = leases.read_namespaced_lease("tailguard", "llm").metadata.annotations[HANDOVER_ANNOTATION]
+        assert json.loads(annotation)["policies"]["queue"][0]["times"] == [999_990.0]
+        # Once started, its first evaluation counts that action: the queue is high, but the cooldown holds.
+        controller.start()
+        try:
+            decisions = evaluate_every_interval(controller, restarted, clock, 3)
+            assert [d.kind for d in decisions] == [DecisionKind.SUPPRESSED]
+        finally:
+            controller.stop()
