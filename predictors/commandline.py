@@ -18,7 +18,7 @@ def parse_command(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argpa
 
 def time_window(args: argparse.Namespace) -> tuple[float, float]:
     """--start and --end as epoch seconds; UsageError when unreadable or not in order."""
-    from controller.backtest import UsageError, parse_time
+    from controller.tools.backtest import UsageError, parse_time
 
     start, end = parse_time(args.start, "--start"), parse_time(args.end, "--end")
     if end <= start:

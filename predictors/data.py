@@ -22,10 +22,10 @@ import numpy.typing as npt
 from sklearn.metrics import brier_score_loss, roc_auc_score
 from tqdm import tqdm
 
-from controller.model import TargetKey
-from controller.policy import Policy
-from controller.protocols import MetricsSource
-from controller.signals import range_chunks
+from controller.core.model import TargetKey
+from controller.core.policy import Policy
+from controller.core.ports import MetricsSource
+from controller.core.signals import range_chunks
 from predictors.artifact import DIMENSIONS
 from predictors.features import DEFAULT_SLI_THRESHOLDS, feature_queries, sli_queries
 
@@ -109,7 +109,7 @@ def persistence_forecast(sli: Array, threshold: float, steps: int) -> Array:
 
 def policy_thresholds(policy: Policy | None, overrides: Mapping[str, float] | None = None) -> dict[str, float]:
     """SLI thresholds: defaults, then the policy's vars sla_<dimension>_seconds, then explicit overrides."""
-    from controller.durations import parse_duration
+    from controller.kit.durations import parse_duration
 
     thresholds = dict(DEFAULT_SLI_THRESHOLDS)
     if policy is not None:

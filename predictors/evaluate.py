@@ -232,9 +232,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> int:
-    from controller.backtest import UsageError
-    from controller.clock import SystemClock
-    from controller.sources.prometheus import PrometheusSettings, PrometheusSource
+    from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+    from controller.kit.clock import SystemClock
+    from controller.tools.backtest import UsageError
 
     args = parse_command(_parser(), argv)
     if isinstance(args, int):

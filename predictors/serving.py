@@ -43,9 +43,9 @@ from typing import Any, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.model import SignalResult, TargetKey
-from controller.policy import Duration, Policy
-from controller.protocols import Clock, MetricsSource
+from controller.core.model import SignalResult, TargetKey
+from controller.core.policy import Duration, Policy
+from controller.core.ports import Clock, MetricsSource
 
 logger = logging.getLogger("tailguard.predictors")
 

@@ -192,11 +192,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
     from pydantic import ValidationError
 
-    from controller.backtest import UsageError
-    from controller.clock import SystemClock
-    from controller.durations import parse_duration
-    from controller.policy_files import load_policies
-    from controller.sources.prometheus import PrometheusSettings, PrometheusSource
+    from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+    from controller.core.policy_files import load_policies
+    from controller.kit.clock import SystemClock
+    from controller.kit.durations import parse_duration
+    from controller.tools.backtest import UsageError
 
     args = parse_command(_parser(), argv)
     if isinstance(args, int):

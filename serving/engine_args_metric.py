@@ -8,7 +8,7 @@ The SLA model reads it (predictors/features.py, `seq_limit_min` and `load_over_s
 whose limits cannot carry the current load before that rollout takes traffic.
 
 Labels are the router's (`service`, `version`) plus `replica` and `arg`; the scrape job adds `namespace`, as
-it does for the router's other series. The virtual-time dataset generator (predictors/dataset.py) exports
+it does for the router's other series. The virtual-time dataset generator (serving/dataset.py) exports
 the same family from the same collector.
 """
 

@@ -660,9 +660,9 @@ class Verdict:
 
 def policy_verdicts(record: RunRecord, policy_paths: Sequence[Path] = EXAMPLE_POLICIES) -> list[Verdict]:
     """The example policies' verdicts on this run: the signal series through `engine.transition`."""
-    from controller.engine import PolicyState, transition
-    from controller.model import DecisionKind, SignalResult, target_key
-    from controller.policy_files import load_policies
+    from controller.core.engine import PolicyState, transition
+    from controller.core.model import DecisionKind, SignalResult, target_key
+    from controller.core.policy_files import load_policies
 
     loaded, errors = load_policies(policy_paths)
     if errors:

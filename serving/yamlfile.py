@@ -1,6 +1,6 @@
 """YAML files of the serving tier (profiles, calibrations, tier files) whose errors name file, line and field.
 
-One document per file, validated into a Pydantic model; the line lookup is controller/located_yaml.py,
+One document per file, validated into a Pydantic model; the line lookup is controller/kit/located_yaml.py,
 shared with the policy loader.
 """
 
@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from controller.located_yaml import DuplicateKey, Located, construct, field_path, line_for
+from controller.kit.located_yaml import DuplicateKey, Located, construct, field_path, line_for
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 

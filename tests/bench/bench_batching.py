@@ -23,11 +23,11 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from controller.clock import SystemClock
-from controller.policy import Policy
-from controller.signals import query_signals
-from controller.sources.prometheus import PrometheusSettings, PrometheusSource
-from controller.templating import render_query
+from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from controller.core.policy import Policy
+from controller.core.signals import query_signals
+from controller.kit.clock import SystemClock
+from controller.kit.templating import render_query
 from tests.support.openmetrics import VLLM_E2E, VLLM_E2E_BUCKETS, OpenMetricsWriter, latency_histogram_points
 
 T0 = 1_700_000_000.0

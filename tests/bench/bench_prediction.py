@@ -34,10 +34,10 @@ if str(ROOT) not in sys.path:
 import numpy as np
 import sklearn
 
-from controller.clock import ManualClock
-from controller.model import SignalResult, target_key
-from controller.policy import Policy
-from controller.sources.fakes import FakeSource
+from controller.core.model import SignalResult, target_key
+from controller.core.policy import Policy
+from controller.kit.clock import ManualClock
+from controller.testing.sources import FakeSource
 from predictors.artifact import DIMENSIONS, ModelArtifact, load_artifact, predict_proba, save_artifact
 from predictors.features import feature_hash, feature_names, feature_queries
 from predictors.modeling import calibrate, fit_gbm

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import pytest
 import requests
 
-from controller.journal import Journal
+from controller.adapters.stores.journal import Journal
 from serving.promstack import PrometheusServer, free_port, static_scrape_config, write_prometheus_config
 from tests.support.fake_argocd import FakeArgoCD, application
 from tests.support.fake_grafana import FakeGrafana

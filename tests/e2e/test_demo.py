@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.demo import THRESHOLD_SECONDS, DemoTimings, run_demo
-from controller.journal import Journal
+from controller.adapters.stores.journal import Journal
+from serving.demo import THRESHOLD_SECONDS, DemoTimings, run_demo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

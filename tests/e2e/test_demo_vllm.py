@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.demo import VLLM, run_demo, vllm_timings
-from controller.journal import Journal
+from controller.adapters.stores.journal import Journal
+from serving.demo import VLLM, run_demo, vllm_timings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(600)]
 

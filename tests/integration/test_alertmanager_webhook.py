@@ -22,16 +22,16 @@ import requests
 import yaml
 from prometheus_client import CollectorRegistry
 
-from controller.actuators.annotations import JsonlAnnotator
-from controller.api import ControllerAPI
-from controller.clock import SystemClock
-from controller.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.journal import Journal
-from controller.metrics import ControllerMetrics
-from controller.model import SignalResult
-from controller.protocols import RangeResult
-from controller.runtime import Controller
-from controller.sources.prometheus import PrometheusSettings, PrometheusSource
+from controller.adapters.annotations.jsonl import JsonlAnnotator
+from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from controller.adapters.stores.journal import Journal
+from controller.app.api import ControllerAPI
+from controller.core.model import SignalResult
+from controller.core.ports import RangeResult
+from controller.kit.clock import SystemClock
+from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from controller.loop.metrics import ControllerMetrics
+from controller.loop.runtime import Controller
 from serving.promstack import (
     AlertmanagerServer,
     PrometheusServer,

@@ -9,19 +9,19 @@ from typing import Any
 
 import pytest
 
-from controller.actuators.argocd import ArgoCDApp, ArgoCDClient, ArgoCDDeployer
-from controller.actuators.fakes import FakeNotifier
-from controller.attribution import AttributedDecision, AttributionStatus
-from controller.changes import ArgoCDHistorySource, ChangeTracker
-from controller.clock import ManualClock
-from controller.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.journal import Journal
-from controller.model import DecisionKind
-from controller.policy import Policy
-from controller.protocols import MetricsSource
-from controller.runtime import Controller, EvaluationOutcome
-from controller.signals import query_signals
-from controller.sources.prometheus import PrometheusSettings, PrometheusSource
+from controller.adapters.changes.tracker import ArgoCDHistorySource, ChangeTracker
+from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from controller.adapters.rollback.argocd import ArgoCDApp, ArgoCDClient, ArgoCDDeployer
+from controller.adapters.stores.journal import Journal
+from controller.core.attribution import AttributedDecision, AttributionStatus
+from controller.core.model import DecisionKind
+from controller.core.policy import Policy
+from controller.core.ports import MetricsSource
+from controller.core.signals import query_signals
+from controller.kit.clock import ManualClock
+from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from controller.loop.runtime import Controller, EvaluationOutcome
+from controller.testing.actuators import FakeNotifier
 from tests.conftest import BackfilledPrometheus
 from tests.support.fake_argocd import FakeArgoCD, application
 from tests.support.scenarios import REGRESSION_START, T0

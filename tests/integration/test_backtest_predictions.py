@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.backtest import EXIT_SIGNAL_ERRORS, backtest_main, run_backtest
-from controller.clock import ManualClock
-from controller.policy_files import load_policies
-from controller.sources.prometheus import PrometheusSettings, PrometheusSource
+from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from controller.core.policy_files import load_policies
+from controller.kit.clock import ManualClock
+from controller.tools.backtest import EXIT_SIGNAL_ERRORS, backtest_main, run_backtest
 from predictors.serving import ModelSpec
 from tests.integration.test_prediction_controller import EXAMPLE, HOT, STEP, T0, history, train_artifact
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from controller.backtest import BacktestReport, backtest_main, run_backtest
-from controller.clock import ManualClock
-from controller.policy import Policy
-from controller.policy_files import load_policies
-from controller.sources.prometheus import PrometheusSettings, PrometheusSource
+from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from controller.core.policy import Policy
+from controller.core.policy_files import load_policies
+from controller.kit.clock import ManualClock
+from controller.tools.backtest import BacktestReport, backtest_main, run_backtest
 from tests.conftest import BackfilledPrometheus
 from tests.support.scenarios import T0
 

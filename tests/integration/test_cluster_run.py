@@ -26,10 +26,10 @@ from typing import Any, TypeVar
 import pytest
 import requests
 
-from controller.actuators.kubernetes_hpa import ANNOTATION_HUMAN_FLOOR, ANNOTATION_KEYS
-from controller.handover import HANDOVER_ANNOTATION, decode_action_times
-from controller.journal import Journal
-from controller.model import target_key
+from controller.adapters.scale.hpa import ANNOTATION_HUMAN_FLOOR, ANNOTATION_KEYS
+from controller.adapters.stores.journal import Journal
+from controller.core.handover import HANDOVER_ANNOTATION, decode_action_times
+from controller.core.model import target_key
 from serving.promstack import PrometheusServer, free_port, static_scrape_config, write_prometheus_config
 from tests.support.fake_kubernetes import FakeKubernetes, hpa
 from tests.support.latency_exporter import LatencyExporter

@@ -12,7 +12,7 @@ from urllib.request import urlopen
 
 import pytest
 
-from controller import dashboards
+from controller.tools import dashboards
 from serving.promstack import PrometheusServer, backfill_openmetrics
 from tests.conftest import BackfilledPrometheus
 from tests.support.openmetrics import HistogramPoint, OpenMetricsWriter

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from controller.actuators.fakes import make_decision
-from controller.actuators.http import RetryPolicy
-from controller.actuators.kubernetes_hpa import EventRecorder, HpaBounds, HpaDeployer
-from controller.actuators.traffic import HttpRouteRouter, Ramp
-from controller.clock import ManualClock
-from controller.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.journal import ActionStatus, Journal
+from controller.adapters.scale.hpa import EventRecorder, HpaBounds, HpaDeployer
+from controller.adapters.stores.journal import ActionStatus, Journal
+from controller.adapters.traffic.routes import HttpRouteRouter, Ramp
+from controller.kit.clock import ManualClock
+from controller.kit.http import RetryPolicy
+from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from controller.testing.actuators import make_decision
 from tests.support.fake_kubernetes import FakeKubernetes, hpa, http_route
 
 pytestmark = pytest.mark.integration

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from controller.actuators.local_tier import LocalTierClient, TierError
-from controller.clock import SystemClock
-from controller.protocols import OutcomeStatus
+from controller.adapters.tier.local_tier import LocalTierClient, TierError
+from controller.core.ports import OutcomeStatus
+from controller.kit.clock import SystemClock
 from tests.support.fake_tier import running_serving_tier
 
 pytestmark = pytest.mark.integration

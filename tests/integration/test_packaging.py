@@ -75,7 +75,7 @@ def test_wheel_declares_the_console_script_and_the_extras_the_dockerfile_install
 def test_the_unpacked_wheel_finds_its_own_data(wheel: Path, tmp_path: Path) -> None:
     zipfile.ZipFile(wheel).extractall(tmp_path)
     probe = (
-        "import serving.profiles as p, serving.load as l, controller.cli;"
+        "import serving.profiles as p, serving.load as l, controller.app.cli;"
         f"assert p.__file__.startswith({str(tmp_path)!r}), p.__file__;"
         "print(p.resolve_profile('tiny-cpu-stable').hardware.decode_step_base_s,"
         " len(l.read_trace(l.BUILTIN_TRACES['conv'])) > 1000)"

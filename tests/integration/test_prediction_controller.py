@@ -20,15 +20,15 @@ import sklearn
 from prometheus_client import CollectorRegistry
 from sklearn.ensemble import HistGradientBoostingClassifier
 
-from controller.actuators.fakes import FakeDeployer
-from controller.clock import ManualClock
-from controller.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.journal import Journal
-from controller.metrics import ControllerMetrics
-from controller.model import DecisionKind, SignalResult, target_key
-from controller.protocols import Clock, MetricsSource, RangeResult
-from controller.runtime import Controller
-from controller.sources.prometheus import PrometheusSettings, PrometheusSource
+from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from controller.adapters.stores.journal import Journal
+from controller.core.model import DecisionKind, SignalResult, target_key
+from controller.core.ports import Clock, MetricsSource, RangeResult
+from controller.kit.clock import ManualClock
+from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from controller.loop.metrics import ControllerMetrics
+from controller.loop.runtime import Controller
+from controller.testing.actuators import FakeDeployer
 from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact
 from predictors.features import feature_hash, feature_names, feature_queries
 from predictors.serving import ModelSpec, PredictionProvider, single_threaded

@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from controller.clock import SystemClock
-from controller.sources.prometheus import PrometheusSettings, PrometheusSource
+from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from controller.kit.clock import SystemClock
 from predictors import evaluate, train
 from predictors.artifact import load_artifact
 from predictors.data import build_rows
-from predictors.dataset import DEFAULT_START, Segment, generate, write_dataset
 from predictors.features import FEATURES, feature_names, feature_queries, sli_queries
+from serving.dataset import DEFAULT_START, Segment, generate, write_dataset
 from serving.profiles import EngineArgs, EngineProfile, Hardware
 from serving.promstack import PrometheusServer
 

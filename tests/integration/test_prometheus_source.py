@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 
-from controller.clock import ManualClock
-from controller.engine import PolicyState, transition
-from controller.model import DecisionKind, SignalResult, target_key
-from controller.policy import Policy
-from controller.signals import query_signals, render_signal_queries
-from controller.sources.prometheus import PrometheusSettings, PrometheusSource
+from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from controller.core.engine import PolicyState, transition
+from controller.core.model import DecisionKind, SignalResult, target_key
+from controller.core.policy import Policy
+from controller.core.signals import query_signals, render_signal_queries
+from controller.kit.clock import ManualClock
 from serving.promstack import PrometheusServer, static_scrape_config, write_prometheus_config
 from tests.conftest import BackfilledPrometheus
 from tests.support.openmetrics import VLLM_E2E_BUCKETS

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import requests
 
-from controller.journal import ActionStatus, Journal
+from controller.adapters.stores.journal import ActionStatus, Journal
 from tests.support.fake_tier import running_serving_tier
 
 pytestmark = pytest.mark.integration
@@ -44,13 +44,13 @@ services:
 DRIVER = textwrap.dedent(
     """
     import json, os, sys
-    from controller.actuators.annotations import JsonlAnnotator
-    from controller.actuators.fakes import make_decision
-    from controller.actuators.local_tier import LocalTierClient
-    from controller.clock import SystemClock
-    from controller.dispatcher import Actuators, Dispatcher, GlobalLimits
-    from controller.engine import PolicyState
-    from controller.journal import Journal
+    from controller.adapters.annotations.jsonl import JsonlAnnotator
+    from controller.testing.actuators import make_decision
+    from controller.adapters.tier.local_tier import LocalTierClient
+    from controller.kit.clock import SystemClock
+    from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+    from controller.core.engine import PolicyState
+    from controller.adapters.stores.journal import Journal
 
     journal_path, annotations_path, tier_url, mode = sys.argv[1:5]
     clock = SystemClock()

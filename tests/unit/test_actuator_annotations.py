@@ -3,9 +3,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from controller.actuators.annotations import FanoutAnnotator, JsonlAnnotator
-from controller.actuators.fakes import FakeAnnotator, permanent_failure, transient_failure
-from controller.protocols import Annotation, OutcomeStatus
+from controller.adapters.annotations.jsonl import FanoutAnnotator, JsonlAnnotator
+from controller.core.ports import Annotation, OutcomeStatus
+from controller.testing.actuators import FakeAnnotator, permanent_failure, transient_failure
 
 ANNOTATION = Annotation(
     time=100.0,

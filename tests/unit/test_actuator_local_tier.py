@@ -5,9 +5,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from controller.actuators.local_tier import LocalTierClient, TierError
-from controller.clock import ManualClock
-from controller.protocols import OutcomeStatus
+from controller.adapters.tier.local_tier import LocalTierClient, TierError
+from controller.core.ports import OutcomeStatus
+from controller.kit.clock import ManualClock
 from tests.support.fake_tier import FakeTierState, running_fake_tier
 
 

@@ -12,13 +12,13 @@ import requests
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.api import ControllerAPI, PayloadError, parse_alertmanager_payload, policies_for_alert
-from controller.clock import ManualClock
-from controller.journal import Journal
-from controller.metrics import ControllerMetrics
-from controller.model import Decision, SignalResult, target_key
-from controller.policy_files import load_policies
-from controller.runtime import Controller
+from controller.adapters.stores.journal import Journal
+from controller.app.api import ControllerAPI, PayloadError, parse_alertmanager_payload, policies_for_alert
+from controller.core.model import Decision, SignalResult, target_key
+from controller.core.policy_files import load_policies
+from controller.kit.clock import ManualClock
+from controller.loop.metrics import ControllerMetrics
+from controller.loop.runtime import Controller
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "alertmanager"
 TIMEOUT = 10
@@ -102,7 +102,7 @@ def served(tmp_path: Path) -> Iterator[Served]:
 
 
 def _source() -> Any:
-    from controller.sources.fakes import FakeSource
+    from controller.testing.sources import FakeSource
 
     return FakeSource(default=SignalResult({target_key({"service": "checkout"}): 0.95}))
 

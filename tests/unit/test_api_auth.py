@@ -11,14 +11,14 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry
 
-from controller.api import ControllerAPI
-from controller.clock import ManualClock
-from controller.journal import Journal
-from controller.metrics import ControllerMetrics
-from controller.model import Decision, SignalResult, target_key
-from controller.runtime import Controller
-from controller.settings import WebhookTokenError, parse_settings_text
-from controller.sources.fakes import FakeSource
+from controller.adapters.stores.journal import Journal
+from controller.app.api import ControllerAPI
+from controller.app.settings import WebhookTokenError, parse_settings_text
+from controller.core.model import Decision, SignalResult, target_key
+from controller.kit.clock import ManualClock
+from controller.loop.metrics import ControllerMetrics
+from controller.loop.runtime import Controller
+from controller.testing.sources import FakeSource
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "alertmanager"
 TOKEN = "s3cret-Token-that-must-not-leak"
@@ -196,7 +196,7 @@ def test_settings_read_the_token_from_a_file_or_the_environment(
 
 
 def test_run_refuses_an_unreadable_webhook_token(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from controller.cli import EXIT_CONFIG, main
+    from controller.app.cli import EXIT_CONFIG, main
 
     (tmp_path / "rules").mkdir()
     (tmp_path / "rules" / "checkout.yaml").write_text(POLICY)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from controller.actuators.argocd import (
+from controller.adapters.rollback.argocd import (
     ArgoCDApp,
     ArgoCDClient,
     ArgoCDDeployer,
@@ -20,8 +20,8 @@ from controller.actuators.argocd import (
     HistoryEntry,
     pick_target,
 )
-from controller.clock import ManualClock
-from controller.protocols import OutcomeStatus
+from controller.core.ports import OutcomeStatus
+from controller.kit.clock import ManualClock
 from tests.support.fake_argocd import FakeArgoCD, SwaggerValidator, application
 
 T0 = 1_700_000_000.0

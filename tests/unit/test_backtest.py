@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from controller.backtest import backtest_main, evaluation_times, parse_time, run_backtest
-from controller.model import target_key
-from controller.policy import Policy
-from controller.protocols import RangeResult
-from controller.signals import render_signal_queries
-from controller.sources.fakes import FakeSource
+from controller.core.model import target_key
+from controller.core.policy import Policy
+from controller.core.ports import RangeResult
+from controller.core.signals import render_signal_queries
+from controller.testing.sources import FakeSource
+from controller.tools.backtest import backtest_main, evaluation_times, parse_time, run_backtest
 
 RULES = Path(__file__).resolve().parents[2] / "rules" / "examples" / "p99-rollback.yaml"
 A = target_key({"service": "a"})

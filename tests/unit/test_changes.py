@@ -9,9 +9,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from controller.actuators.argocd import ArgoCDApp, ArgoCDClient
-from controller.attribution import Rollout
-from controller.changes import (
+from controller.adapters.changes.tracker import (
     ArgoCDHistorySource,
     ChangeSourceError,
     ChangeTracker,
@@ -21,7 +19,9 @@ from controller.changes import (
     parse_time,
     parse_vllm_args,
 )
-from controller.clock import ManualClock
+from controller.adapters.rollback.argocd import ArgoCDApp, ArgoCDClient
+from controller.core.attribution import Rollout
+from controller.kit.clock import ManualClock
 from serving.profiles import resolve_profile
 from tests.support.fake_argocd import FakeArgoCD, application
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from controller import cli
-from controller.policy import policy_json_schema
+from controller.app import cli
+from controller.core.policy import policy_json_schema
 
 REPO = Path(__file__).resolve().parents[2]
 INVALID = REPO / "tests" / "fixtures" / "policies" / "invalid"
@@ -54,7 +54,7 @@ def test_schema_is_written_pretty_sorted_with_a_trailing_newline(
 
 
 def test_delegated_commands_get_their_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
-    import controller.backtest
+    import controller.tools.backtest
 
     seen: list[list[str]] = []
 
@@ -62,7 +62,7 @@ def test_delegated_commands_get_their_arguments(monkeypatch: pytest.MonkeyPatch)
         seen.append(argv)
         return 3
 
-    monkeypatch.setattr(controller.backtest, "backtest_main", fake_main)
+    monkeypatch.setattr(controller.tools.backtest, "backtest_main", fake_main)
     assert cli.main(["backtest", "--rules", "r.yaml", "--help"]) == 3
     assert seen == [["--rules", "r.yaml", "--help"]]
 

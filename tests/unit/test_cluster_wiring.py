@@ -1,4 +1,4 @@
-"""controller/cluster.py and controller/actuators/composite.py: the `kubernetes` settings, the builder of the cluster
+"""controller/app/cluster.py and controller/adapters/composite.py: the `kubernetes` settings, the builder of the cluster
 actuators (exercised through the real client against the spec-validating fake API server), the leader elector
 builder, CompositeDeployer, and `tailguard run`'s one-line errors when the cluster cannot be reached."""
 
@@ -11,24 +11,24 @@ from typing import Any
 
 import pytest
 
-from controller import cli
-from controller.actuators.composite import SCALE_MISSING, CompositeDeployer, NoActuatorError
-from controller.actuators.fakes import FakeDeployer, make_decision
-from controller.actuators.kubernetes_hpa import ANNOTATION_KEYS, HpaDeployer
-from controller.actuators.traffic import HttpRouteRouter, VirtualServiceRouter
-from controller.clock import ManualClock
-from controller.cluster import (
+from controller.adapters.composite import SCALE_MISSING, CompositeDeployer, NoActuatorError
+from controller.adapters.lease.leader import LeaderElectionSettings
+from controller.adapters.scale.hpa import ANNOTATION_KEYS, HpaDeployer
+from controller.adapters.stores.journal import ActionStatus, Journal
+from controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
+from controller.app import cli
+from controller.app.cluster import (
     ClusterConfigError,
     KubernetesSettings,
     build_cluster_actuators,
     build_leader_elector,
     cluster_client,
 )
-from controller.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.journal import ActionStatus, Journal
-from controller.leader import LeaderElectionSettings
-from controller.protocols import OutcomeStatus
-from controller.settings import SettingsError, load_settings
+from controller.app.settings import SettingsError, load_settings
+from controller.core.ports import OutcomeStatus
+from controller.kit.clock import ManualClock
+from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from controller.testing.actuators import FakeDeployer, make_decision
 from tests.support.fake_kubernetes import FakeKubernetes, hpa, http_route, virtual_service
 
 

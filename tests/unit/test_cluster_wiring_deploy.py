@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from controller.clock import ManualClock
-from controller.cluster import build_cluster_actuators
-from controller.protocols import OutcomeStatus
-from controller.settings import ControllerSettings, parse_settings_text
+from controller.app.cluster import build_cluster_actuators
+from controller.app.settings import ControllerSettings, parse_settings_text
+from controller.core.ports import OutcomeStatus
+from controller.kit.clock import ManualClock
 from serving.manifests import MANIFESTS_DIR, render_kustomization
 from tests.support.fake_kubernetes import FakeKubernetes
 

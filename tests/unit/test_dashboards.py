@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller import dashboards
-from controller.metrics import ControllerMetrics
+from controller.loop.metrics import ControllerMetrics
+from controller.tools import dashboards
 from serving.engine_args_metric import EngineArgCollector, ListedReplica
 from serving.profiles import EngineArgs
 from serving.router import RouterMetrics

@@ -19,8 +19,8 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
-from controller.policy_files import load_policies
-from controller.settings import load_settings, parse_settings_text
+from controller.app.settings import load_settings, parse_settings_text
+from controller.core.policy_files import load_policies
 from serving.manifests import (
     EXAMPLE_POLICIES_DIR,
     KustomizeError,
@@ -38,7 +38,8 @@ LEASE_NAME = "tailguard-leader"
 SECRETS = {"tailguard-grafana", "tailguard-argocd", "tailguard-webhook", "tailguard-alertmanager"}
 
 # What the actuators and the change tracker call (the kubernetes client methods in controller/actuators/
-# kubernetes_hpa.py, traffic.py and controller/changes.py), until controller/cluster_permissions.py provides
+# kubernetes_hpa.py, traffic.py and controller/adapters/changes/tracker.py), until
+# controller/tools/cluster_permissions.py provides
 # ACTUATOR_PERMISSIONS (then that is the reference): (apiGroup, resource) -> verbs.
 ISSUE_ACTUATOR_PERMISSIONS: dict[tuple[str, str], set[str]] = {
     ("autoscaling", "horizontalpodautoscalers"): {"get", "update"},
@@ -67,7 +68,7 @@ def _triples(rules: Iterable[Any]) -> set[tuple[str, str, str]]:
 
 def expected_actuator_permissions() -> set[tuple[str, str, str]]:
     try:
-        module = importlib.import_module("controller.cluster_permissions")
+        module = importlib.import_module("controller.tools.cluster_permissions")
     except ModuleNotFoundError:
         return {(g, r, v) for (g, r), verbs in ISSUE_ACTUATOR_PERMISSIONS.items() for v in verbs}
     permissions = module.ACTUATOR_PERMISSIONS
@@ -325,7 +326,7 @@ def test_prometheus_rules_pass_promtool_and_name_example_policies(base: list[dic
     assert alerts
     for alert in alerts:
         policy = policies[alert["labels"]["tailguard_policy"]]
-        # The controller matches an alert to a policy by the policy's groupBy and match labels (controller/api.py).
+        # The controller matches an alert to a policy by the policy's groupBy and match labels (controller/app/api.py).
         for label in policy["targets"]["groupBy"]:
             assert label in alert["expr"], f"{alert['alert']} must keep the {label} label"
         for label, value in policy["targets"]["match"].items():

@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from controller.actuators.fakes import (
+from controller.adapters.stores.journal import ActionRecord, ActionStatus, Journal
+from controller.adapters.tier.local_tier import TierError
+from controller.core.engine import PolicyState
+from controller.core.model import Decision
+from controller.core.ports import ActionOutcome
+from controller.kit.clock import ManualClock
+from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits, ScaleError, desired_replicas
+from controller.testing.actuators import (
     FakeAnnotator,
     FakeDeployer,
     FakeNotifier,
@@ -16,13 +23,6 @@ from controller.actuators.fakes import (
     permanent_failure,
     transient_failure,
 )
-from controller.actuators.local_tier import TierError
-from controller.clock import ManualClock
-from controller.dispatcher import Actuators, Dispatcher, GlobalLimits, ScaleError, desired_replicas
-from controller.engine import PolicyState
-from controller.journal import ActionRecord, ActionStatus, Journal
-from controller.model import Decision
-from controller.protocols import ActionOutcome
 
 
 class SimulatedCrash(BaseException):

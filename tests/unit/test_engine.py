@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.engine import ConditionState, Phase, PolicyState, transition
-from controller.model import (
+from controller.core.engine import ConditionState, Phase, PolicyState, transition
+from controller.core.model import (
     ActionType,
     Decision,
     DecisionKind,
@@ -26,8 +26,8 @@ from controller.model import (
     decision_id,
     target_key,
 )
-from controller.policy import Policy
-from controller.policy_files import load_policies
+from controller.core.policy import Policy
+from controller.core.policy_files import load_policies
 
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "rules" / "examples"
 

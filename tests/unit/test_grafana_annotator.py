@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from controller.actuators.annotations import FanoutAnnotator, JsonlAnnotator
-from controller.actuators.grafana import (
+from controller.adapters.annotations.grafana import (
     GrafanaAnnotator,
     GrafanaHttp,
     GrafanaSettings,
@@ -19,9 +18,10 @@ from controller.actuators.grafana import (
     decision_text,
     key_tag,
 )
-from controller.clock import ManualClock
-from controller.outbox import Backoff, Outbox, OutboxStatus
-from controller.protocols import Annotation, OutcomeStatus
+from controller.adapters.annotations.jsonl import FanoutAnnotator, JsonlAnnotator
+from controller.adapters.stores.outbox import Backoff, Outbox, OutboxStatus
+from controller.core.ports import Annotation, OutcomeStatus
+from controller.kit.clock import ManualClock
 from tests.support.fake_grafana import FakeGrafana, SpecViolation, _load_operations, check_request
 
 TOKEN = "glsa_secret_token_value"

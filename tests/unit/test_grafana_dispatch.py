@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.actuators.fakes import FakeAnnotator, FakeDeployer
-from controller.actuators.grafana import DecisionAnnotatingDispatcher, GrafanaAnnotator, GrafanaHttp
-from controller.clock import ManualClock
-from controller.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.journal import Journal
-from controller.model import ActionRequest, ActionType, Decision, DecisionKind, decision_id, target_key
-from controller.outbox import Backoff, Outbox
+from controller.adapters.annotations.grafana import DecisionAnnotatingDispatcher, GrafanaAnnotator, GrafanaHttp
+from controller.adapters.stores.journal import Journal
+from controller.adapters.stores.outbox import Backoff, Outbox
+from controller.core.model import ActionRequest, ActionType, Decision, DecisionKind, decision_id, target_key
+from controller.kit.clock import ManualClock
+from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from controller.testing.actuators import FakeAnnotator, FakeDeployer
 from tests.support.fake_grafana import FakeGrafana
 
 TOKEN = "dispatch-token"

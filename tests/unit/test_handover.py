@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from controller.engine import PolicyState, with_action_times
-from controller.handover import (
+from controller.core.engine import PolicyState, with_action_times
+from controller.core.handover import (
     HANDOVER_MAX_BYTES,
     ActionTimes,
     HandoverError,
@@ -15,7 +15,7 @@ from controller.handover import (
     encode_action_times,
     merge_action_times,
 )
-from controller.model import target_key
+from controller.core.model import target_key
 
 CHAT, CODE = target_key({"service": "chat"}), target_key({"service": "code", "namespace": "llm"})
 

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from controller.actuators.http import RetryPolicy
-from controller.actuators.kubernetes_hpa import (
+from controller.adapters.scale.hpa import (
     ANNOTATION_HUMAN_FLOOR,
     ANNOTATION_KEYS,
     EventRecorder,
@@ -20,8 +19,9 @@ from controller.actuators.kubernetes_hpa import (
     cluster_api_client,
     plan_replicas,
 )
-from controller.clock import ManualClock
-from controller.protocols import OutcomeStatus
+from controller.core.ports import OutcomeStatus
+from controller.kit.clock import ManualClock
+from controller.kit.http import RetryPolicy
 from tests.support.fake_kubernetes import FakeKubernetes, hpa
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from kubernetes import client as k8s
 
-from controller.actuators.kubernetes_hpa import EventRecorder, HpaBounds, HpaDeployer
-from controller.actuators.traffic import HttpRouteRouter, VirtualServiceRouter
-from controller.changes import KubernetesDeploymentSource
-from controller.clock import ManualClock
-from controller.cluster_permissions import ACTUATOR_PERMISSIONS, ALL_PERMISSIONS, permission_triples
-from controller.leader import LeaderElector
-from controller.protocols import OutcomeStatus
+from controller.adapters.changes.tracker import KubernetesDeploymentSource
+from controller.adapters.lease.leader import LeaderElector
+from controller.adapters.scale.hpa import EventRecorder, HpaBounds, HpaDeployer
+from controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
+from controller.core.ports import OutcomeStatus
+from controller.kit.clock import ManualClock
+from controller.tools.cluster_permissions import ACTUATOR_PERMISSIONS, ALL_PERMISSIONS, permission_triples
 from tests.support.fake_kubernetes import FakeKubernetes, hpa, http_route, virtual_service
 
 

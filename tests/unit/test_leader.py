@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from controller.clock import ManualClock
-from controller.leader import LeaderElector
-from controller.settings import SettingsError, load_settings
+from controller.adapters.lease.leader import LeaderElector
+from controller.app.settings import SettingsError, load_settings
+from controller.kit.clock import ManualClock
 from tests.support.fake_kubernetes import FakeKubernetes
 
 

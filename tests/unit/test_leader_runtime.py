@@ -11,14 +11,14 @@ from typing import Any
 from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry
 
-from controller.clock import ManualClock
-from controller.handover import HANDOVER_ANNOTATION
-from controller.journal import Journal
-from controller.leader import LeaderElector
-from controller.metrics import ControllerMetrics
-from controller.model import DecisionKind, SignalResult, target_key
-from controller.runtime import Controller
-from controller.sources.fakes import FakeSource
+from controller.adapters.lease.leader import LeaderElector
+from controller.adapters.stores.journal import Journal
+from controller.core.handover import HANDOVER_ANNOTATION
+from controller.core.model import DecisionKind, SignalResult, target_key
+from controller.kit.clock import ManualClock
+from controller.loop.metrics import ControllerMetrics
+from controller.loop.runtime import Controller
+from controller.testing.sources import FakeSource
 from tests.support.fake_kubernetes import FakeKubernetes
 
 POLICY = """\

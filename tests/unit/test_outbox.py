@@ -7,8 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from controller.clock import ManualClock
-from controller.outbox import Backoff, DeliveryResult, Outbox, OutboxError, OutboxItem, OutboxStatus, deliver_due
+from controller.adapters.stores.outbox import (
+    Backoff,
+    DeliveryResult,
+    Outbox,
+    OutboxError,
+    OutboxItem,
+    OutboxStatus,
+    deliver_due,
+)
+from controller.kit.clock import ManualClock
 
 
 class Sender:

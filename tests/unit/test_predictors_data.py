@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from controller.model import target_key
-from controller.policy import Policy
+from controller.core.model import target_key
+from controller.core.policy import Policy
 from predictors.data import (
     DataError,
     breach_labels,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from predictors.dataset import DatasetError, Segment, generate, main, make_scenario
+from serving.dataset import DatasetError, Segment, generate, main, make_scenario
 from serving.profiles import EngineArgs, EngineProfile, Hardware
 
 # A deliberately slow engine keeps the simulation to a few thousand steps.

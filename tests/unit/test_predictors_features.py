@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from controller.model import SignalResult, target_key
+from controller.core.model import SignalResult, target_key
 from predictors.features import FEATURES, feature_hash, feature_matrix, feature_names, feature_queries, sli_queries
 
 

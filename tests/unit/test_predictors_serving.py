@@ -22,10 +22,10 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import FunctionTransformer, StandardScaler
 
-from controller.clock import ManualClock
-from controller.model import SignalResult, TargetKey, target_key
-from controller.policy import Policy
-from controller.sources.fakes import FakeSource
+from controller.core.model import SignalResult, TargetKey, target_key
+from controller.core.policy import Policy
+from controller.kit.clock import ManualClock
+from controller.testing.sources import FakeSource
 from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact
 from predictors.features import FEATURES, feature_hash, feature_names, feature_queries
 from predictors.serving import (

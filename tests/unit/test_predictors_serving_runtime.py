@@ -14,13 +14,13 @@ from sklearn.impute import SimpleImputer
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline
 
-from controller.clock import ManualClock
-from controller.journal import Journal
-from controller.metrics import ControllerMetrics
-from controller.model import Decision, DecisionKind, SignalResult, TargetKey, target_key
-from controller.runtime import Controller
-from controller.settings import SettingsError, parse_settings_text
-from controller.sources.fakes import FakeSource
+from controller.adapters.stores.journal import Journal
+from controller.app.settings import SettingsError, parse_settings_text
+from controller.core.model import Decision, DecisionKind, SignalResult, TargetKey, target_key
+from controller.kit.clock import ManualClock
+from controller.loop.metrics import ControllerMetrics
+from controller.loop.runtime import Controller
+from controller.testing.sources import FakeSource
 from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact
 from predictors.features import feature_hash, feature_names, feature_queries
 from predictors.serving import ModelSpec, PredictionProvider

@@ -15,9 +15,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from controller.clock import ManualClock
-from controller.model import target_key
-from controller.sources.prometheus import (
+from controller.adapters.metrics.prometheus import (
     PrometheusSettings,
     PrometheusSource,
     SourceConfigError,
@@ -25,6 +23,8 @@ from controller.sources.prometheus import (
     redact_url,
     vector_result,
 )
+from controller.core.model import target_key
+from controller.kit.clock import ManualClock
 
 VECTOR_OK = {
     "status": "success",

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller.clock import ManualClock
-from controller.journal import Journal
-from controller.metrics import ControllerMetrics
-from controller.model import Decision, DecisionKind, SignalResult, target_key
-from controller.policy_files import load_policies
-from controller.runtime import TRIGGER_ALERT, Controller, JsonLogFormatter, PolicyLoadError
-from controller.signals import render_signal_queries
-from controller.sources.fakes import FakeSource
+from controller.adapters.stores.journal import Journal
+from controller.core.model import Decision, DecisionKind, SignalResult, target_key
+from controller.core.policy_files import load_policies
+from controller.core.signals import render_signal_queries
+from controller.kit.clock import ManualClock
+from controller.loop.metrics import ControllerMetrics
+from controller.loop.runtime import TRIGGER_ALERT, Controller, JsonLogFormatter, PolicyLoadError
+from controller.testing.sources import FakeSource
 
 
 def policy_yaml(
@@ -342,8 +342,8 @@ def test_json_log_formatter_merges_structured_fields() -> None:
 
 
 def test_actions_run_by_the_real_dispatcher_are_counted(rules: Path, tmp_path: Path) -> None:
-    from controller.actuators.fakes import FakeAnnotator
-    from controller.dispatcher import Actuators, Dispatcher, GlobalLimits
+    from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+    from controller.testing.actuators import FakeAnnotator
 
     clock = ManualClock()
     registry = CollectorRegistry()

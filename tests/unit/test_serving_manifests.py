@@ -111,7 +111,7 @@ def test_bad_profile_renders_max_num_seqs_2_on_the_canary_only() -> None:
 
 
 def test_the_change_tracker_reads_the_profile_back_from_the_args() -> None:
-    from controller.changes import parse_vllm_args
+    from controller.adapters.changes.tracker import parse_vllm_args
 
     parsed = parse_vllm_args(vllm_args(load_profiles()["bad-max-num-seqs"]))
     assert parsed["max_num_seqs"] == "2" and parsed["enable_prefix_caching"] is True

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.settings import ControllerSettings, SettingsError, load_settings
+from controller.app.settings import ControllerSettings, SettingsError, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 

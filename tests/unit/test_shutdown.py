@@ -16,17 +16,17 @@ import pytest
 from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry
 
-from controller.actuators.fakes import make_decision
-from controller.actuators.http import RetryPolicy
-from controller.actuators.kubernetes_hpa import ANNOTATION_KEYS
-from controller.actuators.traffic import HttpRouteRouter, Ramp
-from controller.clock import ManualClock, ShutdownInterrupt, SystemClock
-from controller.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.engine import PolicyState
-from controller.journal import ActionStatus, Journal
-from controller.metrics import ControllerMetrics
-from controller.runtime import Controller
-from controller.sources.fakes import FakeSource
+from controller.adapters.scale.hpa import ANNOTATION_KEYS
+from controller.adapters.stores.journal import ActionStatus, Journal
+from controller.adapters.traffic.routes import HttpRouteRouter, Ramp
+from controller.core.engine import PolicyState
+from controller.kit.clock import ManualClock, ShutdownInterrupt, SystemClock
+from controller.kit.http import RetryPolicy
+from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from controller.loop.metrics import ControllerMetrics
+from controller.loop.runtime import Controller
+from controller.testing.actuators import make_decision
+from controller.testing.sources import FakeSource
 from tests.support.fake_kubernetes import FakeKubernetes, http_route
 
 HOLD_S = 600.0

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from controller.model import SignalResult, target_key
-from controller.policy import Policy
-from controller.protocols import RangeResult
-from controller.signals import (
+from controller.core.model import SignalResult, target_key
+from controller.core.policy import Policy
+from controller.core.ports import RangeResult
+from controller.core.signals import (
     MAX_POINTS_PER_QUERY,
     query_signals,
     query_signals_range,
     range_chunks,
     render_signal_queries,
 )
-from controller.sources.fakes import FakeSource
+from controller.testing.sources import FakeSource
 
 
 def _policy(match: dict[str, str] | None = None, signals: int = 1) -> Policy:

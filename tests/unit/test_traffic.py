@@ -9,17 +9,17 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from controller.actuators.http import RetryPolicy
-from controller.actuators.kubernetes_hpa import ANNOTATION_KEYS, EventRecorder
-from controller.actuators.traffic import (
+from controller.adapters.scale.hpa import ANNOTATION_KEYS, EventRecorder
+from controller.adapters.traffic.routes import (
     HttpRouteRouter,
     Ramp,
     VirtualServiceRouter,
     WeightError,
     split_weights,
 )
-from controller.clock import ManualClock
-from controller.protocols import OutcomeStatus
+from controller.core.ports import OutcomeStatus
+from controller.kit.clock import ManualClock
+from controller.kit.http import RetryPolicy
 from tests.support.fake_kubernetes import FakeKubernetes, http_route, virtual_service
 
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from controller.actuators.webhook import WebhookNotifier, WebhookReceiver, sign, verify_signature
-from controller.clock import ManualClock
-from controller.protocols import OutcomeStatus
+from controller.adapters.notify.webhook import WebhookNotifier, WebhookReceiver, sign, verify_signature
+from controller.core.ports import OutcomeStatus
+from controller.kit.clock import ManualClock
 from tests.support.webhook_receiver import receiver
 
 SECRET = "s3cr3t-value"

@@ -9,7 +9,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from pydantic import ValidationError
 
-from controller.actuators.webhook import (
+from controller.adapters.notify.webhook import (
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     LinkSettings,
@@ -19,8 +19,8 @@ from controller.actuators.webhook import (
     slack_payload,
     verify_signature,
 )
-from controller.clock import ManualClock
-from controller.protocols import OutcomeStatus
+from controller.core.ports import OutcomeStatus
+from controller.kit.clock import ManualClock
 from tests.support.webhook_receiver import receiver
 
 SECRET = "payload-secret"

@@ -6,8 +6,8 @@ import numpy as np
 import os
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
-from controller.clock import SystemClock
-from controller.sources.prometheus import PrometheusSettings, PrometheusSource
+from controller.kit.clock import SystemClock
+from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
 from predictors.data import Rows, build_rows
 from predictors.evaluate import evaluate_rows
 from predictors.features import feature_names

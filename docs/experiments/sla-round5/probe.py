@@ -25,7 +25,7 @@ sys.path.insert(0, str(HERE.parent / "sla-round4"))
 sys.path.insert(0, str(HERE.parents[2]))
 import run  # round 4's harness: cached rows, scoring  # noqa: E402
 from predictors.data import Rows  # noqa: E402
-from predictors.dataset import make_scenario, segment_at  # noqa: E402
+from serving.dataset import make_scenario, segment_at  # noqa: E402
 from predictors.features import feature_names  # noqa: E402
 from predictors.train import fit_artifact  # noqa: E402
 
@@ -52,7 +52,7 @@ def scenario_column(name: str, r: Rows, what: str) -> np.ndarray:
         target = r.targets[r.target_index[k]]
         service = target["service"] if isinstance(target, dict) else dict(target)["service"]
         index = 0 if service == "chat" else int(service.split("-")[1])
-        if index not in plans:  # predictors.dataset.generate: service i runs seed + 7919 * i
+        if index not in plans:  # serving.dataset.generate: service i runs seed + 7919 * i
             plans[index] = make_scenario(SEEDS[name] + 7919 * index, duration, profile_change=PROFILE_CHANGE.get(name, 0.3))
         t = r.times[k] - start
         values = []

@@ -1,1 +1,0 @@
-"""Actuators: the thin edges that change the world (serving tier, annotations, notifications)."""

@@ -1,0 +1,431 @@
+"""Prometheus as a MetricsSource, through prometheus-api-client.
+
+One call is one logical PromQL request. Transient failures (connection errors,
+timeouts, 5xx, 429) are retried a bounded number of times with exponential
+backoff slept through the injected clock, honouring Retry-After; anything else
+(a bad query is a 400, an execution error a 422) is answered at once as
+`SignalResult.failed` carrying Prometheus' own error message. Nothing here
+raises for an expected failure, and neither the bearer token nor the basic-auth
+password is ever logged or put into an error message.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Self
+from urllib.parse import urlsplit, urlunsplit
+
+import requests
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from prometheus_api_client.prometheus_connect import PrometheusConnect
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+from controller.core.model import SignalResult, TargetKey, target_key
+from controller.core.ports import Clock, RangeResult
+from controller.kit.durations import format_duration
+
+log = logging.getLogger(__name__)
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+# Kinds passed to `on_query`: low-cardinality, so they can be metric labels.
+INSTANT = "query"
+RANGE = "query_range"
+ERROR_TEXT_LIMIT = 500
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BearerAuth(_Strict):
+    token_file: Path | None = Field(default=None, description="file holding the token (e.g. a mounted secret)")
+    token_env: str | None = Field(default=None, description="name of the environment variable holding the token")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> BearerAuth:
+        if (self.token_file is None) == (self.token_env is None):
+            raise ValueError("bearer auth needs exactly one of token_file or token_env")
+        return self
+
+
+class BasicAuth(_Strict):
+    username: str = Field(min_length=1)
+    password_file: Path = Field(description="file holding the password")
+
+
+class TLSSettings(_Strict):
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    insecure_skip_verify: bool = False
+
+    @model_validator(mode="after")
+    def _pair(self) -> TLSSettings:
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError("tls key_file needs cert_file")
+        return self
+
+
+class PrometheusSettings(_Strict):
+    url: str = Field(pattern=r"^https?://", description="base URL, e.g. http://127.0.0.1:9090")
+    timeout: float = Field(default=10.0, gt=0, description="seconds per HTTP request (connect and read)")
+    retries: int = Field(default=3, ge=0, le=10, description="retries after the first attempt, transient errors only")
+    backoff: float = Field(default=0.5, ge=0, description="first backoff in seconds; doubles per retry")
+    max_backoff: float = Field(default=10.0, ge=0, description="cap on one backoff, Retry-After included")
+    bearer: BearerAuth | None = None
+    basic: BasicAuth | None = None
+    tls: TLSSettings = Field(default_factory=TLSSettings)
+
+    @model_validator(mode="after")
+    def _one_auth(self) -> PrometheusSettings:
+        if self.bearer is not None and self.basic is not None:
+            raise ValueError("choose bearer or basic auth, not both")
+        return self
+
+
+class SourceConfigError(ValueError):
+    """The settings name a secret that cannot be read. Raised at construction, never per query."""
+
+
+def _read_secret(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError as unreadable:
+        raise SourceConfigError(f"cannot read {what} file {str(path)!r}: {unreadable.strerror}") from None
+
+
+def build_session(settings: PrometheusSettings) -> requests.Session:
+    """A requests Session carrying auth and TLS options; timeouts are passed per request."""
+    session = requests.Session()
+    if settings.bearer is not None:
+        if settings.bearer.token_file is not None:
+            token = _read_secret(settings.bearer.token_file, "bearer token")
+        else:
+            assert settings.bearer.token_env is not None
+            token = os.environ.get(settings.bearer.token_env, "").strip()
+            if not token:
+                raise SourceConfigError(f"environment variable {settings.bearer.token_env!r} is unset or empty")
+        session.headers["Authorization"] = f"Bearer {token}"
+    if settings.basic is not None:
+        session.auth = (
+            settings.basic.username,
+            _read_secret(settings.basic.password_file, "basic auth password"),
+        )
+    tls = settings.tls
+    if tls.insecure_skip_verify:
+        session.verify = False
+    elif tls.ca_file is not None:
+        session.verify = str(tls.ca_file)
+    if tls.cert_file is not None:
+        session.cert = (str(tls.cert_file), str(tls.key_file)) if tls.key_file else str(tls.cert_file)
+    return session
+
+
+class _Attempt(threading.local):
+    """Per-thread: the idempotency key to send and the last response seen (for status and Retry-After)."""
+
+    key: str | None = None
+    response: requests.Response | None = None
+
+
+class _KeyedAdapter(HTTPAdapter):
+    """Adds the idempotency key of the current logical query and remembers the response.
+
+    The client library raises on non-200 with only the status and body in a string; the
+    remembered response gives us the status code, Retry-After and the JSON error cleanly.
+    Its own urllib3 retries are disabled (Retry(0)): retrying is ours, through the clock.
+    """
+
+    def __init__(self, attempt: _Attempt):
+        super().__init__(max_retries=Retry(total=0, redirect=0, raise_on_status=False))
+        self._attempt = attempt
+
+    def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:
+        if self._attempt.key is not None:
+            request.headers[IDEMPOTENCY_HEADER] = self._attempt.key
+        response = super().send(request, *args, **kwargs)
+        self._attempt.response = response
+        return response
+
+
+@dataclass(frozen=True)
+class _Failure:
+    message: str
+    transient: bool
+    retry_after: float | None = None
+
+
+def _retry_after(response: requests.Response, now: float) -> float | None:
+    raw = response.headers.get("Retry-After")
+    if not raw:
+        return None
+    raw = raw.strip()
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - now)
+
+
+def _prometheus_error(response: requests.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        text = response.text.strip()
+        return text[:ERROR_TEXT_LIMIT] if text else response.reason or "no body"
+    if isinstance(body, dict) and body.get("error"):
+        kind = body.get("errorType")
+        return f"{kind}: {body['error']}" if kind else str(body["error"])
+    return json.dumps(body)[:ERROR_TEXT_LIMIT]
+
+
+def _to_float(raw: Any) -> float:
+    value = float(raw)
+    # +Inf/-Inf (e.g. histogram_quantile landing in the +Inf bucket) carry no usable number: no-data.
+    return value if math.isfinite(value) else math.nan
+
+
+class PrometheusSource:
+    """MetricsSource over Prometheus' HTTP API (instant and range queries)."""
+
+    def __init__(
+        self,
+        settings: PrometheusSettings,
+        clock: Clock,
+        on_query: Callable[[str, float, bool], None] | None = None,
+        *,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        """`on_query(kind, seconds, ok)` is called once per logical query (kind: "query" or "query_range").
+
+        `timer` is a monotonic clock for latencies only; all waiting goes through `clock`.
+        """
+        self._settings = settings
+        self._clock = clock
+        self._on_query = on_query
+        self._timer = timer
+        self._attempt = _Attempt()
+        self._shown_url = redact_url(settings.url)
+        session = build_session(settings)
+        url = settings.url.rstrip("/")
+        # The library annotates timeout as int; requests takes float seconds.
+        self._client = PrometheusConnect(
+            url=url,
+            session=session,
+            timeout=settings.timeout,  # type: ignore[arg-type]
+            retry=Retry(total=0, raise_on_status=False),
+        )
+        # Replace the library's adapter (mounted on the same prefix) with ours.
+        session.mount(url, _KeyedAdapter(self._attempt))
+
+    def __repr__(self) -> str:
+        return f"PrometheusSource(url={self._shown_url!r})"
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- MetricsSource --------------------------------------------------------------------------
+
+    def instant(self, query: str, group_by: Sequence[str], at: float | None = None) -> SignalResult:
+        params: dict[str, Any] = {} if at is None else {"time": _format_time(at)}
+        data, error = self._call(INSTANT, query, params, lambda: self._client.custom_query(query, params=params))
+        if error is not None:
+            return SignalResult.failed(error)
+        return vector_result(data, group_by)
+
+    def range(self, query: str, group_by: Sequence[str], start: float, end: float, step: float) -> RangeResult:
+        # Exact start/end go through params: the library would round them to whole seconds.
+        params: dict[str, Any] = {"start": _format_time(start), "end": _format_time(end)}
+        step_text = format_duration(step)
+        data, error = self._call(
+            RANGE,
+            query,
+            {**params, "step": step_text},
+            lambda: self._client.custom_query_range(
+                query,
+                datetime.fromtimestamp(start, UTC),
+                datetime.fromtimestamp(end, UTC),
+                step_text,
+                params=params,
+            ),
+        )
+        if error is not None:
+            return RangeResult(error=error)
+        return matrix_result(data, group_by)
+
+    def probe(self) -> str | None:
+        """None when Prometheus answers a trivial query, else why not (for CLIs' start-up checks)."""
+        _data, error = self._call(INSTANT, "vector(1)", {}, lambda: self._client.custom_query("vector(1)"))
+        return error
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _call(
+        self, kind: str, query: str, params: Mapping[str, Any], send: Callable[[], Any]
+    ) -> tuple[Any, str | None]:
+        material = json.dumps([kind, query, sorted((k, str(v)) for k, v in params.items())])
+        self._attempt.key = hashlib.sha256(material.encode()).hexdigest()[:32]
+        started = self._timer()
+        failure: _Failure | None = None
+        data: Any = None
+        try:
+            for attempt in range(self._settings.retries + 1):
+                failure = None
+                self._attempt.response = None
+                try:
+                    data = send()
+                except PrometheusApiClientException:
+                    failure = self._http_failure()
+                except requests.Timeout:
+                    failure = _Failure(f"timed out after {self._settings.timeout:g}s", transient=True)
+                except requests.ConnectionError as refused:
+                    failure = _Failure(f"cannot connect to {self._shown_url}: {_reason(refused)}", transient=True)
+                except requests.RequestException as other:
+                    failure = _Failure(f"request failed: {type(other).__name__}", transient=False)
+                except (ValueError, KeyError, TypeError) as malformed:
+                    failure = _Failure(f"malformed response from Prometheus: {malformed}", transient=False)
+                if failure is None or not failure.transient or attempt == self._settings.retries:
+                    break
+                delay = self._settings.backoff * (2**attempt)
+                if failure.retry_after is not None:
+                    delay = max(delay, failure.retry_after)
+                delay = min(delay, self._settings.max_backoff)
+                log.info(
+                    "prometheus %s transient failure (%s); retry %d/%d in %.2fs",
+                    kind,
+                    failure.message,
+                    attempt + 1,
+                    self._settings.retries,
+                    delay,
+                )
+                self._clock.sleep(delay)
+        finally:
+            self._attempt.key = None
+        elapsed = self._timer() - started
+        if self._on_query is not None:
+            self._on_query(kind, elapsed, failure is None)
+        if failure is not None:
+            retried = " (after retries)" if failure.transient and self._settings.retries else ""
+            return None, f"prometheus {kind} failed{retried}: {failure.message}"
+        return data, None
+
+    def _http_failure(self) -> _Failure:
+        response = self._attempt.response
+        if response is None:
+            return _Failure("no response", transient=True)
+        status = response.status_code
+        message = f"HTTP {status}: {_prometheus_error(response)}"
+        if status == 429 or status >= 500:
+            return _Failure(message, transient=True, retry_after=_retry_after(response, self._clock.now()))
+        return _Failure(message, transient=False)
+
+
+def _reason(error: requests.ConnectionError) -> str:
+    # The innermost cause is short and says what happened ("Connection refused"); no URLs with credentials.
+    cause: BaseException = error
+    while cause.__cause__ is not None or cause.__context__ is not None:
+        nxt = cause.__cause__ or cause.__context__
+        assert nxt is not None
+        cause = nxt
+    text = str(cause)
+    if "] " in text:
+        text = text.split("] ", 1)[1]
+    return text[:200] or type(error).__name__
+
+
+def redact_url(url: str) -> str:
+    """The URL without any user:password part, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _format_time(timestamp: float) -> str:
+    return f"{timestamp:.3f}"
+
+
+def _target(metric: Mapping[str, str], group_by: Sequence[str]) -> tuple[TargetKey | None, str | None]:
+    missing = [name for name in group_by if name not in metric]
+    if missing:
+        shown = "{" + ",".join(f'{k}="{v}"' for k, v in sorted(metric.items())) + "}"
+        return None, (
+            f"series {shown} lacks group_by label(s) {', '.join(missing)}; "
+            f"the query must aggregate `by ({', '.join(group_by)})`"
+        )
+    return target_key({name: metric[name] for name in group_by}), None
+
+
+def _duplicate(target: TargetKey, group_by: Sequence[str]) -> str:
+    labels = ",".join(f'{k}="{v}"' for k, v in target)
+    return (
+        f"two series map to the same target {{{labels}}}; the query must aggregate "
+        f"`by ({', '.join(group_by)})` so that each target has one series"
+    )
+
+
+def vector_result(data: Any, group_by: Sequence[str]) -> SignalResult:
+    """Turn an instant query's `result` into values by target (one series per target, or an error)."""
+    if not isinstance(data, list) or any(not isinstance(item, dict) for item in data):
+        return SignalResult.failed(
+            f"query returned a scalar or string, expected an instant vector grouped by ({', '.join(group_by)})"
+        )
+    values: dict[TargetKey, float] = {}
+    for item in data:
+        target, error = _target(item.get("metric", {}), group_by)
+        if error is not None:
+            return SignalResult.failed(error)
+        assert target is not None
+        if target in values:
+            return SignalResult.failed(_duplicate(target, group_by))
+        try:
+            values[target] = _to_float(item["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            return SignalResult.failed(f"malformed sample in Prometheus response: {item!r:.200}")
+    return SignalResult(values)
+
+
+def matrix_result(data: Any, group_by: Sequence[str]) -> RangeResult:
+    """Turn a range query's `result` into samples by target; timestamps rounded to the millisecond."""
+    if not isinstance(data, list) or any(not isinstance(item, dict) for item in data):
+        return RangeResult(error="range query did not return a matrix")
+    series: dict[TargetKey, dict[float, float]] = {}
+    for item in data:
+        target, error = _target(item.get("metric", {}), group_by)
+        if error is not None:
+            return RangeResult(error=error)
+        assert target is not None
+        if target in series:
+            return RangeResult(error=_duplicate(target, group_by))
+        try:
+            series[target] = {round(float(t), 3): _to_float(v) for t, v in item["values"]}
+        except (KeyError, TypeError, ValueError):
+            return RangeResult(error=f"malformed samples in Prometheus response: {item!r:.200}")
+    return RangeResult(series=series)

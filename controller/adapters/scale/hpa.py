@@ -1,0 +1,437 @@
+"""Scaling an HPA-managed service through its autoscaling/v2 HorizontalPodAutoscaler (official client).
+
+For a service whose pods an HPA owns, setting `Deployment.spec.replicas` is pointless (the HPA undoes it),
+so `set_replicas(n)` moves the HPA's floor: `minReplicas = n` (and `maxReplicas` up to at least that), within
+the bounds the operator configured (`HpaBounds.max_replicas`). `replicas()` is the HPA's current count.
+
+The human floor. The first time tailguard writes an HPA it records the `minReplicas` a human had set in the
+annotation `tailguard.io/human-min-replicas`, and what it wrote itself in `tailguard.io/tailguard-min-replicas`.
+Scaling down never goes below the human floor unless `HpaBounds.allow_below_human_floor` is set. When a
+human edits `minReplicas` later (it no longer equals what tailguard wrote), that value becomes the new floor.
+
+Writes are read-modify-PUT with the object's resourceVersion: a 409 Conflict (someone wrote in between)
+re-reads and retries, boundedly. The idempotency key of every change is written in the same PUT to the
+annotation `tailguard.io/action-keys` (the last few keys, JSON), so a replayed key is a no-op. Transient
+errors (5xx, 429, timeouts, refused connections) are retried with backoff through the injected clock;
+404 and other 4xx are reported at once. All of it comes back as an `ActionOutcome`, never an exception.
+
+This module also holds the small helpers the Kubernetes actuators share (traffic.py imports them):
+`kube_call` (retry/classification), `recorded_keys`/`with_key` (idempotency annotation) and
+`EventRecorder` (a core/v1 Event per action, best effort: it never blocks or fails the action).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import urllib3
+from kubernetes import client as k8s
+
+from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
+from controller.kit.http import RetryPolicy
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+ANNOTATION_KEYS = "tailguard.io/action-keys"
+ANNOTATION_HUMAN_FLOOR = "tailguard.io/human-min-replicas"
+ANNOTATION_TAILGUARD_MIN = "tailguard.io/tailguard-min-replicas"
+KEYS_KEPT = 16  # enough for a burst of replays; the journal is the real record
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+# ----- shared helpers ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KubeError:
+    """A failed API call as data: what was attempted, the HTTP status (None: no answer) and whether it may pass."""
+
+    message: str
+    status: int | None
+    transient: bool
+
+    def outcome(self, detail: Mapping[str, Any] | None = None) -> ActionOutcome:
+        return ActionOutcome(OutcomeStatus.FAILED, dict(detail or {}), self.message, self.transient)
+
+
+class KubernetesActuatorError(Exception):
+    """Raised only where a protocol returns a plain value (Deployer.replicas); `transient` tells the dispatcher."""
+
+    def __init__(self, error: KubeError) -> None:
+        super().__init__(error.message)
+        self.transient = error.transient
+        self.status = error.status
+
+
+def _server_message(exc: k8s.ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        return str(exc.reason or "")
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return str(body["message"])
+    return str(exc.reason or "")
+
+
+def classify(exc: BaseException, what: str) -> KubeError:
+    if isinstance(exc, k8s.ApiException):
+        status = int(exc.status) if exc.status else None
+        return KubeError(f"{what}: HTTP {status}: {_server_message(exc)}", status, status in TRANSIENT_STATUSES)
+    if isinstance(exc, (urllib3.exceptions.HTTPError, OSError, TimeoutError)):
+        # Timeouts and refused connections: no answer at all. The text names no URL or credential.
+        return KubeError(f"{what}: no answer from the Kubernetes API ({type(exc).__name__})", None, True)
+    return KubeError(f"{what}: {type(exc).__name__}: {exc}", None, False)
+
+
+def kube_call(fn: Callable[[], T], *, what: str, clock: Clock, retry: RetryPolicy) -> T | KubeError:
+    """Call the API, retrying transient failures with backoff (through the clock); errors come back as data."""
+    attempts = max(1, retry.attempts)
+    error: KubeError | None = None
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except (k8s.ApiException, urllib3.exceptions.HTTPError, OSError, TimeoutError) as exc:
+            error = classify(exc, what)
+        if not error.transient or attempt == attempts:
+            break
+        delay = retry.delay(attempt)
+        log.info("%s, attempt %d of %d; retrying in %.2fs", error.message, attempt, attempts, delay)
+        clock.sleep(delay)
+    assert error is not None
+    return error
+
+
+def recorded_keys(annotations: Mapping[str, str] | None) -> list[str]:
+    raw = (annotations or {}).get(ANNOTATION_KEYS)
+    if not raw:
+        return []
+    try:
+        keys = json.loads(raw)
+    except ValueError:
+        return []  # a human mangled it: treat as no record rather than failing the action
+    return [str(k) for k in keys] if isinstance(keys, list) else []
+
+
+def with_key(annotations: Mapping[str, str] | None, key: str) -> dict[str, str]:
+    """The annotations with `key` appended to the recorded idempotency keys (the last KEYS_KEPT kept)."""
+    keys = [k for k in recorded_keys(annotations) if k != key]
+    keys.append(key)
+    return {**(annotations or {}), ANNOTATION_KEYS: json.dumps(keys[-KEYS_KEPT:], separators=(",", ":"))}
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+
+
+class EventRecorder:
+    """Records a core/v1 Event per action. Best effort: one short try, every failure logged and swallowed."""
+
+    def __init__(self, api: k8s.CoreV1Api, clock: Clock, *, component: str = "tailguard", timeout: float = 2.0) -> None:
+        self.api = api
+        self.clock = clock
+        self.component = component
+        self.timeout = timeout
+
+    def record(self, involved: ObjectRef, reason: str, message: str, *, key: str, warning: bool = False) -> bool:
+        # A name derived from the idempotency key: a replayed action yields AlreadyExists, not a second Event.
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        now = datetime.datetime.fromtimestamp(self.clock.now(), datetime.UTC)
+        event = k8s.CoreV1Event(
+            metadata=k8s.V1ObjectMeta(name=f"{involved.name}.tailguard.{digest}", namespace=involved.namespace),
+            involved_object=k8s.V1ObjectReference(
+                api_version=involved.api_version, kind=involved.kind, name=involved.name, namespace=involved.namespace
+            ),
+            reason=reason,
+            message=message[:1024],
+            type="Warning" if warning else "Normal",
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+            source=k8s.V1EventSource(component=self.component),
+            reporting_component=self.component,
+        )
+        try:
+            self.api.create_namespaced_event(involved.namespace, event, _request_timeout=self.timeout)
+        except k8s.ApiException as exc:
+            if exc.status == 409:
+                return True  # already recorded for this key
+            log.warning("could not record an Event for %s/%s: %s", involved.kind, involved.name, classify(exc, "event"))
+            return False
+        except Exception as exc:  # noqa: BLE001 - an Event must never fail or block the action it describes
+            log.warning("could not record an Event for %s/%s: %s", involved.kind, involved.name, type(exc).__name__)
+            return False
+        return True
+
+
+def cluster_api_client(*, in_cluster: bool = True, kubeconfig: str | None = None) -> k8s.ApiClient:
+    """An ApiClient for the cluster tailguard runs in (or a kubeconfig), without urllib3's own retries:
+    the actuators retry boundedly themselves, and two retry layers would multiply the attempts."""
+    from kubernetes import config as k8s_config  # only where a cluster is used
+
+    configuration = k8s.Configuration()
+    if in_cluster:
+        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=configuration
+        )
+    configuration.retries = 0
+    return k8s.ApiClient(configuration)
+
+
+# ----- the HPA actuator ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HpaTarget:
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class HpaBounds:
+    """What the operator allows tailguard to do to HPAs (the policy's scale min/max clamp the count first)."""
+
+    max_replicas: int  # never set minReplicas or maxReplicas above this
+    allow_below_human_floor: bool = False
+    min_replicas: int = 1  # never below this in any case
+
+
+@dataclass(frozen=True)
+class HpaPlan:
+    """A pure plan of one change: the new spec values, the floor, and why (for the outcome detail)."""
+
+    min_replicas: int
+    max_replicas: int
+    human_floor: int
+    clamped: str | None
+
+
+def human_floor(hpa: Mapping[str, Any]) -> int:
+    """The floor a human set: recorded at tailguard's first touch; a later human edit of minReplicas replaces it."""
+    annotations = hpa.get("annotations") or {}
+    current_min = int(hpa["min_replicas"])
+    recorded = annotations.get(ANNOTATION_HUMAN_FLOOR)
+    ours = annotations.get(ANNOTATION_TAILGUARD_MIN)
+    if recorded is None or not str(recorded).isdigit():
+        return current_min
+    if ours is not None and str(ours).isdigit() and int(ours) != current_min:
+        return current_min  # minReplicas is not what tailguard wrote: a human changed it since
+    return int(recorded)
+
+
+def plan_replicas(hpa: Mapping[str, Any], wanted: int, bounds: HpaBounds) -> HpaPlan:
+    """minReplicas/maxReplicas for `wanted` replicas, clamped to the bounds and the human floor."""
+    floor = human_floor(hpa)
+    clamped: str | None = None
+    new_min = wanted
+    lowest = bounds.min_replicas if bounds.allow_below_human_floor else max(bounds.min_replicas, floor)
+    if new_min < lowest:
+        clamped = (
+            f"{wanted} is below the human floor {floor}; kept at {lowest}"
+            if lowest == floor and not bounds.allow_below_human_floor
+            else f"{wanted} is below the minimum {lowest}; kept at {lowest}"
+        )
+        new_min = lowest
+    if new_min > bounds.max_replicas:
+        clamped = f"{wanted} is above the configured maximum {bounds.max_replicas}; kept at {bounds.max_replicas}"
+        new_min = bounds.max_replicas
+    current_max = int(hpa["max_replicas"])
+    new_max = max(current_max, new_min)
+    return HpaPlan(new_min, new_max, floor, clamped)
+
+
+class HpaDeployer:
+    """`Deployer` for HPA-managed services: replicas are the HPA's floor. Rollback is not its job (Argo CD's)."""
+
+    def __init__(
+        self,
+        api: k8s.AutoscalingV2Api,
+        *,
+        clock: Clock,
+        bounds: HpaBounds,
+        targets: Mapping[str, HpaTarget] | None = None,
+        namespace: str = "default",
+        timeout: float = 5.0,
+        retry: RetryPolicy | None = None,
+        conflict_retries: int = 3,
+        events: EventRecorder | None = None,
+    ) -> None:
+        self.api = api
+        self.clock = clock
+        self.bounds = bounds
+        self.targets = dict(targets or {})
+        self.namespace = namespace
+        self.timeout = timeout
+        self.retry = retry or RetryPolicy()
+        self.conflict_retries = max(0, conflict_retries)
+        self.events = events
+
+    def target(self, service: str) -> HpaTarget:
+        return self.targets.get(service) or HpaTarget(self.namespace, service)
+
+    def _read(self, target: HpaTarget) -> k8s.V2HorizontalPodAutoscaler | KubeError:
+        return kube_call(
+            lambda: self.api.read_namespaced_horizontal_pod_autoscaler(
+                target.name, target.namespace, _request_timeout=self.timeout
+            ),
+            what=f"reading HorizontalPodAutoscaler {target.namespace}/{target.name}",
+            clock=self.clock,
+            retry=self.retry,
+        )
+
+    # -- Deployer ---------------------------------------------------------------------------------------
+
+    def rollback(self, service: str, *, idempotency_key: str) -> ActionOutcome:
+        return ActionOutcome(
+            OutcomeStatus.FAILED,
+            {},
+            f"rollback of {service!r}: the HPA actuator only scales; configure the Argo CD deployer for rollbacks",
+            False,
+        )
+
+    def replicas(self, service: str) -> int:
+        found = self._read(self.target(service))
+        if isinstance(found, KubeError):
+            raise KubernetesActuatorError(found)
+        status = found.status
+        if status is not None and status.current_replicas is not None:
+            return int(status.current_replicas)
+        return int(found.spec.min_replicas or 1)
+
+    def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome:
+        bounds = self.bounds
+
+        def change(hpa: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, Any]] | None:
+            plan = plan_replicas(hpa, replicas, bounds)
+            detail: dict[str, Any] = {
+                "from": {"minReplicas": hpa["min_replicas"], "maxReplicas": hpa["max_replicas"]},
+                "to": {"minReplicas": plan.min_replicas, "maxReplicas": plan.max_replicas},
+                "requested": replicas,
+                "human_floor": plan.human_floor,
+            }
+            if plan.clamped is not None:
+                detail["clamped"] = plan.clamped
+            if (plan.min_replicas, plan.max_replicas) == (hpa["min_replicas"], hpa["max_replicas"]):
+                return None if plan.clamped is None else ({}, detail)
+            return {"min_replicas": plan.min_replicas, "max_replicas": plan.max_replicas}, detail
+
+        return self._update(service, idempotency_key, change, reason="TailguardScale")
+
+    def set_metric_target(
+        self, service: str, metric: str, average_value: str, *, idempotency_key: str
+    ) -> ActionOutcome:
+        """Set the AverageValue target of the HPA's Pods/External metric named `metric` (e.g. queue depth)."""
+
+        def change(hpa: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+            for spec in hpa["metrics"]:
+                source = spec.pods or spec.external
+                if source is not None and source.metric.name == metric:
+                    before = source.target.average_value
+                    if str(before) == str(average_value):
+                        return None
+                    source.target.type = "AverageValue"
+                    source.target.average_value = average_value
+                    return {"metrics": hpa["metrics"]}, {"metric": metric, "from": before, "to": average_value}
+            raise LookupError(f"the HPA has no Pods or External metric named {metric!r}")
+
+        return self._update(service, idempotency_key, change, reason="TailguardMetricTarget")
+
+    # -- read, change, PUT with resourceVersion; 409 -> read again ---------------------------------------
+
+    def _update(
+        self,
+        service: str,
+        key: str,
+        change: Callable[[Mapping[str, Any]], tuple[dict[str, Any], dict[str, Any]] | None],
+        *,
+        reason: str,
+    ) -> ActionOutcome:
+        target = self.target(service)
+        where = f"HorizontalPodAutoscaler {target.namespace}/{target.name}"
+        conflicts = 0
+        failed_writes = 0
+        while True:
+            found = self._read(target)
+            if isinstance(found, KubeError):
+                return found.outcome({"hpa": where})
+            if found.metadata is None:
+                found.metadata = k8s.V1ObjectMeta()
+            metadata = found.metadata
+            annotations = dict(metadata.annotations or {})
+            if key in recorded_keys(annotations):
+                return ActionOutcome(OutcomeStatus.SUCCEEDED, {"hpa": where, "replayed": True})
+            view = {
+                "min_replicas": int(found.spec.min_replicas or 1),
+                "max_replicas": int(found.spec.max_replicas),
+                "metrics": list(found.spec.metrics or []),
+                "annotations": annotations,
+            }
+            try:
+                planned = change(view)
+            except LookupError as exc:
+                return ActionOutcome(OutcomeStatus.FAILED, {"hpa": where}, f"{where}: {exc}", False)
+            if planned is None:
+                return ActionOutcome(OutcomeStatus.SKIPPED, {"hpa": where, "reason": "already so"})
+            fields, detail = planned
+            if not fields:
+                return ActionOutcome(OutcomeStatus.SKIPPED, {"hpa": where, **detail})
+            if ANNOTATION_HUMAN_FLOOR not in annotations or "min_replicas" in fields:
+                annotations[ANNOTATION_HUMAN_FLOOR] = str(human_floor(view))
+            if "min_replicas" in fields:
+                found.spec.min_replicas = fields["min_replicas"]
+                found.spec.max_replicas = fields["max_replicas"]
+                annotations[ANNOTATION_TAILGUARD_MIN] = str(fields["min_replicas"])
+            if "metrics" in fields:
+                found.spec.metrics = fields["metrics"]
+            metadata.annotations = with_key(annotations, key)
+            written = self._put(target, found)
+            if isinstance(written, KubeError) and written.status == 409 and conflicts < self.conflict_retries:
+                conflicts += 1
+                log.info("%s changed while tailguard wrote it (conflict %d); reading it again", where, conflicts)
+                continue
+            if isinstance(written, KubeError) and written.transient and failed_writes + 1 < self.retry.attempts:
+                failed_writes += 1
+                self.clock.sleep(self.retry.delay(failed_writes))
+                continue  # the write may have landed: the fresh read then finds the key and stops
+            if isinstance(written, KubeError):
+                return written.outcome({"hpa": where, "conflicts": conflicts})
+            if self.events is not None:
+                self.events.record(
+                    ObjectRef("autoscaling/v2", "HorizontalPodAutoscaler", target.namespace, target.name),
+                    reason,
+                    f"tailguard: {json.dumps(detail, sort_keys=True, default=str)} ({key})",
+                    key=key,
+                )
+            return ActionOutcome(
+                OutcomeStatus.SUCCEEDED, {"hpa": where, **detail, "conflicts": conflicts, "replayed": False}
+            )
+
+    def _put(self, target: HpaTarget, hpa: k8s.V2HorizontalPodAutoscaler) -> Any:
+        # One try per read: a 409 needs a fresh read, not a resend, and a transient failure is retried
+        # by re-reading too (the write may have landed; the recorded key then makes it a replay).
+        return kube_call(
+            lambda: self.api.replace_namespaced_horizontal_pod_autoscaler(
+                target.name, target.namespace, hpa, _request_timeout=self.timeout
+            ),
+            what=f"writing HorizontalPodAutoscaler {target.namespace}/{target.name}",
+            clock=self.clock,
+            retry=RetryPolicy(attempts=1),
+        )
+
+
+def hpa_names(services: Sequence[str], namespace: str) -> dict[str, HpaTarget]:
+    """The common layout: one HPA per service, named like it, in one namespace."""
+    return {service: HpaTarget(namespace, service) for service in services}

@@ -1,0 +1,475 @@
+"""The durable journal: decisions, their evidence, their actions and each policy's engine state.
+
+SQLite (stdlib) in WAL mode with synchronous=FULL: a transaction that returned
+from COMMIT survives a crash of the process or the machine, so a new process
+can open the same file and finish what the old one left `planned` or `started`.
+
+Idempotency rests on the actions table: its primary key is the action's
+idempotency key (`"{decision_id}:{kind}:{index}"`, deterministic), inserted with
+INSERT OR IGNORE, and an action whose status is terminal is never run again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Self
+
+from controller.core.engine import PolicyState
+from controller.core.model import MUTATING_ACTIONS, ActionRequest, ActionType, Decision, target_labels
+from controller.kit.sqlite_store import immediate_transaction, make_durable, open_durable
+
+SCHEMA_VERSION = 1
+
+
+class ActionStatus(StrEnum):
+    PLANNED = "planned"  # journaled with its decision, not yet attempted
+    STARTED = "started"  # an attempt began: the actuator may or may not have acted
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SKIPPED = "skipped"  # nothing to do (e.g. already at the desired replica count)
+    SUPPRESSED = "suppressed"  # the global cooldown or budget forbade it
+    DRY_RUN = "dry_run"  # the policy is in dry-run: recorded, never executed
+
+
+TERMINAL_STATUSES = frozenset(
+    {
+        ActionStatus.SUCCEEDED,
+        ActionStatus.FAILED,
+        ActionStatus.SKIPPED,
+        ActionStatus.SUPPRESSED,
+        ActionStatus.DRY_RUN,
+    }
+)
+PENDING_STATUSES = frozenset({ActionStatus.PLANNED, ActionStatus.STARTED})
+
+
+class JournalError(Exception):
+    """The journal file cannot be used (not a database, a newer schema, ...); the message says why."""
+
+
+@dataclass(frozen=True)
+class ActionRecord:
+    idempotency_key: str
+    decision_id: str
+    decision_kind: str
+    policy: str
+    # What the global limiter counts against: the service the action changes.
+    resource: str
+    type: ActionType
+    params: Mapping[str, Any]
+    dry_run: bool
+    status: ActionStatus
+    attempts: int
+    result: Mapping[str, Any] | None
+    error: str | None
+    # Facts fixed before the first attempt (e.g. a scale's from/to), reused on resume.
+    plan: Mapping[str, Any] | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    updated_at: float
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def mutating(self) -> bool:
+        return self.type in MUTATING_ACTIONS
+
+    def request(self) -> ActionRequest:
+        return ActionRequest(self.type, dict(self.params), self.idempotency_key)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "idempotency_key": self.idempotency_key,
+            "decision_id": self.decision_id,
+            "decision_kind": self.decision_kind,
+            "policy": self.policy,
+            "resource": self.resource,
+            "type": self.type.value,
+            "params": dict(self.params),
+            "dry_run": self.dry_run,
+            "status": self.status.value,
+            "attempts": self.attempts,
+            "result": dict(self.result) if self.result is not None else None,
+            "error": self.error,
+            "plan": dict(self.plan) if self.plan is not None else None,
+            "created_at": self.created_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "updated_at": self.updated_at,
+        }
+
+
+def action_resource(action: ActionRequest, decision: Decision) -> str:
+    """The service an action is about: its `service` parameter, else the target's `service` label."""
+    service = action.params.get("service")
+    if isinstance(service, str) and service:
+        return service
+    labels = target_labels(decision.target)
+    if labels.get("service"):
+        return labels["service"]
+    return ",".join(f"{name}={value}" for name, value in decision.target) or decision.policy
+
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS policy_state (
+        policy TEXT PRIMARY KEY,
+        state TEXT NOT NULL,
+        updated_at REAL NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS decisions (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        policy TEXT NOT NULL,
+        condition TEXT NOT NULL,
+        target TEXT NOT NULL,
+        at REAL NOT NULL,
+        value REAL,
+        threshold REAL NOT NULL,
+        evidence TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        dry_run INTEGER NOT NULL,
+        body TEXT NOT NULL,
+        recorded_at REAL NOT NULL,
+        UNIQUE (id, kind))""",
+    """CREATE TABLE IF NOT EXISTS actions (
+        idempotency_key TEXT PRIMARY KEY,
+        decision_id TEXT NOT NULL,
+        decision_kind TEXT NOT NULL,
+        policy TEXT NOT NULL,
+        resource TEXT NOT NULL,
+        type TEXT NOT NULL,
+        params TEXT NOT NULL,
+        dry_run INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        result TEXT,
+        error TEXT,
+        plan TEXT,
+        created_at REAL NOT NULL,
+        started_at REAL,
+        finished_at REAL,
+        updated_at REAL NOT NULL,
+        seq INTEGER NOT NULL)""",
+    """CREATE INDEX IF NOT EXISTS actions_by_status ON actions (status, seq)""",
+    """CREATE INDEX IF NOT EXISTS actions_by_resource ON actions (resource, started_at)""",
+    """CREATE INDEX IF NOT EXISTS actions_by_decision ON actions (decision_id, seq)""",
+)
+
+
+def _json_value(value: float | None) -> float | None:
+    # SQLite stores NaN as NULL anyway; be explicit so JSON bodies stay valid JSON.
+    if value is None or not math.isfinite(value):
+        return None
+    return value
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN/Infinity: store them as null rather than fail the whole transaction."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(key): _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(_finite(value), sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)
+
+
+def _decision_body(decision: Decision) -> dict[str, Any]:
+    body = decision.to_json()
+    body["value"] = _json_value(decision.value)
+    body["evidence"] = [[t, v] for t, v in decision.evidence if math.isfinite(v)]
+    return body
+
+
+class Journal:
+    """Thread-safe: one connection guarded by a lock (scheduler threads evaluate policies concurrently)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        self._db = open_durable(self.path, JournalError, "journal")
+        try:
+            make_durable(self._db)
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise JournalError(f"journal {self.path}: not a usable SQLite database: {exc}") from exc
+        except JournalError:
+            self._db.close()
+            raise
+
+    # -- schema -----------------------------------------------------------------------------------------
+
+    def _migrate(self) -> None:
+        with self._transaction() as db:
+            db.execute(_SCHEMA[0])
+            row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if row is not None:
+                try:
+                    version = int(row["value"])
+                except ValueError:
+                    raise JournalError(
+                        f"journal {self.path}: meta.schema_version is {row['value']!r}, expected an integer"
+                    ) from None
+                if version > SCHEMA_VERSION:
+                    raise JournalError(
+                        f"journal {self.path}: schema version {version} is newer than this tailguard "
+                        f"supports ({SCHEMA_VERSION}); upgrade tailguard or use another journal path"
+                    )
+            for statement in _SCHEMA[1:]:
+                db.execute(statement)
+            db.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
+
+    def schema_version(self) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        return int(row["value"])
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with immediate_transaction(self._db, self._lock) as db:
+            yield db
+
+    # -- engine state ---------------------------------------------------------------------------------
+
+    def load_state(self, policy: str) -> PolicyState | None:
+        with self._lock:
+            row = self._db.execute("SELECT state FROM policy_state WHERE policy = ?", (policy,)).fetchone()
+        if row is None:
+            return None
+        return PolicyState.from_json(json.loads(row["state"]))
+
+    def commit_evaluation(self, policy: str, state: PolicyState, decisions: Sequence[Decision], now: float) -> None:
+        """ONE transaction: the new engine state, the decisions and their actions as `planned`."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO policy_state (policy, state, updated_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (policy) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at",
+                (policy, _dumps(state.to_json()), now),
+            )
+            for decision in decisions:
+                self._insert_decision(db, decision, now)
+
+    def record_decision(self, decision: Decision, now: float) -> None:
+        """Journal a decision and its actions without engine state (idempotent: existing rows are kept)."""
+        with self._transaction() as db:
+            self._insert_decision(db, decision, now)
+
+    def _insert_decision(self, db: sqlite3.Connection, decision: Decision, now: float) -> None:
+        db.execute(
+            "INSERT OR IGNORE INTO decisions (id, kind, policy, condition, target, at, value, threshold, "
+            "evidence, reason, dry_run, body, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                decision.id,
+                decision.kind.value,
+                decision.policy,
+                decision.condition,
+                _dumps(target_labels(decision.target)),
+                decision.at,
+                _json_value(decision.value),
+                decision.threshold,
+                _dumps([[t, v] for t, v in decision.evidence if math.isfinite(v)]),
+                decision.reason,
+                int(decision.dry_run),
+                _dumps(_decision_body(decision)),
+                now,
+            ),
+        )
+        seq = db.execute("SELECT COALESCE(MAX(seq), 0) FROM actions").fetchone()[0]
+        for action in decision.actions:
+            seq += 1
+            db.execute(
+                "INSERT OR IGNORE INTO actions (idempotency_key, decision_id, decision_kind, policy, "
+                "resource, type, params, dry_run, status, attempts, created_at, updated_at, seq) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
+                (
+                    action.idempotency_key,
+                    decision.id,
+                    decision.kind.value,
+                    decision.policy,
+                    action_resource(action, decision),
+                    action.type.value,
+                    _dumps(dict(action.params)),
+                    int(decision.dry_run),
+                    ActionStatus.PLANNED.value,
+                    now,
+                    now,
+                    seq,
+                ),
+            )
+
+    # -- actions ------------------------------------------------------------------------------------------
+
+    def get_action(self, idempotency_key: str) -> ActionRecord | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM actions WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
+        return _record(row) if row is not None else None
+
+    def pending_actions(self) -> list[ActionRecord]:
+        """Actions left planned or started, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM actions WHERE status IN (?, ?) ORDER BY seq",
+                (ActionStatus.PLANNED.value, ActionStatus.STARTED.value),
+            ).fetchall()
+        return [_record(row) for row in rows]
+
+    def actions_for(self, decision_id: str) -> list[ActionRecord]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM actions WHERE decision_id = ? ORDER BY seq", (decision_id,)
+            ).fetchall()
+        return [_record(row) for row in rows]
+
+    def actions_since(self, resource: str, since: float) -> list[ActionRecord]:
+        """Mutating actions on `resource` (from any policy) whose first attempt began at or after `since`."""
+        mutating = sorted(action.value for action in MUTATING_ACTIONS)
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT * FROM actions WHERE resource = ? AND started_at IS NOT NULL AND started_at >= ? "
+                f"AND type IN ({','.join('?' * len(mutating))}) ORDER BY started_at, seq",
+                (resource, since, *mutating),
+            ).fetchall()
+        return [_record(row) for row in rows]
+
+    def all_actions(self) -> list[ActionRecord]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM actions ORDER BY seq").fetchall()
+        return [_record(row) for row in rows]
+
+    def mark_started(self, idempotency_key: str, now: float, plan: Mapping[str, Any] | None = None) -> ActionRecord:
+        """Committed BEFORE the actuator is called: attempts+1, status started (first start time is kept)."""
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE actions SET status = ?, attempts = attempts + 1, "
+                "started_at = COALESCE(started_at, ?), "
+                "plan = COALESCE(?, plan), updated_at = ? WHERE idempotency_key = ? AND status IN (?, ?)",
+                (
+                    ActionStatus.STARTED.value,
+                    now,
+                    _dumps(dict(plan)) if plan is not None else None,
+                    now,
+                    idempotency_key,
+                    ActionStatus.PLANNED.value,
+                    ActionStatus.STARTED.value,
+                ),
+            )
+            if cursor.rowcount != 1:
+                raise JournalError(f"journal {self.path}: action {idempotency_key!r} is not planned or started")
+            row = db.execute("SELECT * FROM actions WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
+        return _record(row)
+
+    def finish(
+        self,
+        idempotency_key: str,
+        status: ActionStatus,
+        now: float,
+        *,
+        result: Mapping[str, Any] | None = None,
+        error: str | None = None,
+    ) -> ActionRecord:
+        """Record a terminal status. A terminal action is never changed again (first result wins)."""
+        if status not in TERMINAL_STATUSES:
+            raise ValueError(f"finish() needs a terminal status, got {status.value!r}")
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE actions SET status = ?, result = ?, error = ?, finished_at = ?, updated_at = ? "
+                "WHERE idempotency_key = ? AND status IN (?, ?)",
+                (
+                    status.value,
+                    _dumps(dict(result)) if result is not None else None,
+                    error,
+                    now,
+                    now,
+                    idempotency_key,
+                    ActionStatus.PLANNED.value,
+                    ActionStatus.STARTED.value,
+                ),
+            )
+            row = db.execute("SELECT * FROM actions WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
+        if row is None:
+            raise JournalError(f"journal {self.path}: no action {idempotency_key!r}")
+        return _record(row)
+
+    # -- decisions ----------------------------------------------------------------------------------------
+
+    def decision(self, decision_id: str, kind: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT body FROM decisions WHERE id = ? AND kind = ?", (decision_id, kind)
+            ).fetchone()
+        return json.loads(row["body"]) if row is not None else None
+
+    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Newest first: each decision's JSON plus `recorded_at` and its journaled `action_records`."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT body, recorded_at FROM decisions ORDER BY seq DESC LIMIT ?", (max(0, limit),)
+            ).fetchall()
+            out: list[dict[str, Any]] = []
+            for row in rows:
+                body: dict[str, Any] = json.loads(row["body"])
+                body["recorded_at"] = row["recorded_at"]
+                actions = self._db.execute(
+                    "SELECT * FROM actions WHERE decision_id = ? AND decision_kind = ? ORDER BY seq",
+                    (body["id"], body["kind"]),
+                ).fetchall()
+                body["action_records"] = [_record(action).to_json() for action in actions]
+                out.append(body)
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _loads(text: str | None) -> Any:
+    return json.loads(text) if text is not None else None
+
+
+def _record(row: sqlite3.Row) -> ActionRecord:
+    return ActionRecord(
+        idempotency_key=row["idempotency_key"],
+        decision_id=row["decision_id"],
+        decision_kind=row["decision_kind"],
+        policy=row["policy"],
+        resource=row["resource"],
+        type=ActionType(row["type"]),
+        params=json.loads(row["params"]),
+        dry_run=bool(row["dry_run"]),
+        status=ActionStatus(row["status"]),
+        attempts=int(row["attempts"]),
+        result=_loads(row["result"]),
+        error=row["error"],
+        plan=_loads(row["plan"]),
+        created_at=float(row["created_at"]),
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        updated_at=float(row["updated_at"]),
+    )

@@ -1,0 +1,187 @@
+"""Deployer and TrafficRouter over the local serving tier's control API (docs/architecture.md).
+
+Every mutating call carries the action's idempotency key twice (header and body):
+the tier answers a repeated key with the first answer and `"replayed": true`, so a
+retry, or a resume after a crash, never acts twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+import requests
+
+from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
+from controller.kit.http import HttpAnswer, RetryPolicy, redact_url, request_with_retry
+
+log = logging.getLogger(__name__)
+
+
+class TierError(Exception):
+    """A read from the tier failed (raised only by reads such as `replicas()`; actions return outcomes)."""
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class LocalTierClient:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float = 5.0,
+        retries: int = 3,
+        clock: Clock,
+        backoff: float = 0.5,
+        session: requests.Session | None = None,
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.retry = RetryPolicy(attempts=max(1, retries), backoff=backoff)
+        self.clock = clock
+        self.session = session or requests.Session()
+
+    # -- plumbing -----------------------------------------------------------------------------------------
+
+    def _url(self, *parts: str) -> str:
+        return self.base_url + "/api/v1/" + "/".join(quote(part, safe="") for part in parts)
+
+    def _call(
+        self, method: str, url: str, body: Mapping[str, Any] | None = None, idempotency_key: str | None = None
+    ) -> HttpAnswer:
+        headers = {"Accept": "application/json"}
+        if idempotency_key is not None:
+            headers["Idempotency-Key"] = idempotency_key
+        return request_with_retry(
+            self.session,
+            method,
+            url,
+            clock=self.clock,
+            timeout=self.timeout,
+            retry=self.retry,
+            json_body=dict(body) if body is not None else None,
+            headers=headers,
+        )
+
+    def _read(self, *parts: str) -> Any:
+        answer = self._call("GET", self._url(*parts))
+        if not answer.ok:
+            raise TierError(answer.error or "tier read failed", transient=answer.transient)
+        return answer.body
+
+    @staticmethod
+    def _failed(answer: HttpAnswer, what: str) -> ActionOutcome:
+        detail: dict[str, Any] = {"http_status": answer.status, "attempts": answer.attempts}
+        if answer.status == 409:
+            # e.g. "no earlier good revision": the tier refused on purpose; retrying cannot help.
+            return ActionOutcome(OutcomeStatus.FAILED, detail, f"{what} refused: {answer.server_message()}", False)
+        return ActionOutcome(OutcomeStatus.FAILED, detail, f"{what} failed: {answer.error}", answer.transient)
+
+    @staticmethod
+    def _answer_detail(answer: HttpAnswer) -> dict[str, Any]:
+        detail: dict[str, Any] = dict(answer.body) if isinstance(answer.body, Mapping) else {}
+        detail["replayed"] = bool(detail.get("replayed", False))
+        detail["attempts"] = answer.attempts
+        return detail
+
+    # -- reads --------------------------------------------------------------------------------------------
+
+    def healthy(self) -> bool:
+        answer = request_with_retry(
+            self.session,
+            "GET",
+            self.base_url + "/healthz",
+            clock=self.clock,
+            timeout=self.timeout,
+            retry=RetryPolicy(attempts=1),
+        )
+        return answer.ok
+
+    def services(self) -> list[dict[str, Any]]:
+        body = self._read("services")
+        return list(body) if isinstance(body, list) else []
+
+    def service(self, service: str) -> dict[str, Any]:
+        body = self._read("services", service)
+        if not isinstance(body, Mapping):
+            raise TierError(
+                f"GET {redact_url(self._url('services', service))}: expected a JSON object", transient=False
+            )
+        return dict(body)
+
+    def revisions(self, service: str) -> list[dict[str, Any]]:
+        body = self._read("services", service, "revisions")
+        return list(body) if isinstance(body, list) else []
+
+    def replicas(self, service: str) -> int:
+        body = self.service(service)
+        replicas = body.get("replicas")
+        if not isinstance(replicas, int) or isinstance(replicas, bool):
+            raise TierError(f"service {service!r}: 'replicas' is {replicas!r}, expected an integer", transient=False)
+        return replicas
+
+    def weights(self, service: str) -> dict[str, int]:
+        body = self.service(service)
+        return {str(v["version"]): int(v.get("weight", 0)) for v in body.get("versions", []) if "version" in v}
+
+    # -- Deployer -----------------------------------------------------------------------------------------
+
+    def rollback(self, service: str, *, idempotency_key: str) -> ActionOutcome:
+        body = {"idempotency_key": idempotency_key, "to_revision": None, "reason": None}
+        answer = self._call("POST", self._url("services", service, "rollback"), body, idempotency_key)
+        if not answer.ok:
+            return self._failed(answer, f"rollback of {service!r}")
+        detail = self._answer_detail(answer)
+        log.info(
+            "rolled back %s: revision %s -> %s (replayed=%s)",
+            service,
+            detail.get("from_revision"),
+            detail.get("to_revision"),
+            detail["replayed"],
+        )
+        return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
+
+    def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome:
+        body = {"replicas": replicas, "idempotency_key": idempotency_key}
+        answer = self._call("POST", self._url("services", service, "scale"), body, idempotency_key)
+        if not answer.ok:
+            return self._failed(answer, f"scale of {service!r} to {replicas}")
+        return ActionOutcome(OutcomeStatus.SUCCEEDED, self._answer_detail(answer))
+
+    # -- TrafficRouter ------------------------------------------------------------------------------------
+
+    def set_weight(self, service: str, version: str, weight: int, *, idempotency_key: str) -> ActionOutcome:
+        body = {"version": version, "weight": weight, "idempotency_key": idempotency_key}
+        answer = self._call("POST", self._url("services", service, "weights"), body, idempotency_key)
+        if not answer.ok:
+            return self._failed(answer, f"weight of {service!r} {version!r} to {weight}%")
+        detail = self._answer_detail(answer)
+        try:
+            current = self.weights(service).get(version)
+        except TierError as exc:
+            return ActionOutcome(
+                OutcomeStatus.FAILED,
+                detail,
+                f"weight of {service!r} {version!r} set but not verified: {exc}",
+                exc.transient,
+            )
+        detail["verified_weight"] = current
+        if current != weight:
+            if detail["replayed"]:
+                # A replayed key means this change was made earlier; a later action may have moved it since.
+                detail["verified"] = False
+                return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
+            return ActionOutcome(
+                OutcomeStatus.FAILED,
+                detail,
+                f"weight of {service!r} {version!r}: asked for {weight}%, the tier reports {current}%",
+                False,
+            )
+        detail["verified"] = True
+        return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)

@@ -1,0 +1,335 @@
+"""Traffic shifts on Kubernetes: Gateway API HTTPRoute backendRef weights and Istio VirtualService route weights.
+
+Both implement `TrafficRouter.set_weight(service, version, weight)` the same way (CustomObjectsApi):
+
+1. read the route object; a key already recorded in its `tailguard.io/action-keys` annotation is a replay
+   (no-op);
+2. compute the new weights (pure, `split_weights`): `version` gets `weight` percent, the other backends
+   share the rest in proportion to their current weights (evenly when they are all 0), summing to 100;
+3. PUT it with its resourceVersion and the key; a 409 Conflict re-reads and recomputes (bounded);
+4. read it back and verify every backend's weight; a mismatch (a mutating webhook, another controller
+   such as Flagger or Argo Rollouts fighting over the route) is a FAILED outcome that says what was found.
+
+Stepping. A `Ramp` makes increases gradual: with `Ramp(steps=(50,), hold_seconds=60)` a request to go from
+10 to 100 sets 50, holds 60 s (through the injected clock), checks nobody changed the weight meanwhile, then
+sets 100. Decreases are never stepped: moving traffic away from a failing version is done at once. The ramp
+is configured per router (the controller configuration), not per policy: the dispatcher passes only the
+final weight, and a ramp belongs to the route anyway. Each step is a write with its own derived key
+(`{key}#step{n}`) and the final write carries the action's key, so a resumed ramp continues where it was.
+
+Which backend is `version`: HTTPRoute backendRefs map to versions through `version_of(service, backend)`
+(default: Services named `{service}-{version}`); Istio routes by `destination.subset == version` (default).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client as k8s
+
+from controller.adapters.scale.hpa import (
+    EventRecorder,
+    KubeError,
+    ObjectRef,
+    kube_call,
+    recorded_keys,
+    with_key,
+)
+from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
+from controller.kit.http import RetryPolicy
+
+log = logging.getLogger(__name__)
+
+
+class WeightError(ValueError):
+    """The requested weights cannot be applied to this route (the message says why)."""
+
+
+def split_weights(current: Mapping[str, int], version: str, weight: int) -> dict[str, int]:
+    """`version` at `weight` percent; the others share 100 - weight in proportion to their current weights."""
+    if not 0 <= weight <= 100:
+        raise WeightError(f"weight must be between 0 and 100, got {weight}")
+    if version not in current:
+        raise WeightError(f"no backend for version {version!r}; the route has {', '.join(sorted(current)) or 'none'}")
+    others = [name for name in current if name != version]
+    if not others:
+        if weight != 100:
+            raise WeightError(f"version {version!r} is the route's only backend: its share cannot be {weight}%")
+        return {version: 100}
+    rest = 100 - weight
+    total = sum(max(0, current[name]) for name in others)
+    shares = {name: (max(0, current[name]) / total if total > 0 else 1 / len(others)) * rest for name in others}
+    result = {name: int(share) for name, share in shares.items()}
+    # Largest remainder: the integer weights sum to exactly `rest`; ties go to the earlier backend.
+    missing = rest - sum(result.values())
+    for name in sorted(others, key=lambda n: (-(shares[n] - result[n]), others.index(n)))[:missing]:
+        result[name] += 1
+    return {version: weight, **result}
+
+
+@dataclass(frozen=True)
+class Ramp:
+    steps: Sequence[int] = (50,)  # intermediate weights on the way up
+    hold_seconds: float = 60.0
+
+    def path(self, current: int, target: int) -> list[int]:
+        """The weights to set, in order, to go from `current` to `target` (decreases in one step)."""
+        if target <= current:
+            return [target]
+        return [step for step in sorted(set(self.steps)) if current < step < target] + [target]
+
+
+@dataclass(frozen=True)
+class RouteRef:
+    namespace: str
+    name: str
+
+
+class _WeightedRouteRouter:
+    group = ""
+    version = ""
+    plural = ""
+    kind = ""
+
+    def __init__(
+        self,
+        api: k8s.CustomObjectsApi,
+        *,
+        clock: Clock,
+        routes: Mapping[str, RouteRef] | None = None,
+        namespace: str = "default",
+        ramp: Ramp | None = None,
+        timeout: float = 5.0,
+        retry: RetryPolicy | None = None,
+        conflict_retries: int = 3,
+        events: EventRecorder | None = None,
+    ) -> None:
+        self.api = api
+        self.clock = clock
+        self.routes = dict(routes or {})
+        self.namespace = namespace
+        self.ramp = ramp
+        self.timeout = timeout
+        self.retry = retry or RetryPolicy()
+        self.conflict_retries = max(0, conflict_retries)
+        self.events = events
+
+    # -- what differs between HTTPRoute and VirtualService ----------------------------------------------
+
+    def _entries(self, obj: Mapping[str, Any], service: str) -> list[tuple[str, dict[str, Any]]]:
+        """(version, the dict holding its `weight`) for every weighted backend of the route."""
+        raise NotImplementedError
+
+    def _default_weight(self, entries: int) -> int:
+        raise NotImplementedError
+
+    # -- the protocol -----------------------------------------------------------------------------------
+
+    def route(self, service: str) -> RouteRef:
+        return self.routes.get(service) or RouteRef(self.namespace, service)
+
+    def weights(self, service: str) -> dict[str, int] | KubeError:
+        found = self._read(self.route(service))
+        if isinstance(found, KubeError):
+            return found
+        return self._weights_of(found, service)
+
+    def set_weight(self, service: str, version: str, weight: int, *, idempotency_key: str) -> ActionOutcome:
+        ref = self.route(service)
+        where = f"{self.kind} {ref.namespace}/{ref.name}"
+        found = self._read(ref)
+        if isinstance(found, KubeError):
+            return found.outcome({"route": where})
+        if idempotency_key in recorded_keys(found.get("metadata", {}).get("annotations")):
+            return ActionOutcome(OutcomeStatus.SUCCEEDED, {"route": where, "weight": weight, "replayed": True})
+        try:
+            start = self._weights_of(found, service)
+            split_weights(start, version, weight)  # refuse an impossible request before any write
+        except WeightError as exc:
+            return ActionOutcome(OutcomeStatus.FAILED, {"route": where}, f"{where}: {exc}", False)
+        path = self.ramp.path(start[version], weight) if self.ramp is not None else [weight]
+        detail: dict[str, Any] = {"route": where, "version": version, "from": start, "steps": path}
+        previous: dict[str, int] | None = None
+        conflicts = 0
+        for index, step in enumerate(path):
+            last = index == len(path) - 1
+            if previous is not None and self.ramp is not None:
+                self.clock.sleep(self.ramp.hold_seconds)
+                try:
+                    now = self.weights(service)
+                except WeightError as exc:
+                    return ActionOutcome(OutcomeStatus.FAILED, {**detail, "reached": previous}, f"{where}: {exc}")
+                if isinstance(now, KubeError):
+                    return now.outcome({**detail, "reached": previous})
+                if now != previous:
+                    return ActionOutcome(
+                        OutcomeStatus.FAILED,
+                        {**detail, "reached": previous, "observed": now},
+                        f"{where}: the ramp to {weight}% was interrupted: weights changed to {now} during the hold",
+                        False,
+                    )
+            key = idempotency_key if last else f"{idempotency_key}#step{index + 1}"
+            try:
+                outcome = self._apply(ref, where, service, version, step, key)
+            except WeightError as exc:  # the route was edited into a shape we cannot weigh
+                outcome = ActionOutcome(OutcomeStatus.FAILED, {}, f"{where}: {exc}", False)
+            if outcome.status is not OutcomeStatus.SUCCEEDED:
+                return ActionOutcome(outcome.status, {**detail, **outcome.detail}, outcome.error, outcome.transient)
+            previous = dict(outcome.detail["weights"])
+            conflicts += int(outcome.detail.get("conflicts", 0))
+        assert previous is not None
+        if self.events is not None:
+            self.events.record(
+                ObjectRef(f"{self.group}/{self.version}", self.kind, ref.namespace, ref.name),
+                "TailguardTrafficShift",
+                f"tailguard: {service} {version} -> {weight}% via {path}; weights {previous} ({idempotency_key})",
+                key=idempotency_key,
+            )
+        return ActionOutcome(
+            OutcomeStatus.SUCCEEDED,
+            {
+                **detail,
+                "weight": weight,
+                "weights": previous,
+                "verified": True,
+                "conflicts": conflicts,
+                "replayed": False,
+            },
+        )
+
+    # -- one write: read, compute, PUT (409 -> again), read back and verify ---------------------------
+
+    def _apply(self, ref: RouteRef, where: str, service: str, version: str, weight: int, key: str) -> ActionOutcome:
+        conflicts = 0
+        failed_writes = 0
+        while True:
+            found = self._read(ref)
+            if isinstance(found, KubeError):
+                return found.outcome()
+            metadata = found.setdefault("metadata", {})
+            if key in recorded_keys(metadata.get("annotations")):
+                return ActionOutcome(OutcomeStatus.SUCCEEDED, {"weights": self._weights_of(found, service)})
+            try:
+                wanted = split_weights(self._weights_of(found, service), version, weight)  # fresh: after a 409
+            except WeightError as exc:
+                return ActionOutcome(OutcomeStatus.FAILED, {}, f"{where}: {exc}", False)
+            for name, entry in self._entries(found, service):
+                entry["weight"] = wanted[name]
+            metadata["annotations"] = with_key(metadata.get("annotations"), key)
+            written = kube_call(
+                lambda body=found: self.api.replace_namespaced_custom_object(  # type: ignore[misc]
+                    self.group, self.version, ref.namespace, self.plural, ref.name, body, _request_timeout=self.timeout
+                ),
+                what=f"writing {where}",
+                clock=self.clock,
+                retry=RetryPolicy(attempts=1),
+            )
+            if isinstance(written, KubeError):
+                if written.status == 409 and conflicts < self.conflict_retries:
+                    conflicts += 1
+                    log.info("%s changed while tailguard wrote it (conflict %d); reading it again", where, conflicts)
+                    continue
+                if written.transient and failed_writes + 1 < self.retry.attempts:
+                    failed_writes += 1
+                    self.clock.sleep(self.retry.delay(failed_writes))
+                    continue  # it may have landed: the fresh read then finds the key
+                return written.outcome({"conflicts": conflicts})
+            # Read back: what the API server stores after admission is what the data plane gets.
+            check = self._read(ref)
+            if isinstance(check, KubeError):
+                return check.outcome({"conflicts": conflicts, "verified": False})
+            observed = self._weights_of(check, service)
+            if observed != wanted:
+                return ActionOutcome(
+                    OutcomeStatus.FAILED,
+                    {"expected": wanted, "observed": observed, "verified": False},
+                    f"{where}: weights read back {observed} differ from those written {wanted}",
+                    False,
+                )
+            return ActionOutcome(OutcomeStatus.SUCCEEDED, {"weights": observed, "conflicts": conflicts})
+
+    def _read(self, ref: RouteRef) -> dict[str, Any] | KubeError:
+        found = kube_call(
+            lambda: self.api.get_namespaced_custom_object(
+                self.group, self.version, ref.namespace, self.plural, ref.name, _request_timeout=self.timeout
+            ),
+            what=f"reading {self.kind} {ref.namespace}/{ref.name}",
+            clock=self.clock,
+            retry=self.retry,
+        )
+        if isinstance(found, KubeError):
+            return found
+        if not isinstance(found, dict):
+            return KubeError(f"reading {self.kind} {ref.namespace}/{ref.name}: not an object", None, False)
+        return found
+
+    def _weights_of(self, obj: Mapping[str, Any], service: str) -> dict[str, int]:
+        entries = self._entries(obj, service)
+        weights: dict[str, int] = {}
+        for name, entry in entries:
+            value = int(entry.get("weight", self._default_weight(len(entries))))
+            if name in weights and weights[name] != value:
+                raise WeightError(f"version {name!r} has different weights in different rules")
+            weights[name] = value
+        return weights
+
+
+def default_version_of(service: str, backend: str) -> str | None:
+    """Backends are Services named `{service}-{version}` (e.g. chat-r2 -> r2)."""
+    prefix = f"{service}-"
+    return backend[len(prefix) :] if backend.startswith(prefix) and len(backend) > len(prefix) else None
+
+
+class HttpRouteRouter(_WeightedRouteRouter):
+    """Gateway API HTTPRoute (gateway.networking.k8s.io/v1): `spec.rules[].backendRefs[].weight`."""
+
+    group = "gateway.networking.k8s.io"
+    version = "v1"
+    plural = "httproutes"
+    kind = "HTTPRoute"
+
+    def __init__(
+        self,
+        api: k8s.CustomObjectsApi,
+        *,
+        version_of: Callable[[str, str], str | None] = default_version_of,
+        **options: Any,
+    ) -> None:
+        super().__init__(api, **options)
+        self.version_of = version_of
+
+    def _entries(self, obj: Mapping[str, Any], service: str) -> list[tuple[str, dict[str, Any]]]:
+        found: list[tuple[str, dict[str, Any]]] = []
+        for rule in obj.get("spec", {}).get("rules") or []:
+            for backend in rule.get("backendRefs") or []:
+                version = self.version_of(service, str(backend.get("name", "")))
+                if version:  # None: a backend tailguard does not manage (it keeps its weight)
+                    found.append((version, backend))
+        return found
+
+    def _default_weight(self, entries: int) -> int:
+        return 1  # Gateway API: weight defaults to 1 (relative)
+
+
+class VirtualServiceRouter(_WeightedRouteRouter):
+    """Istio VirtualService (networking.istio.io/v1): `spec.http[].route[].weight` by `destination.subset`."""
+
+    group = "networking.istio.io"
+    version = "v1"
+    plural = "virtualservices"
+    kind = "VirtualService"
+
+    def _entries(self, obj: Mapping[str, Any], service: str) -> list[tuple[str, dict[str, Any]]]:
+        found: list[tuple[str, dict[str, Any]]] = []
+        for http in obj.get("spec", {}).get("http") or []:
+            for route in http.get("route") or []:
+                subset = (route.get("destination") or {}).get("subset")
+                if subset:
+                    found.append((str(subset), route))
+        return found
+
+    def _default_weight(self, entries: int) -> int:
+        return 100 if entries == 1 else 0  # Istio: a lone destination takes all traffic

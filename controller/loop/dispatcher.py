@@ -1,0 +1,397 @@
+"""The one way actions are executed: journal first, global limits, idempotency, bounded retries.
+
+For each action of a committed decision, in order and independently of the others:
+
+    terminal in the journal  -> returned as is (never run twice)
+    dry-run decision         -> recorded `dry_run`, never executed
+    mutating and over limits -> recorded `suppressed` with the reason (limits counted from the journal,
+                                across all policies, per service, so they survive restarts)
+    otherwise                -> `started` (attempts+1) is COMMITTED, then the actuator is called, then
+                                the result is recorded; transient failures are retried with backoff
+
+A process that dies between `started` and the result leaves the action `started`;
+`resume()` runs it again with the same idempotency key, and the actuator (the tier)
+answers a repeated key with its first answer instead of acting twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from controller.adapters.stores.journal import ActionRecord, ActionStatus, Journal
+from controller.core.model import ActionType, Decision
+from controller.core.policy import Duration
+from controller.core.ports import (
+    ActionOutcome,
+    Annotation,
+    Annotator,
+    Clock,
+    Deployer,
+    Notifier,
+    OutcomeStatus,
+    TrafficRouter,
+)
+
+log = logging.getLogger(__name__)
+
+BUDGET_WINDOW_SECONDS = 3600.0
+# Statuses that count against the global limits: the change happened, or may have (outcome unknown).
+LIMITED_STATUSES = frozenset({ActionStatus.STARTED, ActionStatus.SUCCEEDED})
+
+
+class GlobalLimits(BaseModel):
+    """Cooldown and budget per service across ALL policies (the `limits` block of the controller config)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    cooldown: Duration = Field(default=0.0, description="minimum time between mutating actions on one service")
+    maxActionsPerHour: int | None = Field(
+        default=None, ge=0, description="mutating actions per service in any hour, all policies together"
+    )
+
+
+@dataclass(frozen=True)
+class Actuators:
+    deployer: Deployer | None = None
+    router: TrafficRouter | None = None
+    annotator: Annotator | None = None
+    notifier: Notifier | None = None
+
+
+class ScaleError(ValueError):
+    """The scale parameters cannot produce a replica count (the message says which and why)."""
+
+
+def desired_replicas(params: Mapping[str, Any], current: int) -> int:
+    """The replica count a scale action asks for, clamped to [min, max].
+
+    Exactly one mode: `replicas` (absolute), `delta` (relative to `current`), or
+    `targetPerReplica` (proportional: ceil(current * observed / targetPerReplica),
+    `observed` being the decision's value, e.g. waiting requests per replica).
+    """
+    replicas, delta, per_replica = params.get("replicas"), params.get("delta"), params.get("targetPerReplica")
+    modes = [
+        name
+        for name, value in (("replicas", replicas), ("delta", delta), ("targetPerReplica", per_replica))
+        if value is not None
+    ]
+    if len(modes) != 1:
+        raise ScaleError(f"scale needs exactly one of replicas, delta or targetPerReplica, got {modes or 'none'}")
+    low = int(params.get("min", 1) if params.get("min") is not None else 1)
+    high_raw = params.get("max")
+    if high_raw is None:
+        raise ScaleError("scale needs 'max'")
+    high = int(high_raw)
+    if low > high:
+        raise ScaleError(f"scale min ({low}) is above max ({high})")
+    if replicas is not None:
+        wanted = int(replicas)
+    elif delta is not None:
+        wanted = current + int(delta)
+    else:
+        assert per_replica is not None
+        observed = params.get("observed")
+        if observed is None or not math.isfinite(float(observed)):
+            raise ScaleError("targetPerReplica scaling needs the observed value, and the decision has none")
+        if float(per_replica) <= 0:
+            raise ScaleError(f"targetPerReplica must be positive, got {per_replica}")
+        # The epsilon keeps 3 * 20 / 20 from becoming 4 through floating-point noise.
+        wanted = math.ceil(current * float(observed) / float(per_replica) - 1e-9)
+    return max(low, min(high, wanted))
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        journal: Journal,
+        actuators: Actuators,
+        clock: Clock,
+        limits: GlobalLimits,
+        on_action: Callable[[ActionRecord], None] | None = None,
+        crash_hook: Callable[[str, ActionRecord], None] | None = None,
+        *,
+        attempts: int = 3,
+        backoff: float = 1.0,
+        max_backoff: float = 30.0,
+        links_for: Callable[[Mapping[str, Any]], Mapping[str, str]] | None = None,
+    ) -> None:
+        self.journal = journal
+        self.actuators = actuators
+        self.clock = clock
+        self.limits = limits
+        self.on_action = on_action
+        self.crash_hook = crash_hook
+        self.attempts = max(1, attempts)
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.links_for = links_for
+        self._locks_guard = threading.Lock()
+        self._service_locks: dict[str, threading.Lock] = {}
+
+    # -- public ---------------------------------------------------------------------------------------------
+
+    def dispatch(self, decision: Decision) -> list[ActionRecord]:
+        """Run the actions of a decision (journaling it first if the caller has not)."""
+        if not decision.actions:
+            return []
+        # Idempotent: rows already committed by commit_evaluation are kept as they are.
+        self.journal.record_decision(decision, self.clock.now())
+        return [self._run(action.idempotency_key) for action in decision.actions]
+
+    def resume(self) -> list[ActionRecord]:
+        """At start-up: finish what a previous process left planned or started, with the original keys."""
+        pending = self.journal.pending_actions()
+        if pending:
+            log.info("resuming %d unfinished action(s)", len(pending))
+        return [self._run(record.idempotency_key) for record in pending]
+
+    # -- one action ---------------------------------------------------------------------------------------
+
+    def _run(self, key: str) -> ActionRecord:
+        record = self.journal.get_action(key)
+        if record is None:
+            raise KeyError(f"action {key!r} is not in the journal")
+        if record.mutating and not record.dry_run and not record.terminal:
+            # One lock per service across all policies (they evaluate on separate threads): the limits check
+            # and the start of a mutating action are atomic, and two changes to one service never interleave.
+            # Per service, not global: a slow change (a traffic ramp holding between steps) on one service
+            # must not delay a rollback of another.
+            with self._service_lock(record.resource):
+                return self._run_unlocked(key)
+        return self._run_unlocked(key)
+
+    def _service_lock(self, resource: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._service_locks.setdefault(resource, threading.Lock())
+
+    def _run_unlocked(self, key: str) -> ActionRecord:
+        record = self.journal.get_action(key)
+        assert record is not None
+        if record.terminal:
+            return record
+        if record.dry_run:
+            return self._finish(record, ActionStatus.DRY_RUN, {"would": record.request().to_json()}, None)
+        if record.status is ActionStatus.PLANNED and record.mutating:
+            block = self._limits_block(record)
+            if block is not None:
+                log.warning("suppressed %s on %s (%s): %s", record.type.value, record.resource, key, block)
+                return self._finish(record, ActionStatus.SUPPRESSED, None, block)
+        return self._execute(record)
+
+    def _execute(self, record: ActionRecord) -> ActionRecord:
+        missing = self._missing_actuator(record.type)
+        if missing is not None:
+            return self._finish(record, ActionStatus.FAILED, None, missing)
+        plan = dict(record.plan) if record.plan is not None else None
+        outcome: ActionOutcome | None = None
+        attempt = 0
+        while True:
+            attempt += 1
+            if record.type is ActionType.SCALE and plan is None:
+                # The target count is fixed once, before the first start, and journaled with it: a resume
+                # then asks for the same count even though the current count may have changed meanwhile.
+                planned = self._plan_scale(record)
+                if isinstance(planned, ActionOutcome):
+                    outcome = planned
+                else:
+                    plan = planned
+            if record.type is not ActionType.SCALE or plan is not None:
+                record = self.journal.mark_started(record.idempotency_key, self.clock.now(), plan)
+                self._hook("after-start", record)
+                outcome = self._call(record)
+                self._hook("after-execute", record)
+            assert outcome is not None
+            if outcome.status is not OutcomeStatus.FAILED or not outcome.transient or attempt >= self.attempts:
+                break
+            delay = self._delay(attempt)
+            log.info(
+                "%s %s failed transiently (%s); attempt %d of %d, retrying in %.1fs",
+                record.type.value,
+                record.idempotency_key,
+                outcome.error,
+                attempt,
+                self.attempts,
+                delay,
+            )
+            self.clock.sleep(delay)
+        assert outcome is not None
+        status = {
+            OutcomeStatus.SUCCEEDED: ActionStatus.SUCCEEDED,
+            OutcomeStatus.SKIPPED: ActionStatus.SKIPPED,
+            OutcomeStatus.FAILED: ActionStatus.FAILED,
+        }[outcome.status]
+        return self._finish(record, status, outcome.to_json(), outcome.error)
+
+    def _delay(self, attempt: int) -> float:
+        return float(min(self.max_backoff, self.backoff * (2 ** (attempt - 1))))
+
+    def _hook(self, point: str, record: ActionRecord) -> None:
+        if self.crash_hook is not None:
+            self.crash_hook(point, record)
+
+    def _finish(
+        self, record: ActionRecord, status: ActionStatus, result: Mapping[str, Any] | None, error: str | None
+    ) -> ActionRecord:
+        finished = self.journal.finish(record.idempotency_key, status, self.clock.now(), result=result, error=error)
+        if status in (ActionStatus.FAILED, ActionStatus.SUPPRESSED):
+            log.warning(
+                "%s %s on %s: %s (%s)",
+                record.type.value,
+                status.value,
+                record.resource,
+                error,
+                record.idempotency_key,
+            )
+        else:
+            log.info("%s %s on %s (%s)", record.type.value, status.value, record.resource, record.idempotency_key)
+        if self.on_action is not None:
+            try:
+                self.on_action(finished)
+            except Exception:
+                log.exception("on_action callback failed for %s", record.idempotency_key)
+        return finished
+
+    # -- limits ---------------------------------------------------------------------------------------------
+
+    def _limits_block(self, record: ActionRecord) -> str | None:
+        now = self.clock.now()
+        window = max(BUDGET_WINDOW_SECONDS, self.limits.cooldown)
+        previous = [
+            other
+            for other in self.journal.actions_since(record.resource, now - window)
+            if other.idempotency_key != record.idempotency_key and other.status in LIMITED_STATUSES
+        ]
+        # Actions of one decision are one intervention (e.g. shift traffic and scale): no cooldown between.
+        others = [
+            other
+            for other in previous
+            if (other.decision_id, other.decision_kind) != (record.decision_id, record.decision_kind)
+        ]
+        if others and self.limits.cooldown > 0:
+            last = max(other.started_at or 0.0 for other in others)
+            if now - last < self.limits.cooldown:
+                latest = max(others, key=lambda other: other.started_at or 0.0)
+                return (
+                    f"global cooldown: {latest.type.value} on {record.resource} by policy {latest.policy!r} "
+                    f"{now - last:.0f}s ago, {self.limits.cooldown - (now - last):.0f}s left "
+                    f"(cooldown {self.limits.cooldown:.0f}s)"
+                )
+        budget = self.limits.maxActionsPerHour
+        if budget is not None:
+            in_hour = [other for other in previous if (other.started_at or 0.0) > now - BUDGET_WINDOW_SECONDS]
+            if len(in_hour) >= budget:
+                return (
+                    f"global budget: {len(in_hour)} mutating action(s) on {record.resource} in the last hour "
+                    f"across all policies (max {budget})"
+                )
+        return None
+
+    # -- actuators ------------------------------------------------------------------------------------------
+
+    def _missing_actuator(self, action: ActionType) -> str | None:
+        needs = {
+            ActionType.ROLLBACK: ("deployer", self.actuators.deployer),
+            ActionType.SCALE: ("deployer", self.actuators.deployer),
+            ActionType.SHIFT_TRAFFIC: ("router", self.actuators.router),
+            ActionType.ANNOTATE: ("annotator", self.actuators.annotator),
+            ActionType.NOTIFY: ("notifier", self.actuators.notifier),
+        }
+        name, actuator = needs[action]
+        if actuator is None:
+            return f"no {name} configured: a {action.value} action needs Actuators.{name}"
+        return None
+
+    def _plan_scale(self, record: ActionRecord) -> dict[str, Any] | ActionOutcome:
+        deployer = self.actuators.deployer
+        assert deployer is not None
+        service = str(record.params.get("service", record.resource))
+        try:
+            current = deployer.replicas(service)
+        except Exception as exc:  # noqa: BLE001 - a failed read is an outcome, not a crash of the controller
+            transient = bool(getattr(exc, "transient", isinstance(exc, (ConnectionError, TimeoutError))))
+            return ActionOutcome(OutcomeStatus.FAILED, {}, f"reading the replicas of {service!r}: {exc}", transient)
+        try:
+            desired = desired_replicas(record.params, current)
+        except (ScaleError, TypeError, ValueError) as exc:
+            return ActionOutcome(OutcomeStatus.FAILED, {"current": current}, f"scale of {service!r}: {exc}", False)
+        if desired == current:
+            return ActionOutcome(OutcomeStatus.SKIPPED, {"current": current, "desired": desired}, None)
+        return {"service": service, "current": current, "desired": desired}
+
+    def _call(self, record: ActionRecord) -> ActionOutcome:
+        params = record.params
+        key = record.idempotency_key
+        try:
+            if record.type is ActionType.ROLLBACK:
+                assert self.actuators.deployer is not None
+                return self.actuators.deployer.rollback(str(params["service"]), idempotency_key=key)
+            if record.type is ActionType.SCALE:
+                assert self.actuators.deployer is not None and record.plan is not None
+                return self.actuators.deployer.set_replicas(
+                    str(record.plan["service"]), int(record.plan["desired"]), idempotency_key=key
+                )
+            if record.type is ActionType.SHIFT_TRAFFIC:
+                assert self.actuators.router is not None
+                return self.actuators.router.set_weight(
+                    str(params["service"]), str(params["version"]), int(params["weight"]), idempotency_key=key
+                )
+            if record.type is ActionType.ANNOTATE:
+                assert self.actuators.annotator is not None
+                return self.actuators.annotator.annotate(self._annotation(record), idempotency_key=key)
+            assert self.actuators.notifier is not None
+            return self.actuators.notifier.notify(str(params["receiver"]), self._payload(record), idempotency_key=key)
+        except KeyError as exc:
+            return ActionOutcome(OutcomeStatus.FAILED, {}, f"{record.type.value} action lacks parameter {exc}", False)
+        except Exception as exc:  # noqa: BLE001
+            # Actuators return outcomes for expected failures; anything raised is a bug or an outage.
+            transient = bool(getattr(exc, "transient", isinstance(exc, (ConnectionError, TimeoutError))))
+            return ActionOutcome(OutcomeStatus.FAILED, {}, f"{type(exc).__name__}: {exc}", transient)
+
+    def _decision(self, record: ActionRecord) -> dict[str, Any]:
+        return self.journal.decision(record.decision_id, record.decision_kind) or {
+            "id": record.decision_id,
+            "kind": record.decision_kind,
+            "policy": record.policy,
+        }
+
+    def _annotation(self, record: ActionRecord) -> Annotation:
+        decision = self._decision(record)
+        at = float(decision.get("at") or self.clock.now())
+        start, end = at, None
+        if record.decision_kind == "resolve":
+            # A region from the onset (or the firing) to the recovery.
+            start = float(decision.get("onset") or decision.get("fired_at") or at)
+            end = float(decision.get("resolved_at") or at)
+        labels = {str(k): str(v) for k, v in (decision.get("target") or {}).items()}
+        tags = [str(tag) for tag in record.params.get("tags", [])]
+        extra = [f"policy:{record.policy}", f"decision:{record.decision_kind}"]
+        return Annotation(
+            time=start,
+            time_end=end,
+            text=str(record.params["text"]),
+            tags=[*tags, *extra],
+            decision_id=record.decision_id,
+            labels=labels,
+        )
+
+    def _payload(self, record: ActionRecord) -> dict[str, Any]:
+        decision = self._decision(record)
+        actions = [
+            other.to_json()
+            for other in self.journal.actions_for(record.decision_id)
+            if other.decision_kind == record.decision_kind
+        ]
+        return {
+            "message": str(record.params.get("message", "")),
+            "decision": decision,
+            "evidence": decision.get("evidence", []),
+            "actions": actions,
+            "links": dict(self.links_for(decision)) if self.links_for is not None else {},
+        }

@@ -1,0 +1,164 @@
+"""The controller's own Prometheus metrics, on an injectable registry.
+
+Every metric lives on the registry handed in (a fresh one per test), never on
+prometheus_client's global REGISTRY, so tests read values back without
+interference and two controllers in one process do not collide.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from controller.core.engine import Phase, PolicyState
+from controller.core.model import Decision, TargetKey
+
+EXPOSITION_CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# Prometheus answers in milliseconds on loopback and in seconds when overloaded; timeouts are ~10 s.
+QUERY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def target_label(target: TargetKey) -> str:
+    """One `target` label for any groupBy: 'namespace=llm,service=chat' (label names sorted)."""
+    return ",".join(f"{name}={value}" for name, value in target)
+
+
+class ControllerMetrics:
+    """tailguard_* metrics: evaluations, decisions, actions, query latency, source errors, state."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.evaluations = Counter(
+            "tailguard_evaluations_total",
+            "Policy evaluations, by what triggered them (schedule, alert).",
+            ["policy", "trigger"],
+            registry=self.registry,
+        )
+        self.decisions = Counter(
+            "tailguard_decisions_total",
+            "Decisions taken by the breach engine.",
+            ["policy", "condition", "kind"],
+            registry=self.registry,
+        )
+        self.actions = Counter(
+            "tailguard_actions_total",
+            "Actions run by the dispatcher, by final status.",
+            ["type", "status"],
+            registry=self.registry,
+        )
+        self.query_duration = Histogram(
+            "tailguard_query_duration_seconds",
+            "Time to query one signal of a policy.",
+            ["policy", "signal"],
+            buckets=QUERY_BUCKETS,
+            registry=self.registry,
+        )
+        self.source_errors = Counter(
+            "tailguard_source_errors_total",
+            "Signal queries that returned an error (never counted as breaches).",
+            ["policy", "signal"],
+            registry=self.registry,
+        )
+        self.condition_state = Gauge(
+            "tailguard_condition_state",
+            "Targets per condition in each phase after the last evaluation.",
+            ["policy", "condition", "phase"],
+            registry=self.registry,
+        )
+        self.policies_loaded = Gauge(
+            "tailguard_policies_loaded",
+            "Policies in the active (last good) set.",
+            registry=self.registry,
+        )
+        self.last_evaluation = Gauge(
+            "tailguard_last_evaluation_timestamp_seconds",
+            "When each policy was last evaluated (unix time).",
+            ["policy"],
+            registry=self.registry,
+        )
+        self.reload_errors = Counter(
+            "tailguard_reload_errors_total",
+            "Policy reloads rejected because a file had errors.",
+            registry=self.registry,
+        )
+        self.breach_probability = Gauge(
+            "tailguard_sla_breach_probability",
+            "Predicted probability that the SLA of a dimension breaches within the model's horizon, per target.",
+            ["policy", "model", "dimension", "target"],
+            registry=self.registry,
+        )
+        # The probability series each policy wrote last, so targets that disappear are dropped (bounded).
+        self._probability_series: dict[str, set[tuple[str, str, str]]] = {}
+
+    def record_evaluation(self, policy: str, trigger: str, at: float) -> None:
+        self.evaluations.labels(policy=policy, trigger=trigger).inc()
+        self.last_evaluation.labels(policy=policy).set(at)
+
+    def record_decision(self, decision: Decision) -> None:
+        self.decisions.labels(policy=decision.policy, condition=decision.condition, kind=decision.kind.value).inc()
+
+    def record_action(self, action_type: str, status: str) -> None:
+        self.actions.labels(type=action_type, status=status).inc()
+
+    def record_query(self, policy: str, signal: str, seconds: float, ok: bool) -> None:
+        self.query_duration.labels(policy=policy, signal=signal).observe(max(0.0, seconds))
+        if not ok:
+            self.source_errors.labels(policy=policy, signal=signal).inc()
+
+    def set_breach_probabilities(
+        self, policy: str, probabilities: Mapping[tuple[str, str], Mapping[TargetKey, float]]
+    ) -> None:
+        """Replace the policy's probability series: {(model, dimension): {target: p}}; NaN or absent = no series."""
+        current: set[tuple[str, str, str]] = set()
+        for (model, dimension), values in probabilities.items():
+            for target, probability in values.items():
+                if math.isnan(probability):
+                    continue
+                labels = (model, dimension, target_label(target))
+                self.breach_probability.labels(policy, *labels).set(probability)
+                current.add(labels)
+        self._drop_probabilities(policy, self._probability_series.get(policy, set()) - current)
+        self._probability_series[policy] = current
+
+    def _drop_probabilities(self, policy: str, series: Iterable[tuple[str, str, str]]) -> None:
+        for labels in series:
+            try:
+                self.breach_probability.remove(policy, *labels)
+            except KeyError:
+                pass
+
+    def record_condition_states(self, policy: str, conditions: Iterable[str], state: PolicyState) -> None:
+        """Set the per-phase target counts; every phase is written so a phase left empty reads 0, not stale."""
+        counts: dict[tuple[str, Phase], int] = {}
+        for (condition, _target), condition_state in state.conditions.items():
+            key = (condition, condition_state.phase)
+            counts[key] = counts.get(key, 0) + 1
+        for condition in conditions:
+            for phase in Phase:
+                self.condition_state.labels(policy=policy, condition=condition, phase=phase.value).set(
+                    counts.get((condition, phase), 0)
+                )
+
+    def set_policies(self, policies: Mapping[str, Iterable[str]], removed: Mapping[str, Iterable[str]]) -> None:
+        """After a (re)load: the loaded count, and no series left behind for removed policies or conditions."""
+        self.policies_loaded.set(len(policies))
+        for policy, conditions in removed.items():
+            for condition in conditions:
+                for phase in Phase:
+                    try:
+                        self.condition_state.remove(policy, condition, phase.value)
+                    except KeyError:
+                        pass  # never evaluated: no series to remove
+            if policy not in policies:
+                try:
+                    self.last_evaluation.remove(policy)
+                except KeyError:
+                    pass
+                self._drop_probabilities(policy, self._probability_series.pop(policy, set()))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,802 @@
+"""The long-running controller: schedules evaluations, reloads policies, serialises per policy.
+
+One evaluation is: query the policy's signals -> engine.transition -> journal
+commit (state + decisions + planned actions, one transaction) -> dispatch. It
+runs under the policy's lock, so a scheduled evaluation and one triggered by an
+Alertmanager webhook never interleave for the same policy (two evaluations
+interleaving could both decide on the same breach from the same old state).
+
+Policies are reloaded when their files change. A reload with any error keeps
+the last good set running: an SRE's typo must never switch the controller off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from controller.adapters.changes.tracker import ChangeFeed, lookback
+from controller.core.attribution import Rollout
+from controller.core.engine import (
+    BUDGET_WINDOW_SECONDS,
+    Phase,
+    PolicyState,
+    action_retention,
+    transition,
+    with_action_times,
+)
+from controller.core.handover import ActionTimes, HandoverPort, merge_action_times
+from controller.core.model import Decision, SignalResult, TargetKey, format_target
+from controller.core.policy import Policy
+from controller.core.policy_files import LoadedPolicy, PolicyError, load_policies, policy_paths
+from controller.core.ports import Clock, MetricsSource
+from controller.kit.clock import ShutdownInterrupt
+from controller.loop.metrics import ControllerMetrics
+
+logger = logging.getLogger("tailguard.controller")
+
+TRIGGER_SCHEDULE = "schedule"
+TRIGGER_ALERT = "alert"
+# A policy is "stale" for /readyz when it has not been evaluated for this many of its intervals.
+READY_INTERVALS = 3
+# Targets spelled out in the one-line evaluation log; the rest are counted.
+LOG_TARGETS = 10
+
+QuerySignals = Callable[[MetricsSource, Policy, "float | None"], Mapping[str, SignalResult]]
+
+
+class JournalPort(Protocol):
+    """What the controller needs of controller.adapters.stores.journal.Journal."""
+
+    def load_state(self, policy: str) -> PolicyState | None: ...
+
+    def commit_evaluation(self, policy: str, state: PolicyState, decisions: Sequence[Decision], now: float) -> None: ...
+
+    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+class RolloutAnnotatorPort(Protocol):
+    def annotate_rollout(self, rollout: Rollout) -> Any: ...
+
+
+class ChangeTrackerPort(Protocol):
+    """What the controller needs of controller.adapters.changes.tracker.ChangeTracker."""
+
+    def rollouts(self, since: float) -> ChangeFeed: ...
+
+
+class DispatcherPort(Protocol):
+    """What the controller needs of controller.loop.dispatcher.Dispatcher."""
+
+    def dispatch(self, decision: Decision) -> Sequence[Any]: ...
+
+    def resume(self) -> Sequence[Any]: ...
+
+
+class PredictionPort(Protocol):
+    """What the controller needs of predictors.serving.PredictionProvider (the SLA model's signals)."""
+
+    def predict(self, source: MetricsSource, policy: Policy, at: float | None = None) -> Mapping[str, SignalResult]: ...
+
+    def warnings(self) -> list[str]: ...
+
+
+class LeaderPort(Protocol):
+    """What the controller needs of controller.adapters.lease.leader.LeaderElector: only the leader evaluates and
+    acts, and
+    the Lease carries its mutating-action times to the next leader (controller/core/handover.py)."""
+
+    def is_leader(self) -> bool: ...
+
+    def attach_handover(self, handover: HandoverPort) -> None: ...
+
+    def publish(self) -> bool: ...
+
+
+class PolicyLoadError(Exception):
+    """The initial policy set has errors; the controller refuses to start on a broken set."""
+
+    def __init__(self, errors: Sequence[PolicyError]):
+        super().__init__("; ".join(str(error) for error in errors))
+        self.errors = list(errors)
+
+
+@dataclass(frozen=True)
+class EvaluationOutcome:
+    policy: str
+    trigger: str
+    at: float
+    decisions: tuple[Decision, ...]
+    state: PolicyState
+    source_errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReloadOutcome:
+    changed: bool
+    applied: bool
+    errors: tuple[PolicyError, ...] = ()
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    updated: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    reasons: tuple[str, ...]
+    reload_errors: tuple[str, ...]
+    policies: Mapping[str, float | None] = field(default_factory=dict)
+    # Listed on /readyz without making the controller unready (e.g. an unusable prediction model).
+    warnings: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ready": self.ready,
+            "reasons": list(self.reasons),
+            "reload_errors": list(self.reload_errors),
+            "warnings": list(self.warnings),
+            "policies": {name: {"last_evaluation": at} for name, at in sorted(self.policies.items())},
+        }
+
+
+def action_labels(record: Any) -> tuple[str, str]:
+    """(type, status) of a dispatcher ActionRecord, for tailguard_actions_total."""
+    action_type = getattr(record, "type", None)
+    if action_type is None:
+        request = getattr(record, "request", None) or getattr(record, "action", None)
+        action_type = getattr(request, "type", "unknown")
+    status = getattr(record, "status", "unknown")
+    return str(getattr(action_type, "value", action_type)), str(getattr(status, "value", status))
+
+
+def files_fingerprint(paths: Sequence[Path]) -> tuple[tuple[str, str], ...]:
+    """What the policy files hold now: the file list and a hash of each (an unreadable file is its error)."""
+    entries: list[tuple[str, str]] = []
+    for path in policy_paths(paths):
+        try:
+            entries.append((str(path), hashlib.sha256(path.read_bytes()).hexdigest()))
+        except OSError as unreadable:
+            entries.append((str(path), f"unreadable: {unreadable.strerror or unreadable}"))
+    return tuple(entries)
+
+
+def _default_query_signals() -> QuerySignals:
+    # Imported late: controller.core.signals renders queries and is only needed for live evaluations.
+    from controller.core.signals import query_signals
+
+    return query_signals
+
+
+class Controller:
+    """Evaluates policies on a schedule and on demand; owns the policy set and the engine state."""
+
+    def __init__(
+        self,
+        *,
+        policy_paths: Sequence[str | Path],
+        source: MetricsSource,
+        journal: JournalPort,
+        dispatcher: DispatcherPort,
+        clock: Clock,
+        metrics: ControllerMetrics | None = None,
+        query_signals: QuerySignals | None = None,
+        dry_run: bool | None = None,
+        reload_interval: float = 5.0,
+        schedule: bool = True,
+        alert_workers: int = 4,
+        predictions: PredictionPort | None = None,
+        change_tracker: ChangeTrackerPort | None = None,
+        change_window: float = 0.0,
+        leader: LeaderPort | None = None,
+        rollout_annotator: RolloutAnnotatorPort | None = None,
+    ) -> None:
+        self._paths = [Path(p) for p in policy_paths]
+        # Rollouts for attribution: read once per evaluation of a policy that attributes
+        # (controller.adapters.changes.tracker).
+        self._change_tracker = change_tracker
+        self._change_window = change_window
+        # Every rollout the tracker reports becomes a `rollout` annotation (the outbox drops repeats).
+        self._rollout_annotator = rollout_annotator
+        # With a leader elector, a follower skips its evaluations (counted here) and resumes nothing.
+        self._leader = leader
+        self.skipped_not_leader: dict[str, int] = {}
+        self._resume_pending = False
+        # Action times a previous leader handed over (policy -> target -> times), until an evaluation of that
+        # policy has merged them into its state (and journal).
+        self._inherited: dict[str, dict[TargetKey, tuple[float, ...]]] = {}
+        self._source = source
+        self._journal = journal
+        self._dispatcher = dispatcher
+        self._clock = clock
+        self.metrics = metrics if metrics is not None else ControllerMetrics()
+        self._query_signals = query_signals
+        self._predictions = predictions
+        self._dry_run = dry_run
+        self._reload_interval = reload_interval
+        self._schedule = schedule
+        self._lock = threading.RLock()  # guards the fields below, never held during an evaluation
+        self._policy_locks: dict[str, threading.Lock] = {}
+        self._policies: dict[str, LoadedPolicy] = {}
+        self._states: dict[str, PolicyState] = {}
+        self._loaded_at: dict[str, float] = {}
+        self._last_evaluation: dict[str, float] = {}
+        self._fingerprint: tuple[tuple[str, str], ...] = ()
+        self._reload_errors: list[PolicyError] = []
+        self._pending_alerts: set[str] = set()
+        self._futures: set[Future[EvaluationOutcome | None]] = set()
+        self._started = False
+        self._stopped = False
+        self._journal_open = True
+        self._scheduler: BackgroundScheduler | None = None
+        self._executor = ThreadPoolExecutor(max_workers=max(1, alert_workers), thread_name_prefix="tailguard-alert")
+        if leader is not None:
+            leader.attach_handover(self)
+
+    # ----- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load the policies (errors -> PolicyLoadError), finish what a previous process left, schedule."""
+        with self._lock:
+            if self._started:
+                return
+            fingerprint = files_fingerprint(self._paths)
+            loaded, errors = load_policies(self._paths)
+            if errors:
+                raise PolicyLoadError(errors)
+            self._fingerprint = fingerprint
+            self._apply(self._index(loaded))
+            self._started = True
+        if self._leader is None or self._leader.is_leader():
+            self._resume_actions()
+        else:
+            with self._lock:
+                self._resume_pending = True  # done by the first evaluation as leader
+        if self._schedule:
+            scheduler = BackgroundScheduler(timezone=UTC)
+            with self._lock:
+                self._scheduler = scheduler
+                for name, loaded_policy in self._policies.items():
+                    self._schedule_policy(name, loaded_policy.policy.interval)
+                scheduler.add_job(
+                    self._run_reload,
+                    "interval",
+                    seconds=self._reload_interval,
+                    id="reload",
+                    max_instances=1,
+                    coalesce=True,
+                )
+            scheduler.start()
+        logger.info("controller started with %d policies: %s", len(self._policies), ", ".join(sorted(self._policies)))
+
+    def stop(self) -> None:
+        """Stop scheduling, wait for running evaluations to finish, close the journal. Idempotent.
+
+        Waits inside actions (a traffic ramp's hold, an Argo CD sync poll, a retry backoff) are cut short
+        through the clock: the action stays "started" in the journal and the next process resumes it with
+        the same idempotency key, so stopping takes seconds, not a ramp's length.
+        """
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            scheduler = self._scheduler
+        self._clock.interrupt()
+        if scheduler is not None and scheduler.running:
+            scheduler.shutdown(wait=True)
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        # Any evaluation still inside a policy lock (a direct evaluate() call) finishes before the close.
+        for lock in list(self._policy_locks.values()):
+            with lock:
+                pass
+        with self._lock:
+            if self._journal_open:
+                self._journal.close()
+                self._journal_open = False
+        logger.info("controller stopped")
+
+    @property
+    def running(self) -> bool:
+        return self._started and not self._stopped
+
+    # ----- policy set ------------------------------------------------------------------------------
+
+    def policies(self) -> dict[str, Policy]:
+        with self._lock:
+            return {name: loaded.policy for name, loaded in self._policies.items()}
+
+    def reload_errors(self) -> list[PolicyError]:
+        with self._lock:
+            return list(self._reload_errors)
+
+    def _index(self, loaded: Iterable[LoadedPolicy]) -> dict[str, LoadedPolicy]:
+        indexed: dict[str, LoadedPolicy] = {}
+        for entry in loaded:
+            policy = entry.policy
+            if self._dry_run is not None and policy.dryRun != self._dry_run:
+                # The controller-wide override (e.g. a dry-run deployment) wins over each policy's own flag.
+                policy = policy.model_copy(update={"dryRun": self._dry_run})
+            indexed[policy.name] = LoadedPolicy(policy, entry.file, entry.line)
+        return indexed
+
+    def _apply(self, new: dict[str, LoadedPolicy]) -> tuple[list[str], list[str], list[str]]:
+        """Install a validated policy set (caller holds self._lock)."""
+        old = self._policies
+        added = sorted(set(new) - set(old))
+        removed = sorted(set(old) - set(new))
+        updated = sorted(name for name in set(new) & set(old) if new[name].policy != old[name].policy)
+        now = self._clock.now()
+        for name in added:
+            self._states[name] = self._journal.load_state(name) or PolicyState()
+            self._loaded_at[name] = now
+        for name in removed:
+            self._states.pop(name, None)
+            self._loaded_at.pop(name, None)
+            self._last_evaluation.pop(name, None)
+        gone_conditions: dict[str, list[str]] = {
+            name: [c.name for c in old[name].policy.conditions] for name in removed
+        }
+        for name in updated:
+            kept = {c.name for c in new[name].policy.conditions}
+            gone = [c.name for c in old[name].policy.conditions if c.name not in kept]
+            if gone:
+                gone_conditions[name] = gone
+                state = self._states.get(name, PolicyState())
+                # State of a condition that no longer exists would otherwise linger in the journal forever.
+                self._states[name] = PolicyState(
+                    conditions={key: value for key, value in state.conditions.items() if key[0] in kept},
+                    actions_at=state.actions_at,
+                    evaluations=state.evaluations,
+                    last_evaluated_at=state.last_evaluated_at,
+                )
+        self._policies = new
+        self.metrics.set_policies(
+            {name: [c.name for c in loaded.policy.conditions] for name, loaded in new.items()},
+            gone_conditions,
+        )
+        return added, removed, updated
+
+    def reload(self) -> ReloadOutcome:
+        """Re-read the policy files if they changed; on any error keep the last good set and report it."""
+        fingerprint = files_fingerprint(self._paths)
+        with self._lock:
+            if self._stopped:
+                return ReloadOutcome(changed=False, applied=False)
+            if fingerprint == self._fingerprint:
+                return ReloadOutcome(changed=False, applied=False, errors=tuple(self._reload_errors))
+            self._fingerprint = fingerprint
+            loaded, errors = load_policies(self._paths)
+            if errors:
+                self._reload_errors = list(errors)
+                self.metrics.reload_errors.inc()
+                for error in errors:
+                    logger.error("policy reload rejected, keeping the last good set: %s", error)
+                return ReloadOutcome(changed=True, applied=False, errors=tuple(errors))
+            new = self._index(loaded)
+            old_intervals = {name: entry.policy.interval for name, entry in self._policies.items()}
+            added, removed, updated = self._apply(new)
+            self._reload_errors = []
+            if self._scheduler is not None:
+                for name in removed:
+                    self._unschedule_policy(name)
+                for name in added:
+                    self._schedule_policy(name, new[name].policy.interval)
+                for name in updated:
+                    if new[name].policy.interval != old_intervals[name]:
+                        self._schedule_policy(name, new[name].policy.interval)
+        logger.info(
+            "policies reloaded: %d loaded; added %s; removed %s; updated %s",
+            len(new),
+            ", ".join(added) or "none",
+            ", ".join(removed) or "none",
+            ", ".join(updated) or "none",
+        )
+        return ReloadOutcome(
+            changed=True, applied=True, added=tuple(added), removed=tuple(removed), updated=tuple(updated)
+        )
+
+    def _run_reload(self) -> None:
+        try:
+            self.reload()
+        except Exception:  # the reload job must survive anything a bad file system throws at it
+            logger.exception("policy reload failed unexpectedly; keeping the last good set")
+
+    def _schedule_policy(self, name: str, interval: float) -> None:
+        assert self._scheduler is not None
+        self._scheduler.add_job(
+            self._run_scheduled,
+            "interval",
+            args=[name],
+            seconds=interval,
+            id=f"policy:{name}",
+            replace_existing=True,
+            max_instances=1,
+            coalesce=True,
+            # First evaluation right away: /readyz and a restarted controller should not wait an interval.
+            next_run_time=datetime.now(UTC),
+        )
+
+    def _unschedule_policy(self, name: str) -> None:
+        assert self._scheduler is not None
+        job = self._scheduler.get_job(f"policy:{name}")
+        if job is not None:
+            job.remove()
+
+    # ----- evaluation ------------------------------------------------------------------------------
+
+    def _policy_lock(self, name: str) -> threading.Lock:
+        with self._lock:
+            lock = self._policy_locks.get(name)
+            if lock is None:
+                lock = self._policy_locks[name] = threading.Lock()
+            return lock
+
+    def evaluate(self, policy_name: str, trigger: str = TRIGGER_SCHEDULE) -> EvaluationOutcome | None:
+        """Evaluate one policy now. None when the policy is not (or no longer) loaded or the controller stopped."""
+        with self._policy_lock(policy_name):
+            return self._evaluate_holding_lock(policy_name, trigger)
+
+    # ----- handover between leaders (controller/core/handover.py) ---------------------------------------------
+
+    def handover_snapshot(self) -> ActionTimes:
+        """The mutating-action times that still count for a cooldown or budget: ours and those not merged yet."""
+        now = self._clock.now()
+        with self._lock:
+            own = {name: state.actions_at for name, state in self._states.items()}
+            merged = merge_action_times(own, self._inherited)
+            retention = {name: action_retention(loaded.policy) for name, loaded in self._policies.items()}
+        # A policy not loaded (yet, or any more) keeps its times as long as the longest loaded one would.
+        longest = max([BUDGET_WINDOW_SECONDS, *retention.values()])
+        return {
+            policy: kept
+            for policy, by_target in merged.items()
+            if (kept := _recent(by_target, now - retention.get(policy, longest)))
+        }
+
+    def inherit_handover(self, times: ActionTimes) -> None:
+        """Times read from the Lease (the previous leader's, or our own as published): merged into each policy's
+        state by its next evaluation. Idempotent: a time we already count counts once."""
+        with self._lock:
+            self._inherited = merge_action_times(self._inherited, times)
+
+    def _resume_actions(self) -> None:
+        for record in self._dispatcher.resume():
+            self.metrics.record_action(*action_labels(record))
+            logger.info("resumed action %s -> %s", *action_labels(record))
+
+    def _evaluate_holding_lock(self, policy_name: str, trigger: str) -> EvaluationOutcome | None:
+        with self._lock:
+            loaded = self._policies.get(policy_name)
+            if loaded is None or self._stopped or not self._journal_open:
+                return None
+            policy = loaded.policy
+            state = self._states.get(policy_name, PolicyState())
+            inherited = self._inherited.get(policy_name)
+        if inherited:
+            state = with_action_times(state, inherited)  # the previous leader's actions count for our limits
+        if self._leader is not None:
+            if not self._leader.is_leader():
+                with self._lock:
+                    self.skipped_not_leader[policy_name] = self.skipped_not_leader.get(policy_name, 0) + 1
+                return None
+            with self._lock:
+                resume, self._resume_pending = self._resume_pending, False
+            if resume:
+                self._resume_actions()
+        now = self._clock.now()
+        observations, source_errors = self._query(policy)
+        rollouts, rollouts_error = self._rollouts(policy, now)
+        if rollouts_error is not None:
+            source_errors.append(f"change tracking: {rollouts_error}")
+        new_state, decisions = transition(policy, observations, state, now, rollouts, rollouts_error=rollouts_error)
+        self._journal.commit_evaluation(policy_name, new_state, decisions, now)
+        with self._lock:
+            if policy_name in self._policies:
+                self._states[policy_name] = new_state
+                self._last_evaluation[policy_name] = now
+                if inherited and self._inherited.get(policy_name) is inherited:
+                    del self._inherited[policy_name]  # in the state (and journal) now
+        self.metrics.record_evaluation(policy_name, trigger, now)
+        self.metrics.record_condition_states(policy_name, [c.name for c in policy.conditions], new_state)
+        _log_evaluation(policy, trigger, new_state, source_errors)
+        act = self._publish_before_acting(policy_name, decisions)
+        for decision in decisions:
+            self.metrics.record_decision(decision)
+            _log_decision(decision)
+            if not act:
+                continue
+            for record in self._dispatcher.dispatch(decision):
+                self.metrics.record_action(*action_labels(record))
+        return EvaluationOutcome(policy_name, trigger, now, tuple(decisions), new_state, tuple(source_errors))
+
+    def _publish_before_acting(self, policy_name: str, decisions: Sequence[Decision]) -> bool:
+        """With a leader elector and a mutating action to run: renew the Lease with the new action times first,
+        so a successor that takes over right after still counts this action. Returns whether to dispatch:
+        not when the renewal showed another replica holds the Lease (the actions stay planned in the journal
+        and are resumed when this replica leads again); a failed renewal otherwise only warns, as the lease
+        deadline still covers acting."""
+        if self._leader is None or not any(a.mutating for d in decisions for a in d.actions):
+            return True
+        if self._leader.publish():
+            return True
+        if self._leader.is_leader():
+            logger.warning("%s: could not publish the action times to the Lease before acting", policy_name)
+            return True
+        logger.warning("%s: lost the Lease before acting; the decided actions stay planned in the journal",
+                       policy_name)  # fmt: skip
+        with self._lock:
+            self._resume_pending = True
+        return False
+
+    def _rollouts(self, policy: Policy, now: float) -> tuple[tuple[Rollout, ...], str | None]:
+        """Rollouts within the policy's largest attribution window; an unreadable tracker is an error, as data."""
+        window = lookback(policy, self._change_window)
+        if window is None:
+            return (), None
+        if self._change_tracker is None:
+            return (), "no change tracking configured (changeTracking in the controller configuration)"
+        try:
+            feed = self._change_tracker.rollouts(now - window)
+        except Exception as failure:  # the tracker turns source errors into data; anything raised is one too
+            logger.exception("change tracking for %s raised", policy.name)
+            return (), f"change tracker raised {type(failure).__name__}: {failure}"
+        if self._rollout_annotator is not None:
+            for rollout in feed.rollouts:
+                self._rollout_annotator.annotate_rollout(rollout)
+        return feed.rollouts, feed.error
+
+    def _query(self, policy: Policy) -> tuple[dict[str, SignalResult], list[str]]:
+        """One request per signal, each timed and counted on its own (policy, signal) series."""
+        query_signals = self._query_signals or _default_query_signals()
+        results: dict[str, SignalResult] = {}
+        errors: list[str] = []
+        for signal in policy.signals:
+            if signal.predict is not None:
+                continue  # answered below, all of the policy's prediction signals from one feature fetch
+            single = policy.model_copy(update={"signals": [signal]})
+            started = self._clock.now()
+            try:
+                answer = query_signals(self._source, single, None)
+                result = answer.get(signal.name) or SignalResult.failed("the query returned no result")
+            except Exception as failure:  # sources return errors as data; anything raised is still an error
+                logger.exception("signal %s/%s: query raised", policy.name, signal.name)
+                result = SignalResult.failed(f"query raised {type(failure).__name__}: {failure}")
+            self.metrics.record_query(policy.name, signal.name, self._clock.now() - started, result.ok)
+            if result.error is not None:
+                errors.append(f"{signal.name}: {result.error}")
+            results[signal.name] = result
+        for name, result in self._predict(policy).items():
+            if result.error is not None:
+                errors.append(f"{name}: {result.error}")
+            results[name] = result
+        return results, errors
+
+    def _predict(self, policy: Policy) -> dict[str, SignalResult]:
+        """The policy's prediction signals; a missing or broken model is no-data (never a breach, never a crash)."""
+        signals = [signal for signal in policy.signals if signal.predict is not None]
+        if not signals:
+            return {}
+        started = self._clock.now()
+        try:
+            answer: Mapping[str, SignalResult] = self._prediction_port().predict(self._source, policy, None)
+        except Exception as failure:  # the provider returns data; anything raised is an error, not a breach
+            logger.exception("prediction signals of %s: provider raised", policy.name)
+            answer = {s.name: SignalResult.failed(f"prediction raised {type(failure).__name__}") for s in signals}
+        # The feature fetch is shared, so each prediction signal is timed with the whole batch.
+        elapsed = self._clock.now() - started
+        results: dict[str, SignalResult] = {}
+        probabilities: dict[tuple[str, str], Mapping[TargetKey, float]] = {}
+        for signal in signals:
+            assert signal.predict is not None
+            result = answer.get(signal.name) or SignalResult(values={})
+            self.metrics.record_query(policy.name, signal.name, elapsed, result.ok)
+            probabilities[(signal.predict.model, signal.predict.dimension.value)] = result.values
+            results[signal.name] = result
+        self.metrics.set_breach_probabilities(policy.name, probabilities)
+        return results
+
+    def _prediction_port(self) -> PredictionPort:
+        with self._lock:
+            if self._predictions is None:
+                # No models configured: every prediction signal is no-data ("model not configured"), logged once.
+                from predictors.serving import PredictionProvider
+
+                self._predictions = PredictionProvider({}, self._clock)
+            return self._predictions
+
+    def _run_scheduled(self, name: str) -> None:
+        try:
+            self.evaluate(name, TRIGGER_SCHEDULE)
+        except ShutdownInterrupt:
+            _log_interrupted(name)
+        except Exception:  # one failed evaluation must not stop the schedule of the others
+            logger.exception("evaluation of policy %s failed", name)
+
+    def trigger(self, policy_names: Iterable[str], trigger: str = TRIGGER_ALERT) -> list[str]:
+        """Queue immediate evaluations; returns the policies queued (an evaluation already queued is reused)."""
+        queued: list[str] = []
+        with self._lock:
+            if not self.running:
+                return []
+            for name in policy_names:
+                if name not in self._policies:
+                    continue
+                queued.append(name)
+                if name in self._pending_alerts:
+                    continue  # an evaluation that has not started yet will see the newest data anyway
+                self._pending_alerts.add(name)
+                future = self._executor.submit(self._run_triggered, name, trigger)
+                self._futures.add(future)
+                future.add_done_callback(self._forget)
+        return queued
+
+    def _run_triggered(self, name: str, trigger: str) -> EvaluationOutcome | None:
+        try:
+            with self._policy_lock(name):
+                # Still "pending" while it waits for a running evaluation of the same policy, so alerts
+                # arriving meanwhile coalesce into this one instead of queueing another.
+                with self._lock:
+                    self._pending_alerts.discard(name)
+                return self._evaluate_holding_lock(name, trigger)
+        except ShutdownInterrupt:
+            _log_interrupted(name)
+            return None
+        except Exception:
+            logger.exception("%s-triggered evaluation of policy %s failed", trigger, name)
+            return None
+
+    def _forget(self, future: Future[EvaluationOutcome | None]) -> None:
+        with self._lock:
+            self._futures.discard(future)
+
+    def wait_for_triggered(self, timeout: float) -> bool:
+        """Wait until the queued triggered evaluations finished (tests, orderly shutdown). False on timeout."""
+        with self._lock:
+            futures = list(self._futures)
+        _done, not_done = wait(futures, timeout=timeout)
+        return not not_done
+
+    # ----- status ----------------------------------------------------------------------------------
+
+    def readiness(self) -> Readiness:
+        now = self._clock.now()
+        reasons: list[str] = []
+        with self._lock:
+            if not self._started:
+                reasons.append("controller not started")
+            if self._stopped:
+                reasons.append("controller stopped")
+            if not self._journal_open:
+                reasons.append("journal closed")
+            if self._started and not self._policies:
+                reasons.append("no policies loaded")
+            last = {name: self._last_evaluation.get(name) for name in self._policies}
+            # A follower skips evaluations on purpose: not being the leader is not being unready.
+            following = self._leader is not None and not self._leader.is_leader()
+            for name, loaded in sorted(self._policies.items()):
+                if following:
+                    continue
+                limit = READY_INTERVALS * loaded.policy.interval
+                at = last[name]
+                if at is None:
+                    reasons.append(f"policy {name}: not evaluated yet")
+                elif now - at > limit:
+                    reasons.append(f"policy {name}: last evaluation {now - at:.0f}s ago (limit {limit:.0f}s)")
+            reload_errors = tuple(str(error) for error in self._reload_errors)
+            predictions = self._predictions
+        # A rejected reload is reported but does not make the controller unready: the last good set still runs.
+        # Likewise an unusable prediction model: its conditions are no-data (they hold, never act) while every
+        # other policy keeps working; an unready controller would be restarted or cut off, which fixes no model
+        # file and stops the policies that do work.
+        warnings = tuple(predictions.warnings()) if predictions is not None else ()
+        if following:
+            warnings = (*warnings, "follower: another replica holds the leader lease; evaluations are skipped")
+        return Readiness(not reasons, tuple(reasons), reload_errors, last, warnings)
+
+    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]:
+        with self._lock:
+            if not self._journal_open:
+                return []
+        return self._journal.recent_decisions(limit)
+
+
+def _log_interrupted(policy_name: str) -> None:
+    logger.info(
+        "evaluation of policy %s interrupted by shutdown; its unfinished actions are in the journal and resume "
+        "at the next start",
+        policy_name,
+    )
+
+
+def _log_evaluation(policy: Policy, trigger: str, state: PolicyState, source_errors: Sequence[str]) -> None:
+    """One human-readable line per evaluation: every target's value and phase, per condition."""
+    parts: list[str] = []
+    for (condition, target), condition_state in sorted(state.conditions.items()):
+        value = "no-data" if condition_state.last_value is None else f"{condition_state.last_value:.4g}"
+        marks = (" stale" if condition_state.stale else "") + (" errored" if condition_state.errored else "")
+        parts.append(f"{condition} {format_target(target)}={value} {condition_state.phase.value}{marks}")
+    shown = parts[:LOG_TARGETS]
+    if len(parts) > LOG_TARGETS:
+        shown.append(f"... and {len(parts) - LOG_TARGETS} more")
+    firing = sum(1 for s in state.conditions.values() if s.phase is Phase.FIRING)
+    logger.info(
+        "evaluated %s (%s): %s%s",
+        policy.name,
+        trigger,
+        "; ".join(shown) or "no targets",
+        f" | source errors: {'; '.join(source_errors)}" if source_errors else "",
+        extra={
+            "fields": {
+                "event": "evaluation",
+                "policy": policy.name,
+                "trigger": trigger,
+                "targets": len(parts),
+                "firing": firing,
+                "source_errors": list(source_errors),
+            }
+        },
+    )
+
+
+def _log_decision(decision: Decision) -> None:
+    value = "no-data" if decision.value is None else f"{decision.value:.4g}"
+    logger.info(
+        "decision %s %s/%s %s value=%s threshold=%s%s: %s [%s]",
+        decision.kind.value,
+        decision.policy,
+        decision.condition,
+        format_target(decision.target),
+        value,
+        f"{decision.threshold:.4g}",
+        " (dry run)" if decision.dry_run else "",
+        decision.reason,
+        decision.id,
+        extra={"fields": {"event": "decision", **decision.to_json()}},
+    )
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line; structured fields passed as extra={"fields": {...}} are merged in."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            entry.update({key: value for key, value in fields.items() if key not in entry})
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str, sort_keys=False)
+
+
+def configure_logging(log_format: str = "text", level: str = "INFO") -> None:
+    handler = logging.StreamHandler()
+    if log_format == "json":
+        handler.setFormatter(JsonLogFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # APScheduler logs every job run at INFO; the controller logs its own evaluation line instead.
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+
+def _recent(by_target: Mapping[TargetKey, tuple[float, ...]], since: float) -> dict[TargetKey, tuple[float, ...]]:
+    return {target: kept for target, stamps in by_target.items() if (kept := tuple(t for t in stamps if t > since))}

@@ -1,1 +1,0 @@
-"""Metrics sources: Prometheus (prometheus.py) and a scripted fake for tests (fakes.py)."""
