@@ -36,87 +36,24 @@ from typing import Any
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
 from scipy.optimize import nnls
 
-from serving.profiles import CALIBRATIONS_DIR, EngineProfile, Hardware, resolve_profile
-from serving.yamlfile import ConfigFileError, load_yaml_model, validate
+from serving import fidelity
+from serving.profiles import (
+    CALIBRATIONS_DIR,
+    CalibrationFile,
+    EngineProfile,
+    FitReport,
+    Hardware,
+    apply_calibration,
+    load_calibrated_profile,
+    load_calibration,
+    resolve_profile,
+)
+from serving.yamlfile import ConfigFileError
 
 # A prefill coefficient of 0 means "prefill is free at this resolution": an effectively infinite rate.
 MAX_PREFILL_TOKENS_PER_S = 1e9
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class FitReport(_Strict):
-    """How the values were obtained: enough to judge them and to reproduce them."""
-
-    intervals: int = Field(ge=0)
-    requests: int = Field(ge=0)
-    r2: float | None = None
-    rmse_s: float | None = None
-    measured_at: str | None = None
-    machine: str | None = None
-    command: str | None = None
-    runs: list[str] = Field(default_factory=list)
-
-
-class CalibrationFile(_Strict):
-    """serving/calibrations/<name>.yaml: a base profile, the real engine's arguments, the fitted hardware."""
-
-    name: str = Field(min_length=1)
-    base: str = Field(min_length=1)
-    model: str | None = None
-    description: str | None = None
-    engineArgs: dict[str, Any] = Field(default_factory=dict)
-    hardware: dict[str, Any] = Field(default_factory=dict)
-    fit: FitReport | None = None
-
-
-def load_calibration(path: str | Path) -> CalibrationFile:
-    return load_yaml_model(CalibrationFile, path)
-
-
-def apply_calibration(
-    base: EngineProfile, calibration: CalibrationFile, source: str = "<calibration>"
-) -> EngineProfile:
-    """The calibrated profile: `base` with the calibration's engine arguments and hardware values over it.
-
-    Validated as a whole, so an unknown engine argument or hardware field in the calibration is a
-    ConfigFileError naming it.
-    """
-    data = base.model_dump()
-    data["name"] = calibration.name
-    if calibration.model is not None:
-        data["model"] = calibration.model
-    if calibration.description is not None:
-        data["description"] = calibration.description
-    data["engineArgs"] = {**data["engineArgs"], **calibration.engineArgs}
-    data["hardware"] = {**data["hardware"], **calibration.hardware}
-    return validate(EngineProfile, data, None, source)
-
-
-def load_calibrated_profile(path: str | Path, search_dirs: list[Path] | None = None) -> EngineProfile:
-    """Read a calibration file and resolve it against its base profile."""
-    calibration = load_calibration(path)
-    if calibration.base == calibration.name:
-        raise ConfigFileError(str(path), 1, "base", "a calibration cannot be its own base profile")
-    return apply_calibration(resolve_profile(calibration.base, search_dirs), calibration, str(path))
-
-
-def resolve_any_profile(name_or_path: str) -> EngineProfile:
-    """A profile by name or file, where the file may also be a calibration file (it has a `base`)."""
-    candidate = Path(name_or_path)
-    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
-        try:
-            data = yaml.safe_load(candidate.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError):
-            data = None  # resolve_profile reports it with file and line
-        if isinstance(data, dict) and "base" in data:
-            return load_calibrated_profile(candidate)
-    return resolve_profile(name_or_path)
 
 
 # -- the fit -------------------------------------------------------------------------------------------
@@ -255,8 +192,6 @@ def refine_by_simulation(
     same schedules is biased the same way. Each iteration moves the parameters by the difference
     between the real fit and the fit of the simulation (indirect inference).
     """
-    from serving.fidelity import simulate_run
-
     target = _step_cost_vector(real_fit)
     current = target.copy()
     sim_fit = real_fit
@@ -264,7 +199,7 @@ def refine_by_simulation(
         profile = apply_calibration(
             base, CalibrationFile(name=base.name, base=base.name, hardware=_hardware_values(current))
         )
-        sim_runs = [simulate_run(profile, run.load, run.load.schedule()) for run in runs]
+        sim_runs = [fidelity.simulate_run(profile, run.load, run.load.schedule()) for run in runs]
         sim_fit = fit_step_cost([i for run in sim_runs for i in intervals_from_samples(run.samples)])
         # Never below a tenth of the plain fit: a wild step must not produce a zero or negative cost.
         current = np.maximum(current + (target - _step_cost_vector(sim_fit)), target * 0.1)
@@ -376,8 +311,6 @@ def _engine_arg(text: str) -> tuple[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from serving import fidelity
-
     args = build_parser().parse_args(argv)
     out = args.out or CALIBRATIONS_DIR / f"{args.profile}.yaml"
     try:

@@ -47,7 +47,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving.batching import BatchingModel, SimRequest
 from serving.load import BUILTIN_TRACES, PlannedRequest, plan, quantile, read_trace, replay
-from serving.profiles import EngineProfile
+from serving.profiles import EngineProfile, resolve_any_profile
 from serving.vllm_metrics import ITL_BUCKETS, LATENCY_BUCKETS, TTFT_BUCKETS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -991,8 +991,6 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
     try:
-        from serving.calibration import resolve_any_profile
-
         profile = resolve_any_profile(args.profile)
         if args.from_runs is not None:
             runs = load_runs(args.from_runs)

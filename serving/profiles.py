@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from serving.yamlfile import ConfigFileError, load_yaml_model, validate
@@ -130,10 +131,80 @@ def resolve_profile(name_or_path: str, search_dirs: list[Path] | None = None) ->
                 return load_profile(path)
     calibrated = CALIBRATIONS_DIR / f"{name_or_path}.yaml"
     if calibrated.is_file():
-        from serving.calibration import load_calibrated_profile  # lazy: calibration imports this module
-
         return load_calibrated_profile(calibrated, search_dirs)
     raise ConfigFileError(name_or_path, 0, "", f"no such profile; expected a file or one of {builtin_profile_names()}")
+
+
+# -- calibrated profiles (fitted by serving.calibration) ------------------------------------------------
+
+
+class FitReport(_Strict):
+    """How the values were obtained: enough to judge them and to reproduce them."""
+
+    intervals: int = Field(ge=0)
+    requests: int = Field(ge=0)
+    r2: float | None = None
+    rmse_s: float | None = None
+    measured_at: str | None = None
+    machine: str | None = None
+    command: str | None = None
+    runs: list[str] = Field(default_factory=list)
+
+
+class CalibrationFile(_Strict):
+    """serving/calibrations/<name>.yaml: a base profile, the real engine's arguments, the fitted hardware."""
+
+    name: str = Field(min_length=1)
+    base: str = Field(min_length=1)
+    model: str | None = None
+    description: str | None = None
+    engineArgs: dict[str, Any] = Field(default_factory=dict)
+    hardware: dict[str, Any] = Field(default_factory=dict)
+    fit: FitReport | None = None
+
+
+def load_calibration(path: str | Path) -> CalibrationFile:
+    return load_yaml_model(CalibrationFile, path)
+
+
+def apply_calibration(
+    base: EngineProfile, calibration: CalibrationFile, source: str = "<calibration>"
+) -> EngineProfile:
+    """The calibrated profile: `base` with the calibration's engine arguments and hardware values over it.
+
+    Validated as a whole, so an unknown engine argument or hardware field in the calibration is a
+    ConfigFileError naming it.
+    """
+    data = base.model_dump()
+    data["name"] = calibration.name
+    if calibration.model is not None:
+        data["model"] = calibration.model
+    if calibration.description is not None:
+        data["description"] = calibration.description
+    data["engineArgs"] = {**data["engineArgs"], **calibration.engineArgs}
+    data["hardware"] = {**data["hardware"], **calibration.hardware}
+    return validate(EngineProfile, data, None, source)
+
+
+def load_calibrated_profile(path: str | Path, search_dirs: list[Path] | None = None) -> EngineProfile:
+    """Read a calibration file and resolve it against its base profile."""
+    calibration = load_calibration(path)
+    if calibration.base == calibration.name:
+        raise ConfigFileError(str(path), 1, "base", "a calibration cannot be its own base profile")
+    return apply_calibration(resolve_profile(calibration.base, search_dirs), calibration, str(path))
+
+
+def resolve_any_profile(name_or_path: str) -> EngineProfile:
+    """A profile by name or file, where the file may also be a calibration file (it has a `base`)."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+        try:
+            data = yaml.safe_load(candidate.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            data = None  # resolve_profile reports it with file and line
+        if isinstance(data, dict) and "base" in data:
+            return load_calibrated_profile(candidate)
+    return resolve_profile(name_or_path)
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:

@@ -9,18 +9,15 @@ import pytest
 
 from serving.calibration import (
     CalibrationError,
-    CalibrationFile,
     Interval,
-    apply_calibration,
     calibrate,
     fit_step_cost,
     intervals_from_samples,
-    load_calibrated_profile,
     request_overhead,
     write_calibration,
 )
 from serving.fidelity import LoadSpec, simulate_run
-from serving.profiles import resolve_profile
+from serving.profiles import CalibrationFile, apply_calibration, load_calibrated_profile, resolve_profile
 from serving.yamlfile import ConfigFileError
 
 BASE, PER_SEQ, RATE = 0.0012, 0.00011, 40_000.0
