@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 import math
@@ -38,7 +39,7 @@ import sys
 import tempfile
 import time
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -47,7 +48,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from serving.engine_args_metric import EngineArgCollector, ListedReplica
-from serving.profiles import EngineArgs, EngineProfile, profile_from_dict, resolve_profile
+from serving.profiles import EngineArgs, EngineProfile, profile_diff, profile_from_dict, resolve_profile
 from serving.router import ReplicaTarget, Router, VersionTarget
 from serving.simulator import ReplicaEngine, make_replica_app
 from serving.supervisor import (
@@ -152,6 +153,26 @@ class Revision:
 
 
 @dataclass
+def revisions_answer(revisions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """GET .../revisions: each revision's JSON plus `profile_diff`, what its profile changed from the revision before.
+
+    `profile_diff` is serving.profiles.profile_diff ({arg: {"from": old, "to": new}}) from the next lower
+    revision's profile; {} for the first revision, null when either profile cannot be read. The change
+    tracker (controller/adapters/changes/tracker.py) reads it, so the controller never parses a profile.
+    """
+    ordered = sorted(revisions, key=lambda r: int(r["revision"]))
+    diffs: dict[int, dict[str, Any] | None] = {int(ordered[0]["revision"]): {}} if ordered else {}
+    for previous, current in itertools.pairwise(ordered):
+        try:
+            diff: dict[str, Any] | None = profile_diff(
+                profile_from_dict(previous["profile"]), profile_from_dict(current["profile"])
+            )
+        except ConfigFileError:
+            diff = None
+        diffs[int(current["revision"])] = diff
+    return [{**r, "profile_diff": diffs[int(r["revision"])]} for r in revisions]
+
+
 class ServiceState:
     name: str
     namespace: str
@@ -714,7 +735,7 @@ class Tier:
             service = self.services.get(request.match_info["service"])
             if service is None:
                 return _error(404, f"unknown service {request.match_info['service']!r}")
-            return web.json_response([r.to_json() for r in service.revisions])
+            return web.json_response(revisions_answer([r.to_json() for r in service.revisions]))
 
         async def sd(_: web.Request) -> web.Response:
             return web.json_response(self.sd_json())

@@ -83,6 +83,7 @@ class FakeTierState:
                     "created_at": float(n),
                     "bad": False,
                     "reason": None,
+                    "profile_diff": {},  # as the real tier's revisions answer; the profiles here are all alike
                 }
                 for n in range(1, revisions + 1)
             ],

@@ -23,6 +23,7 @@ from controller.adapters.rollback.argocd import ArgoCDApp, ArgoCDClient
 from controller.core.attribution import Rollout
 from controller.kit.clock import ManualClock
 from serving.profiles import resolve_profile
+from serving.tier import revisions_answer
 from tests.support.fake_argocd import FakeArgoCD, application
 
 T0 = 1_700_000_000.0
@@ -78,7 +79,7 @@ class StubTier:
     def revisions(self, service: str) -> list[dict[str, Any]]:
         if self.fail:
             raise ConnectionError("GET http://127.0.0.1:1/api/v1/services/web/revisions: connection refused")
-        return self._revisions
+        return revisions_answer(self._revisions)  # as the tier answers: with each revision's profile diff
 
 
 def tier_revision(number: int, profile: str, at: float) -> dict[str, Any]:

@@ -184,8 +184,6 @@ class TierRevisionSource:
         self.services = list(services) if services is not None else None
 
     def rollouts(self, since: float) -> list[Rollout]:
-        from serving.profiles import profile_diff, profile_from_dict
-
         try:
             services = self.services or [str(s["name"]) for s in self.tier.services() if "name" in s]
             listed = {service: self.tier.revisions(service) for service in services}
@@ -198,12 +196,10 @@ class TierRevisionSource:
                 at = current.get("created_at")
                 if not isinstance(at, (int, float)) or at < since:
                     continue
-                try:
-                    diff: dict[str, Any] = profile_diff(
-                        profile_from_dict(previous.get("profile")), profile_from_dict(current.get("profile"))
-                    )
-                except Exception as unreadable:  # noqa: BLE001 - an unparsable profile is still a rollout, no diff
-                    log.warning("tier %s revision %s: profile diff unavailable: %s", service, current, unreadable)
+                # The tier diffs its own profiles (serving/tier.py revisions_answer): null when it could not.
+                diff = current.get("profile_diff")
+                if not isinstance(diff, dict):  # an unreadable profile is still a rollout, without a diff
+                    log.warning("tier %s revision %s: profile diff unavailable", service, current.get("version"))
                     diff = {}
                 found.append(
                     Rollout(
