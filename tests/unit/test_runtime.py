@@ -11,12 +11,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from controller.adapters.stores.journal import Journal
+from controller.app.logging_setup import JsonLogFormatter
 from controller.core.model import Decision, DecisionKind, SignalResult, target_key
 from controller.core.policy_files import load_policies
 from controller.core.signals import render_signal_queries
 from controller.kit.clock import ManualClock
 from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import TRIGGER_ALERT, Controller, JsonLogFormatter, PolicyLoadError
+from controller.loop.runtime import TRIGGER_ALERT, Controller, PolicyLoadError
 from controller.testing.sources import FakeSource
 
 

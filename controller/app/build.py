@@ -1,0 +1,237 @@
+"""The composition root: `build(settings, stack)` turns the controller configuration into running parts.
+
+Every edge (the Prometheus source, the journal, Argo CD, the cluster client, the Lease, Grafana, webhooks, the
+HTTP API) is made here and nowhere else, and each one that holds a resource is registered on the caller's
+`ExitStack` the moment it exists. A configuration that turns out to be unusable half-way raises `ConfigError`
+(one sentence, naming the file and section); the stack then closes exactly what was opened, in reverse order.
+`run_controller` (controller/app/cli.py) is the only caller: one `ConfigError` exit, one stack.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from controller.adapters.annotations.grafana import DecisionAnnotatingDispatcher, GrafanaAnnotator, GrafanaTokenError
+from controller.adapters.annotations.jsonl import FanoutAnnotator, JsonlAnnotator
+from controller.adapters.changes.tracker import build_change_tracker
+from controller.adapters.composite import CompositeDeployer
+from controller.adapters.lease.leader import LeaderElector
+from controller.adapters.metrics.prometheus import PrometheusSource, SourceConfigError
+from controller.adapters.notify.webhook import WebhookNotifier, decision_links
+from controller.adapters.rollback.argocd import ArgoCDDeployer
+from controller.adapters.stores.journal import Journal, JournalError
+from controller.adapters.stores.outbox import OutboxError
+from controller.adapters.tier.local_tier import LocalTierClient
+from controller.app.api import ControllerAPI
+from controller.app.cluster import ClusterActuators, ClusterConfigError, build_cluster_actuators, build_leader_elector
+from controller.app.settings import ControllerSettings
+from controller.core.errors import ConfigError
+from controller.core.policy_files import PolicyError, load_policies
+from controller.core.ports import Annotator, Deployer, TrafficRouter
+from controller.kit.clock import SystemClock
+from controller.loop.dispatcher import Actuators, Dispatcher
+from controller.loop.metrics import ControllerMetrics
+from controller.loop.runtime import Controller
+from predictors.serving import PredictionProvider
+
+logger = logging.getLogger("tailguard.cli")
+
+
+class PolicyConfigError(ConfigError):
+    """The policies cannot run with this configuration; each error is printed as file:line: field: message."""
+
+    def __init__(self, errors: Sequence[PolicyError]) -> None:
+        super().__init__("; ".join(str(error) for error in errors))
+        self.errors = list(errors)
+
+
+@dataclass
+class Application:
+    """The running parts `build` made; `start` starts them in order (their stops are on the stack)."""
+
+    settings: ControllerSettings
+    controller: Controller
+    api: ControllerAPI
+    grafana: GrafanaAnnotator | None
+    elector: LeaderElector | None
+
+    def start(self, stack: ExitStack) -> None:
+        if self.grafana is not None:
+            self.grafana.start()
+        if self.elector is not None:
+            # One round now, so a sole replica leads from its first evaluation; then renew in the background.
+            self.elector.run_once()
+            election = self.settings.leaderElection
+            self.elector.start(election.retryPeriod if election is not None else None)
+        self.controller.start()  # PolicyLoadError when the files changed since they were checked
+        self.api.start()
+
+
+def unknown_receivers(settings_receivers: Sequence[str], paths: Sequence[Path]) -> list[PolicyError]:
+    """A notify action naming a receiver the configuration does not define would fail at 3 a.m.: refuse now."""
+    loaded, _errors = load_policies(paths)
+    problems: list[PolicyError] = []
+    for entry in loaded:
+        for index, condition in enumerate(entry.policy.conditions):
+            branches = [(f"choose[{n}].actions", branch.actions) for n, branch in enumerate(condition.choose or [])]
+            for kind, actions in (
+                ("actions", condition.actions or []),
+                ("recovery.actions", condition.recovery.actions),
+                *branches,
+            ):
+                for position, action in enumerate(actions):
+                    receiver = getattr(action, "receiver", None)
+                    if action.type == "notify" and receiver not in settings_receivers:
+                        known = ", ".join(sorted(settings_receivers)) or "none configured"
+                        problems.append(
+                            PolicyError(
+                                entry.file,
+                                entry.line,
+                                f"conditions[{index}].{kind}[{position}].receiver",
+                                f"unknown receiver {receiver!r} in policy {entry.policy.name}; "
+                                f"expected one of: {known}",
+                            )
+                        )
+    return problems
+
+
+def check_policies(settings: ControllerSettings) -> None:
+    """The policy files load and name only configured receivers (PolicyConfigError otherwise)."""
+    paths = settings.policy_paths()
+    _loaded, errors = load_policies(paths)
+    errors = errors or unknown_receivers(list(settings.receivers), paths)
+    if errors:
+        raise PolicyConfigError(errors)
+
+
+def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str | None) -> Application:
+    """Every part of the controller from its settings; `ConfigError` names what is unusable (the caller
+    prefixes the configuration file)."""
+    # Imported here, not at the top: `kubernetes` is the optional `cluster` extra.
+    from kubernetes.client import AppsV1Api
+    from kubernetes.config import ConfigException
+
+    clock = SystemClock()
+    metrics = ControllerMetrics(CollectorRegistry())
+    try:
+        settings.state_path().mkdir(parents=True, exist_ok=True)
+        source = PrometheusSource(settings.prometheus, clock)
+        journal = Journal(settings.journal_path())
+    except (OSError, SourceConfigError, JournalError) as unusable:
+        raise ConfigError(str(unusable)) from unusable
+    # Closed last (the controller's stop closes it too; closing twice is harmless).
+    stack.callback(journal.close)
+    tier = (
+        LocalTierClient(settings.tier.url, timeout=settings.tier.timeout, retries=settings.tier.retries, clock=clock)
+        if settings.tier is not None
+        else None
+    )
+    # Rollbacks go through Argo CD when it is configured (GitOps), else through the local serving tier.
+    deployer: Deployer | None = tier
+    if settings.argocd is not None:
+        deployer = ArgoCDDeployer.from_settings(
+            settings.argocd,
+            clock=clock,
+            record_path=settings.state_path() / "argocd-bad-revisions.json",
+            decision_lookup=journal.decision,
+            base_dir=settings.base_dir,
+        )
+    grafana = _grafana(settings, clock, stack)
+    # The cluster (HPA scaling, route weights, the leader Lease): one ApiClient, built from `kubernetes`.
+    cluster: ClusterActuators | None = None
+    elector: LeaderElector | None = None
+    try:
+        if settings.kubernetes is not None:
+            cluster = build_cluster_actuators(settings.kubernetes, clock, base_dir=settings.base_dir)
+            stack.callback(cluster.api_client.close)
+        if settings.leaderElection is not None:
+            elector = build_leader_elector(
+                settings.leaderElection,
+                settings.kubernetes,
+                clock,
+                api_client=cluster.api_client if cluster is not None else None,
+            )
+            # After the controller stopped acting: releases the Lease so the standby leads at once (an elector
+            # that never started holds nothing, so a configuration error never touches the Lease).
+            stack.callback(_stop_if_running, elector)
+    except ClusterConfigError as unreachable:
+        raise ConfigError(str(unreachable)) from unreachable
+    try:
+        tracker = (
+            build_change_tracker(
+                settings.changeTracking,
+                clock=clock,
+                argocd=settings.argocd,
+                tier=tier,
+                base_dir=settings.base_dir,
+                apps_api=AppsV1Api(cluster.api_client) if cluster is not None else None,
+            )
+            if settings.changeTracking is not None
+            else None
+        )
+    except (ValueError, ConfigException) as missing:
+        raise ConfigError(f"changeTracking: {missing}") from missing
+    annotations_path = settings.annotations_path()
+    annotators: list[Annotator] = [JsonlAnnotator(annotations_path)] if annotations_path is not None else []
+    if grafana is not None:
+        annotators.append(grafana)
+    # Rollbacks to Argo CD (or the tier), replica counts to the HPA (or the tier), weights to the routes (or the tier).
+    router: TrafficRouter | None = cluster.router if cluster is not None and cluster.router is not None else tier
+    scaler: Deployer | None = cluster.scaler if cluster is not None and cluster.scaler is not None else tier
+    actuators = Actuators(
+        deployer=CompositeDeployer(deployer, scaler),
+        router=router,
+        annotator=FanoutAnnotator(annotators) if len(annotators) > 1 else (annotators[0] if annotators else None),
+        notifier=WebhookNotifier(settings.receivers, clock) if settings.receivers else None,
+    )
+    dispatcher = Dispatcher(
+        journal, actuators, clock, settings.limits, links_for=lambda d: decision_links(settings.links, d, clock.now())
+    )
+    controller = Controller(
+        policy_paths=settings.policy_paths(),
+        source=source,
+        journal=journal,
+        # Every decision also becomes a Grafana region (onset -> resolution) when Grafana is configured.
+        dispatcher=DecisionAnnotatingDispatcher(dispatcher, grafana, journal) if grafana is not None else dispatcher,
+        clock=clock,
+        metrics=metrics,
+        dry_run=settings.dryRun,
+        reload_interval=settings.reloadInterval,
+        change_tracker=tracker,
+        change_window=settings.changeTracking.window if settings.changeTracking is not None else 0.0,
+        rollout_annotator=grafana,
+        predictions=PredictionProvider(settings.predictor_specs(), clock),
+        leader=elector,
+    )
+    stack.callback(controller.stop)
+    try:
+        api = ControllerAPI(controller, settings.listen.host, settings.listen.port, webhook_token=webhook_token)
+    except OSError as unbound:
+        where = f"{settings.listen.host}:{settings.listen.port}"
+        raise ConfigError(f"cannot listen on {where}: {unbound.strerror}") from unbound
+    stack.callback(api.stop)
+    return Application(settings, controller, api, grafana, elector)
+
+
+def _grafana(settings: ControllerSettings, clock: SystemClock, stack: ExitStack) -> GrafanaAnnotator | None:
+    grafana_settings = settings.annotations.grafana if settings.annotations is not None else None
+    if grafana_settings is None:
+        return None
+    try:
+        grafana = GrafanaAnnotator.from_settings(grafana_settings, clock, settings.path(grafana_settings.outbox))
+    except (GrafanaTokenError, OutboxError) as unusable:
+        raise ConfigError(f"annotations.grafana: {unusable}") from unusable
+    # Closed after the elector released the Lease and before the journal (its outbox is its own file).
+    stack.callback(grafana.close)
+    return grafana
+
+
+def _stop_if_running(elector: LeaderElector) -> None:
+    if elector.running:
+        elector.stop()

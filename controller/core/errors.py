@@ -1,0 +1,59 @@
+"""One error tree for the whole project, rooted in `TailguardError`.
+
+Expected failures are data (a SignalResult with an error, an ActionOutcome with status "failed"), not
+exceptions; these classes are for what cannot go on:
+
+    TailguardError
+    ├── ConfigError     a configuration, a policy, a secret or a command line the controller cannot run with
+    │                   (exit 2 with one sentence)
+    ├── InputError      data from outside is not what it must be (a webhook payload, a handover annotation,
+    │                   a trace or a history file, a request to the serving lab)
+    ├── SourceError     a metrics or change source cannot be built or read (never counted as a breach)
+    ├── ActuatorError   an actuator call failed; `transient` says whether a retry may help
+    ├── StoreError      the journal or the outbox file cannot be used
+    └── LabError        the serving lab (a managed process, a tool, the simulated engine) failed
+
+A class that is also a builtin error keeps that base too (`class UsageError(ConfigError, ValueError)`), so every
+`except ValueError` written before the tree existed still catches it. `controller.kit.clock.ShutdownInterrupt` is
+deliberately NOT in the tree: it is a BaseException, like KeyboardInterrupt, so that no `except Exception` (nor an
+`except TailguardError`) swallows a shutdown. `controller.kit.located_yaml.DuplicateKey` is not either: the kit
+sits below the core and imports nothing from it; the policy and settings loaders turn it into their own errors.
+
+This module is the bottom of the core: it imports nothing from the controller.
+"""
+
+from __future__ import annotations
+
+
+class TailguardError(Exception):
+    """The root of every error the project raises on purpose."""
+
+
+class ConfigError(TailguardError):
+    """The configuration, a policy or a command line is unusable; the message is one clear sentence."""
+
+
+class InputError(TailguardError):
+    """Data from outside (a payload, an annotation, a file) is not what it must be; the message says why."""
+
+
+class SourceError(TailguardError):
+    """A metrics or change source failed (never counted as a breach)."""
+
+
+class ActuatorError(TailguardError):
+    """An actuator could not do what was asked; `transient` failures (timeouts, 5xx) may be retried."""
+
+    transient: bool = False
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class StoreError(TailguardError):
+    """A durable store (the journal, an outbox) cannot be used; the message names the file and why."""
+
+
+class LabError(TailguardError):
+    """The serving lab failed: a process did not start, a tool is missing, the simulated engine stopped."""
