@@ -43,8 +43,10 @@ bench: venv
 schema: venv
 	$(BIN)/python scripts/generate_schema.py
 
+# ruff, then the layer contracts of pyproject.toml [tool.importlinter] (docs/architecture.md).
 lint: venv
 	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/lint-imports --no-logo
 
 typecheck: venv
 	$(BIN)/mypy
