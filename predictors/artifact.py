@@ -26,6 +26,7 @@ import sklearn
 import skops.io as sio
 from threadpoolctl import ThreadpoolController
 
+from controller.core.errors import ConfigError
 from predictors.features import feature_hash
 
 DIMENSIONS = ("cpu", "gpu", "network")
@@ -78,7 +79,7 @@ def single_threaded() -> Any:
     return _THREADPOOLS.limit(limits=1, user_api="openmp")
 
 
-class ArtifactError(Exception):
+class ArtifactError(ConfigError):
     """A model directory that cannot be used; `reason` is a short machine-readable cause."""
 
     def __init__(self, reason: str, message: str):
@@ -203,8 +204,8 @@ def load_artifact(
     allowed = set(TRUSTED_TYPES) | set(trusted_types)
     try:
         found = sio.get_untrusted_types(file=model_path)
-    except Exception as exc:  # noqa: BLE001 - skops raises many types on a damaged file; all mean "corrupt"
-        raise ArtifactError("corrupt", f"{model_path}: not a readable skops file: {exc}") from None
+    except Exception as exc:  # skops raises many types on a damaged file; all mean "corrupt"
+        raise ArtifactError("corrupt", f"{model_path}: not a readable skops file: {exc}") from exc
     untrusted = sorted(set(found) - allowed)
     if untrusted and not allow_untrusted:
         raise ArtifactError(
@@ -214,8 +215,8 @@ def load_artifact(
         )
     try:
         payload = sio.load(model_path, trusted=sorted(allowed | set(found)) if allow_untrusted else sorted(allowed))
-    except Exception as exc:  # noqa: BLE001 - see above
-        raise ArtifactError("corrupt", f"{model_path}: cannot be loaded: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # see above
+        raise ArtifactError("corrupt", f"{model_path}: cannot be loaded: {type(exc).__name__}: {exc}") from exc
     if not isinstance(payload, dict) or not isinstance(payload.get("models"), dict):
         raise ArtifactError("corrupt", f"{model_path}: expected a dict with 'models'")
     window = _field(metadata, "trained_window", list, metadata_path)

@@ -22,6 +22,7 @@ import numpy.typing as npt
 from sklearn.metrics import brier_score_loss, roc_auc_score
 from tqdm import tqdm
 
+from controller.core.errors import InputError
 from controller.core.model import TargetKey
 from controller.core.policy import Policy
 from controller.core.ports import MetricsSource
@@ -33,7 +34,7 @@ Array = npt.NDArray[np.float64]
 THRESHOLD_VARS = {d: f"sla_{d}_seconds" for d in DIMENSIONS}
 
 
-class DataError(ValueError):
+class DataError(InputError, ValueError):
     """The history cannot make a dataset (a query failed, no targets, ...); one clear sentence."""
 
 

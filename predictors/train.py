@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import sklearn
 
+from controller.core.errors import InputError
 from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact, single_threaded
 from predictors.commandline import parse_command, time_window
 from predictors.data import DataError, Rows, build_rows, policy_thresholds, time_split
@@ -53,7 +54,7 @@ PRECISION_CONFIDENCE_Z = 1.645
 THRESHOLD_OBJECTIVES = {"cpu": "accuracy", "gpu": "recall", "network": "recall"}
 
 
-class TrainingError(ValueError):
+class TrainingError(InputError, ValueError):
     pass
 
 

@@ -36,10 +36,11 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from controller.core.errors import InputError
 from serving.profiles import EngineProfile
 
 
-class RequestRejected(ValueError):
+class RequestRejected(InputError, ValueError):
     """The request can never be served by this engine (vLLM answers 400)."""
 
 

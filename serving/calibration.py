@@ -38,6 +38,7 @@ import numpy as np
 import yaml
 from scipy.optimize import nnls
 
+from controller.core.errors import InputError
 from serving import fidelity
 from serving.profiles import (
     CALIBRATIONS_DIR,
@@ -88,7 +89,7 @@ class StepCostFit:
     rmse_s: float | None
 
 
-class CalibrationError(ValueError):
+class CalibrationError(InputError, ValueError):
     """Not enough (or unusable) data to fit; str() says what is missing."""
 
 

@@ -39,6 +39,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter
 from tqdm import tqdm
 
+from controller.core.errors import ConfigError
 from serving.batching import BatchingModel, RequestRejected, SimRequest
 from serving.engine_args_metric import EngineArgCollector, ListedReplica
 from serving.load import BUILTIN_TRACES, TraceRequest, read_trace
@@ -86,7 +87,7 @@ STARTUP_S = (17.0, 48.0)
 WARMUP_S = (2.0, 6.0)
 
 
-class DatasetError(ValueError):
+class DatasetError(ConfigError, ValueError):
     """Bad arguments for the generator (one clear sentence)."""
 
 

@@ -32,6 +32,7 @@ import requests
 import yaml
 
 from controller.adapters.stores.journal import Journal
+from controller.core.errors import LabError
 from controller.tools.incident_report import IncidentTimeline, write_report
 from serving.profiles import resolve_profile
 from serving.promstack import (
@@ -137,7 +138,7 @@ class DemoTimings:
     load_token_scale: float = 0.05
 
 
-class DemoError(RuntimeError):
+class DemoError(LabError, RuntimeError):
     pass
 
 

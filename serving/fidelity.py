@@ -45,6 +45,7 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from controller.core.errors import LabError
 from serving.batching import BatchingModel, SimRequest
 from serving.load import BUILTIN_TRACES, PlannedRequest, plan, quantile, read_trace, replay
 from serving.profiles import EngineProfile, resolve_any_profile
@@ -72,7 +73,7 @@ VLLM_ENV = {
 }
 
 
-class FidelityError(RuntimeError):
+class FidelityError(LabError, RuntimeError):
     """The comparison cannot run (no serving env, vLLM did not start, bad recorded data); str() says what."""
 
 

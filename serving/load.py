@@ -37,12 +37,14 @@ from typing import Any
 import aiohttp
 from tqdm import tqdm
 
+from controller.core.errors import InputError
+
 DATA_DIR = Path(__file__).resolve().parent / "data" / "azure-llm-inference-2023"
 BUILTIN_TRACES = {"conv": DATA_DIR / "conv.csv", "code": DATA_DIR / "code.csv"}
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
-class TraceError(ValueError):
+class TraceError(InputError, ValueError):
     """A trace file is unusable; str() is `file:line: what was expected`."""
 
 

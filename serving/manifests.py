@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from controller.core.errors import LabError
 from serving.profiles import PROFILES_DIR, EngineProfile, builtin_profile_names, load_profile
 from serving.yamlfile import ConfigFileError
 
@@ -252,7 +253,7 @@ def outdated_files(files: dict[Path, str]) -> list[Path]:
     return stale
 
 
-class KustomizeError(Exception):
+class KustomizeError(LabError):
     """kubectl is missing, or `kubectl kustomize` refused a directory (its message says why)."""
 
 

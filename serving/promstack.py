@@ -27,12 +27,14 @@ from typing import Any, Self
 
 import yaml
 
+from controller.core.errors import LabError
+
 INSTALL_HINT = "apt-get install prometheus prometheus-alertmanager"
 HTTP_TIMEOUT = 2.0
 START_ATTEMPTS = 3
 
 
-class PromStackError(RuntimeError):
+class PromStackError(LabError, RuntimeError):
     pass
 
 
@@ -244,7 +246,7 @@ def backfill_openmetrics(
 # -- servers ----------------------------------------------------------------------------------------
 
 
-class ProcessNotReady(RuntimeError):
+class ProcessNotReady(LabError, RuntimeError):
     """A managed process exited, or did not say it was ready in time; str() says which, with its log's tail."""
 
 

@@ -31,12 +31,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from controller.core.errors import InputError, LabError
 from serving.batching import BatchingModel, RequestRejected, SimRequest
 from serving.profiles import EngineProfile
 from serving.vllm_metrics import DcgmCollector, HbmModel, VllmMetrics
 
 
-class EngineStopped(RuntimeError):
+class EngineStopped(LabError, RuntimeError):
     """The replica was stopped before the request finished (vLLM's "abort")."""
 
 
@@ -141,7 +142,7 @@ def count_tokens(text: str) -> int:
     return max(1, len(text.split()))
 
 
-class BadRequest(ValueError):
+class BadRequest(InputError, ValueError):
     pass
 
 

@@ -47,6 +47,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
+from controller.core.errors import InputError
 from serving.engine_args_metric import EngineArgCollector, ListedReplica
 from serving.profiles import EngineArgs, EngineProfile, profile_diff, profile_from_dict, resolve_profile
 from serving.router import ReplicaTarget, Router, VersionTarget
@@ -243,7 +244,7 @@ def with_suppressed_unlink(path: str) -> None:
         pass
 
 
-class ApiError(Exception):
+class ApiError(InputError):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status

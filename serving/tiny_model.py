@@ -21,6 +21,8 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+from controller.core.errors import LabError
+
 DEFAULT_MODEL_DIR = Path(".tailguard") / "models" / "tiny-llama"
 SERVED_MODEL_NAME = "tiny-llama"
 SEED = 1234
@@ -42,7 +44,7 @@ MODEL_CONFIG = {
 }
 
 
-class TinyModelError(RuntimeError):
+class TinyModelError(LabError, RuntimeError):
     """The tiny model could not be built (the message names the step and the serving interpreter)."""
 
 

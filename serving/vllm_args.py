@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from controller.core.errors import ConfigError
 from serving.profiles import EngineProfile
 
 # Booleans whose vLLM default is on: False must be spelled out as --no-<flag>.
@@ -31,7 +32,7 @@ _NEGATABLE = frozenset({"enable_prefix_caching"})
 DEFAULT_MAX_MODEL_LEN_CAP = 512
 
 
-class ProfileArgsError(ValueError):
+class ProfileArgsError(ConfigError, ValueError):
     """vLLM's parser refused a profile's arguments; `argument` names the flag (or is empty when unknown)."""
 
     def __init__(self, argument: str, message: str):

@@ -12,12 +12,13 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from controller.core.errors import ConfigError
 from controller.kit.located_yaml import DuplicateKey, Located, construct, field_path, line_for
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
-class ConfigFileError(ValueError):
+class ConfigFileError(ConfigError, ValueError):
     """A configuration file is unreadable or invalid; str() is `file:line: field: what was expected`."""
 
     def __init__(self, file: str, line: int, field: str, message: str):

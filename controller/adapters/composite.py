@@ -11,13 +11,14 @@ that says which section of the configuration is missing, instead of calling an a
 
 from __future__ import annotations
 
+from controller.core.errors import ActuatorError
 from controller.core.ports import ActionOutcome, Deployer, OutcomeStatus
 
 ROLLBACK_MISSING = "no actuator configured for rollback: add argocd (or tier)"
 SCALE_MISSING = "no actuator configured for scale: add kubernetes.hpa (or tier)"
 
 
-class NoActuatorError(Exception):
+class NoActuatorError(ActuatorError):
     """Raised by `replicas()` when nothing is configured to scale; never worth a retry."""
 
     transient = False

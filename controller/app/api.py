@@ -37,6 +37,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from controller.core.errors import InputError
 from controller.core.policy import Policy
 from controller.loop.metrics import EXPOSITION_CONTENT_TYPE, ControllerMetrics
 from controller.loop.runtime import TRIGGER_ALERT, Readiness
@@ -93,7 +94,7 @@ class AlertmanagerPayload(_Payload):
     alerts: list[AlertmanagerAlert]
 
 
-class PayloadError(ValueError):
+class PayloadError(InputError, ValueError):
     """A webhook body that is not an Alertmanager v4 payload; the message says what is wrong, never the body."""
 
 

@@ -43,6 +43,7 @@ from controller.adapters.scale.hpa import (
     cluster_api_client,
 )
 from controller.adapters.traffic.routes import HttpRouteRouter, Ramp, RouteRef, VirtualServiceRouter
+from controller.core.errors import ConfigError
 from controller.core.policy import Duration
 from controller.core.ports import Clock
 from controller.kit.http import RetryPolicy
@@ -119,7 +120,7 @@ class KubernetesSettings(_Strict):
         return self
 
 
-class ClusterConfigError(Exception):
+class ClusterConfigError(ConfigError):
     """The cluster cannot be reached as configured; the message is one line for the operator."""
 
 
@@ -149,15 +150,15 @@ def cluster_client(settings: KubernetesSettings | None, *, base_dir: Path | None
             ) from None
     try:
         return cluster_api_client(in_cluster=in_cluster, kubeconfig=kubeconfig)
-    except Exception as unusable:  # noqa: BLE001 - the kubernetes config loader raises many types; all are config
+    except Exception as unusable:  # the kubernetes config loader raises many types; all are config
         reason = _one_line(unusable)
         if in_cluster:
             raise ClusterConfigError(
                 f"kubernetes: cannot use the in-cluster service account ({reason}); outside a cluster set "
                 "kubernetes.inCluster: false and kubernetes.kubeconfig"
-            ) from None
+            ) from unusable
         where = kubeconfig or "the default kubeconfig ($KUBECONFIG or ~/.kube/config)"
-        raise ClusterConfigError(f"kubernetes.kubeconfig: {where} is not usable: {reason}") from None
+        raise ClusterConfigError(f"kubernetes.kubeconfig: {where} is not usable: {reason}") from unusable
 
 
 def _one_line(error: BaseException) -> str:

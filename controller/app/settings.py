@@ -24,6 +24,7 @@ from controller.adapters.metrics.prometheus import PrometheusSettings
 from controller.adapters.notify.webhook import LinkSettings, WebhookReceiver
 from controller.adapters.rollback.argocd import ArgoCDSettings
 from controller.app.cluster import KubernetesSettings
+from controller.core.errors import ConfigError
 from controller.core.policy import Duration
 from controller.core.policy_files import PolicyError, _message
 from controller.kit.located_yaml import DuplicateKey, construct, field_path, line_for
@@ -78,7 +79,7 @@ class WebhookAuthSettings(_Strict):
         return self
 
 
-class WebhookTokenError(ValueError):
+class WebhookTokenError(ConfigError, ValueError):
     """The configured webhook token cannot be read; the message names where it was looked for, never its value."""
 
 
@@ -158,7 +159,7 @@ class ControllerSettings(_Strict):
         return token
 
 
-class SettingsError(Exception):
+class SettingsError(ConfigError):
     """The configuration cannot be used; `errors` point at file, line and field."""
 
     def __init__(self, errors: list[PolicyError]):

@@ -21,6 +21,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from controller.core.engine import union_times
+from controller.core.errors import InputError
 from controller.core.model import TargetKey
 
 HANDOVER_ANNOTATION = "tailguard.io/action-times"
@@ -40,7 +41,7 @@ class HandoverPort(Protocol):
     def inherit_handover(self, times: ActionTimes) -> None: ...
 
 
-class HandoverError(ValueError):
+class HandoverError(InputError, ValueError):
     """The annotation cannot be read as action times; the message says why."""
 
 

@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
+from controller.core.errors import ConfigError
 from controller.kit.durations import format_duration, parse_duration
 from controller.kit.templating import LABEL_NAME, QUERY_BUILTINS, variables_in
 
@@ -32,7 +33,7 @@ API_VERSION = "tailguard.io/v1alpha1"
 DURATION_PATTERN = r"^(\d+(\.\d+)?(ms|s|m|h|d))+$"
 
 
-class PolicyReferenceError(ValueError):
+class PolicyReferenceError(ConfigError, ValueError):
     """A cross-reference error that knows where it is (policy_files maps `loc` to a file line)."""
 
     def __init__(self, message: str, loc: tuple[str | int, ...]):

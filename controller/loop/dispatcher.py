@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.adapters.stores.journal import ActionRecord, ActionStatus, Journal
+from controller.core.errors import ConfigError
 from controller.core.model import ActionType, Decision
 from controller.core.policy import Duration
 from controller.core.ports import (
@@ -65,7 +66,7 @@ class Actuators:
     notifier: Notifier | None = None
 
 
-class ScaleError(ValueError):
+class ScaleError(ConfigError, ValueError):
     """The scale parameters cannot produce a replica count (the message says which and why)."""
 
 

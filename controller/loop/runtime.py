@@ -35,6 +35,7 @@ from controller.core.engine import (
     transition,
     with_action_times,
 )
+from controller.core.errors import ConfigError
 from controller.core.handover import ActionTimes, HandoverPort, merge_action_times
 from controller.core.model import Decision, SignalResult, TargetKey, format_target
 from controller.core.policy import Policy
@@ -105,7 +106,7 @@ class LeaderPort(Protocol):
     def publish(self) -> bool: ...
 
 
-class PolicyLoadError(Exception):
+class PolicyLoadError(ConfigError):
     """The initial policy set has errors; the controller refuses to start on a broken set."""
 
     def __init__(self, errors: Sequence[PolicyError]):

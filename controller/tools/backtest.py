@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from controller.core.engine import PolicyState, transition
+from controller.core.errors import ConfigError
 from controller.core.model import ActionRequest, Decision, DecisionKind, TargetKey, format_target, target_labels
 from controller.core.policy import Policy
 from controller.core.policy_files import load_policies
@@ -402,7 +403,7 @@ def run_backtest(
 # -- CLI -------------------------------------------------------------------------------------------
 
 
-class UsageError(ValueError):
+class UsageError(ConfigError, ValueError):
     pass
 
 

@@ -31,6 +31,7 @@ from grafana_client.client import GrafanaException, GrafanaTimeoutError
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from controller.adapters.stores.outbox import Backoff, DeliveryResult, Outbox, OutboxItem, OutboxWorker, deliver_due
+from controller.core.errors import ConfigError
 from controller.core.model import Decision, format_target, target_key
 from controller.core.ports import ActionOutcome, Annotation, Clock, OutcomeStatus
 from controller.kit.http import RetryPolicy, redact_url
@@ -45,7 +46,7 @@ WAIT_STATUSES = frozenset({401, 403})
 OPENING_KINDS = ("fire", "suppressed", "errored")
 
 
-class GrafanaTokenError(Exception):
+class GrafanaTokenError(ConfigError):
     """The configured token cannot be read. The message names the source, never the value."""
 
 

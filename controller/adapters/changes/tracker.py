@@ -34,6 +34,7 @@ from controller.adapters.rollback.argocd import (
     read_token,
 )
 from controller.core.attribution import Rollout
+from controller.core.errors import SourceError
 from controller.core.policy import Duration, Policy
 from controller.core.ports import Clock
 
@@ -58,7 +59,7 @@ __all__ = [
 REVISION_ANNOTATION = "deployment.kubernetes.io/revision"
 
 
-class ChangeSourceError(Exception):
+class ChangeSourceError(SourceError):
     """A change source could not be read; the tracker records it as data."""
 
 
@@ -148,7 +149,7 @@ class ArgoCDHistorySource:
             try:
                 body = self.client.get_app(app.name, app.appNamespace)
             except ArgoCDError as failed:
-                raise ChangeSourceError(str(failed)) from None
+                raise ChangeSourceError(str(failed)) from failed
             history = history_of(body)
             for previous, entry in itertools.pairwise(history):
                 at = parse_time(entry.deployed_at)
@@ -187,8 +188,8 @@ class TierRevisionSource:
         try:
             services = self.services or [str(s["name"]) for s in self.tier.services() if "name" in s]
             listed = {service: self.tier.revisions(service) for service in services}
-        except Exception as failed:  # noqa: BLE001 - TierError and friends: the tier client raises on failed reads
-            raise ChangeSourceError(str(failed)) from None
+        except Exception as failed:  # TierError and friends: the tier client raises on failed reads
+            raise ChangeSourceError(str(failed)) from failed
         found: list[Rollout] = []
         for service, revisions in listed.items():
             ordered = sorted(revisions, key=lambda r: int(r.get("revision", 0)))
@@ -277,12 +278,12 @@ class KubernetesDeploymentSource:
             listed = self.api.list_namespaced_replica_set(
                 self.namespace, label_selector=self.label_selector, _request_timeout=self.timeout
             )
-        except Exception as failed:  # noqa: BLE001 - ApiException, urllib3 errors: the source is unreadable now
+        except Exception as failed:  # ApiException, urllib3 errors: the source is unreadable now
             status = getattr(failed, "status", None)
             raise ChangeSourceError(
                 f"listing ReplicaSets in {self.namespace!r}: {f'HTTP {status}: ' if status else ''}"
                 f"{getattr(failed, 'reason', None) or type(failed).__name__}"
-            ) from None
+            ) from failed
         by_deployment: dict[str, list[tuple[int, Any]]] = {}
         for replica_set in listed.items or []:
             meta = replica_set.metadata

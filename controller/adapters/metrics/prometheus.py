@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
+from controller.core.errors import ConfigError
 from controller.core.model import SignalResult, TargetKey, target_key
 from controller.core.ports import Clock, RangeResult
 from controller.kit.durations import format_duration
@@ -96,7 +97,7 @@ class PrometheusSettings(_Strict):
         return self
 
 
-class SourceConfigError(ValueError):
+class SourceConfigError(ConfigError, ValueError):
     """The settings name a secret that cannot be read. Raised at construction, never per query."""
 
 

@@ -24,6 +24,7 @@ from urllib.parse import urlencode
 import requests
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from controller.core.errors import ConfigError
 from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
 from controller.kit.http import RetryPolicy, redact_url, request_with_retry
 
@@ -34,7 +35,7 @@ SIGNATURE_HEADER = "X-Tailguard-Signature"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
-class WebhookSecretError(Exception):
+class WebhookSecretError(ConfigError):
     """The configured secret cannot be read. The message names the source, never the value."""
 
 

@@ -31,6 +31,7 @@ import requests
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.core.attribution import attribution_of
+from controller.core.errors import ActuatorError
 from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
 from controller.kit.http import HttpAnswer, RetryPolicy, redact_url, request_with_retry
 
@@ -90,12 +91,11 @@ class ArgoCDSettings(_Strict):
         return self
 
 
-class ArgoCDError(Exception):
+class ArgoCDError(ActuatorError):
     """A read from Argo CD failed (reads raise; actions return outcomes)."""
 
     def __init__(self, message: str, *, transient: bool) -> None:
-        super().__init__(message)
-        self.transient = transient
+        super().__init__(message, transient=transient)
 
 
 class BadRevisionRecord:

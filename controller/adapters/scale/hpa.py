@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 import urllib3
 from kubernetes import client as k8s
 
+from controller.core.errors import ActuatorError
 from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
 from controller.kit.http import RetryPolicy
 
@@ -62,12 +63,11 @@ class KubeError:
         return ActionOutcome(OutcomeStatus.FAILED, dict(detail or {}), self.message, self.transient)
 
 
-class KubernetesActuatorError(Exception):
+class KubernetesActuatorError(ActuatorError):
     """Raised only where a protocol returns a plain value (Deployer.replicas); `transient` tells the dispatcher."""
 
     def __init__(self, error: KubeError) -> None:
-        super().__init__(error.message)
-        self.transient = error.transient
+        super().__init__(error.message, transient=error.transient)
         self.status = error.status
 
 

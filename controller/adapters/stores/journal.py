@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from controller.core.engine import PolicyState
+from controller.core.errors import StoreError
 from controller.core.model import MUTATING_ACTIONS, ActionRequest, ActionType, Decision, target_labels
 from controller.kit.sqlite_store import immediate_transaction, make_durable, open_durable
 
@@ -51,7 +52,7 @@ TERMINAL_STATUSES = frozenset(
 PENDING_STATUSES = frozenset({ActionStatus.PLANNED, ActionStatus.STARTED})
 
 
-class JournalError(Exception):
+class JournalError(StoreError):
     """The journal file cannot be used (not a database, a newer schema, ...); the message says why."""
 
 

@@ -28,6 +28,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Self
 
+from controller.core.errors import StoreError
 from controller.core.ports import Clock
 from controller.kit.clock import ShutdownInterrupt
 from controller.kit.sqlite_store import immediate_transaction, make_durable, open_durable
@@ -41,7 +42,7 @@ class OutboxStatus(StrEnum):
     DEAD = "dead"  # the remote refused it for good (a 4xx that retrying would only repeat)
 
 
-class OutboxError(Exception):
+class OutboxError(StoreError):
     """The outbox file cannot be used; the message names the file and why."""
 
 

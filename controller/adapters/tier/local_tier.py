@@ -14,18 +14,18 @@ from urllib.parse import quote
 
 import requests
 
+from controller.core.errors import ActuatorError
 from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
 from controller.kit.http import HttpAnswer, RetryPolicy, redact_url, request_with_retry
 
 log = logging.getLogger(__name__)
 
 
-class TierError(Exception):
+class TierError(ActuatorError):
     """A read from the tier failed (raised only by reads such as `replicas()`; actions return outcomes)."""
 
     def __init__(self, message: str, *, transient: bool) -> None:
-        super().__init__(message)
-        self.transient = transient
+        super().__init__(message, transient=transient)
 
 
 class LocalTierClient:

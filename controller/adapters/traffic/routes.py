@@ -38,13 +38,14 @@ from controller.adapters.scale.hpa import (
     recorded_keys,
     with_key,
 )
+from controller.core.errors import ActuatorError
 from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
 from controller.kit.http import RetryPolicy
 
 log = logging.getLogger(__name__)
 
 
-class WeightError(ValueError):
+class WeightError(ActuatorError, ValueError):
     """The requested weights cannot be applied to this route (the message says why)."""
 
 
