@@ -41,6 +41,7 @@ from controller.core.attribution import (
     no_branch_choice,
     text_variables,
 )
+from controller.core.limits import cooling, kept, over_budget, retention
 from controller.core.model import (
     ActionRequest,
     ActionType,
@@ -58,7 +59,6 @@ from controller.core.policy import Condition, NoDataPolicy, Policy
 from controller.kit.templating import render_text
 
 EVIDENCE_POINTS = 20
-BUDGET_WINDOW_SECONDS = 3600.0
 
 
 class Phase(StrEnum):
@@ -199,7 +199,7 @@ def render_actions(
 
 def action_retention(policy: Policy) -> float:
     """How long action times must be kept: the budget window, or the cooldown when it is longer."""
-    return max(BUDGET_WINDOW_SECONDS, policy.limits.cooldown)
+    return retention(policy.limits.cooldown)
 
 
 def with_action_times(state: PolicyState, times: Mapping[TargetKey, Sequence[float]]) -> PolicyState:
@@ -222,12 +222,12 @@ def union_times(a: Sequence[float], b: Sequence[float]) -> tuple[float, ...]:
 
 def _limits_block(policy: Policy, state: PolicyState, target: TargetKey, now: float) -> str | None:
     all_times = state.actions_at.get(target, ())
-    if all_times and now - max(all_times) < policy.limits.cooldown:
-        remaining = policy.limits.cooldown - (now - max(all_times))
-        return f"cooldown: last mutating action {now - max(all_times):.0f}s ago, {remaining:.0f}s left"
-    times = [t for t in all_times if now - t < BUDGET_WINDOW_SECONDS]
-    if len(times) >= policy.limits.maxActionsPerHour:
-        return f"budget: {len(times)} mutating actions in the last hour (max {policy.limits.maxActionsPerHour})"
+    cooldown = cooling(all_times, now, policy.limits.cooldown)
+    if cooldown is not None:
+        return f"cooldown: last mutating action {cooldown.since:.0f}s ago, {cooldown.left:.0f}s left"
+    used = over_budget(all_times, now, policy.limits.maxActionsPerHour)
+    if used is not None:
+        return f"budget: {used} mutating actions in the last hour (max {policy.limits.maxActionsPerHour})"
     return None
 
 
@@ -258,8 +258,7 @@ class _Step:
         # Pruned to the budget window, or to the cooldown when that is longer (a 2h cooldown must
         # still see an action taken 61 minutes ago).
         self.actions_at: dict[TargetKey, tuple[float, ...]] = {
-            target: tuple(t for t in times if now - t < action_retention(policy))
-            for target, times in state.actions_at.items()
+            target: kept(times, now, policy.limits.cooldown) for target, times in state.actions_at.items()
         }
         self.decisions: list[Decision] = []
 

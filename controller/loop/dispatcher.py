@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.adapters.stores.journal import ActionRecord, ActionStatus, Journal
+from controller.core import limits
 from controller.core.errors import ConfigError
 from controller.core.model import ActionType, Decision
 from controller.core.policy import Duration
@@ -42,7 +43,6 @@ from controller.core.ports import (
 
 log = logging.getLogger(__name__)
 
-BUDGET_WINDOW_SECONDS = 3600.0
 # Statuses that count against the global limits: the change happened, or may have (outcome unknown).
 LIMITED_STATUSES = frozenset({ActionStatus.STARTED, ActionStatus.SUCCEEDED})
 
@@ -263,10 +263,9 @@ class Dispatcher:
 
     def _limits_block(self, record: ActionRecord) -> str | None:
         now = self.clock.now()
-        window = max(BUDGET_WINDOW_SECONDS, self.limits.cooldown)
         previous = [
             other
-            for other in self.journal.actions_since(record.resource, now - window)
+            for other in self.journal.actions_since(record.resource, now - limits.retention(self.limits.cooldown))
             if other.idempotency_key != record.idempotency_key and other.status in LIMITED_STATUSES
         ]
         # Actions of one decision are one intervention (e.g. shift traffic and scale): no cooldown between.
@@ -275,23 +274,20 @@ class Dispatcher:
             for other in previous
             if (other.decision_id, other.decision_kind) != (record.decision_id, record.decision_kind)
         ]
-        if others and self.limits.cooldown > 0:
-            last = max(other.started_at or 0.0 for other in others)
-            if now - last < self.limits.cooldown:
-                latest = max(others, key=lambda other: other.started_at or 0.0)
-                return (
-                    f"global cooldown: {latest.type.value} on {record.resource} by policy {latest.policy!r} "
-                    f"{now - last:.0f}s ago, {self.limits.cooldown - (now - last):.0f}s left "
-                    f"(cooldown {self.limits.cooldown:.0f}s)"
-                )
+        cooldown = limits.cooling([other.started_at or 0.0 for other in others], now, self.limits.cooldown)
+        if cooldown is not None and self.limits.cooldown > 0:
+            latest = max(others, key=lambda other: other.started_at or 0.0)
+            return (
+                f"global cooldown: {latest.type.value} on {record.resource} by policy {latest.policy!r} "
+                f"{cooldown.since:.0f}s ago, {cooldown.left:.0f}s left (cooldown {self.limits.cooldown:.0f}s)"
+            )
         budget = self.limits.maxActionsPerHour
-        if budget is not None:
-            in_hour = [other for other in previous if (other.started_at or 0.0) > now - BUDGET_WINDOW_SECONDS]
-            if len(in_hour) >= budget:
-                return (
-                    f"global budget: {len(in_hour)} mutating action(s) on {record.resource} in the last hour "
-                    f"across all policies (max {budget})"
-                )
+        used = limits.over_budget([other.started_at or 0.0 for other in previous], now, budget)
+        if used is not None:
+            return (
+                f"global budget: {used} mutating action(s) on {record.resource} in the last hour "
+                f"across all policies (max {budget})"
+            )
         return None
 
     # -- actuators ------------------------------------------------------------------------------------------

@@ -28,7 +28,6 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from controller.adapters.changes.tracker import ChangeFeed, lookback
 from controller.core.attribution import Rollout
 from controller.core.engine import (
-    BUDGET_WINDOW_SECONDS,
     Phase,
     PolicyState,
     action_retention,
@@ -37,6 +36,7 @@ from controller.core.engine import (
 )
 from controller.core.errors import ConfigError
 from controller.core.handover import ActionTimes, HandoverPort, merge_action_times
+from controller.core.limits import BUDGET_WINDOW_SECONDS
 from controller.core.model import Decision, SignalResult, TargetKey, format_target
 from controller.core.policy import Policy
 from controller.core.policy_files import LoadedPolicy, PolicyError, load_policies, policy_paths
