@@ -30,17 +30,17 @@ import hmac
 import json
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from controller.core.errors import InputError
 from controller.core.policy import Policy
-from controller.loop.metrics import EXPOSITION_CONTENT_TYPE, ControllerMetrics
-from controller.loop.runtime import TRIGGER_ALERT, Readiness
+from controller.core.ports import TRIGGER_ALERT, ControllerPort
+from controller.loop.metrics import EXPOSITION_CONTENT_TYPE
 
 logger = logging.getLogger("tailguard.api")
 
@@ -48,20 +48,6 @@ MAX_BODY_BYTES = 1 << 20  # Alertmanager batches alerts per group; a megabyte is
 POLICY_LABEL = "tailguard_policy"
 DEFAULT_DECISIONS = 50
 MAX_DECISIONS = 1000
-
-
-class ControllerPort(Protocol):
-    """What the API needs of controller.loop.runtime.Controller."""
-
-    metrics: ControllerMetrics
-
-    def policies(self) -> dict[str, Policy]: ...
-
-    def readiness(self) -> Readiness: ...
-
-    def trigger(self, policy_names: Sequence[str], trigger: str = TRIGGER_ALERT) -> list[str]: ...
-
-    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]: ...
 
 
 class _Payload(BaseModel):

@@ -20,11 +20,10 @@ from prometheus_client import CollectorRegistry
 from controller.adapters.annotations.grafana import DecisionAnnotatingDispatcher, GrafanaAnnotator, GrafanaTokenError
 from controller.adapters.annotations.jsonl import FanoutAnnotator, JsonlAnnotator
 from controller.adapters.changes.tracker import build_change_tracker
-from controller.adapters.composite import CompositeDeployer
 from controller.adapters.lease.leader import LeaderElector
 from controller.adapters.metrics.prometheus import PrometheusSource, SourceConfigError
 from controller.adapters.notify.webhook import WebhookNotifier, decision_links
-from controller.adapters.rollback.argocd import ArgoCDDeployer
+from controller.adapters.rollback.argocd import ArgoCDRollback
 from controller.adapters.stores.journal import Journal, JournalError
 from controller.adapters.stores.outbox import OutboxError
 from controller.adapters.tier.local_tier import LocalTierClient
@@ -33,7 +32,8 @@ from controller.app.cluster import ClusterActuators, ClusterConfigError, build_c
 from controller.app.settings import ControllerSettings
 from controller.core.errors import ConfigError
 from controller.core.policy_files import PolicyError, load_policies
-from controller.core.ports import Annotator, Deployer, TrafficRouter
+from controller.core.ports import Annotator, Notifier, RollbackPort, ScalePort, TrafficRouter
+from controller.core.unconfigured import ROLLBACK_MISSING, SCALE_MISSING, UnconfiguredRollback, UnconfiguredScale
 from controller.kit.clock import SystemClock
 from controller.loop.dispatcher import Actuators, Dispatcher
 from controller.loop.metrics import ControllerMetrics
@@ -133,13 +133,12 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         else None
     )
     # Rollbacks go through Argo CD when it is configured (GitOps), else through the local serving tier.
-    deployer: Deployer | None = tier
+    rollback: RollbackPort = tier if tier is not None else UnconfiguredRollback(ROLLBACK_MISSING)
     if settings.argocd is not None:
-        deployer = ArgoCDDeployer.from_settings(
+        rollback = ArgoCDRollback.from_settings(
             settings.argocd,
             clock=clock,
             record_path=settings.state_path() / "argocd-bad-revisions.json",
-            decision_lookup=journal.decision,
             base_dir=settings.base_dir,
         )
     grafana = _grafana(settings, clock, stack)
@@ -183,12 +182,21 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         annotators.append(grafana)
     # Rollbacks to Argo CD (or the tier), replica counts to the HPA (or the tier), weights to the routes (or the tier).
     router: TrafficRouter | None = cluster.router if cluster is not None and cluster.router is not None else tier
-    scaler: Deployer | None = cluster.scaler if cluster is not None and cluster.scaler is not None else tier
+    scale: ScalePort = cluster.scaler if cluster is not None and cluster.scaler is not None else tier or (
+        UnconfiguredScale(SCALE_MISSING)
+    )
+    annotator: Annotator | None = (
+        FanoutAnnotator(annotators) if len(annotators) > 1 else (annotators[0] if annotators else None)
+    )
+    notifier: Notifier | None = WebhookNotifier(settings.receivers, clock) if settings.receivers else None
+    # A port left out answers with its "not configured" failure (controller/core/unconfigured.py).
+    unconfigured = Actuators()
     actuators = Actuators(
-        deployer=CompositeDeployer(deployer, scaler),
-        router=router,
-        annotator=FanoutAnnotator(annotators) if len(annotators) > 1 else (annotators[0] if annotators else None),
-        notifier=WebhookNotifier(settings.receivers, clock) if settings.receivers else None,
+        rollback=rollback,
+        scale=scale,
+        router=router if router is not None else unconfigured.router,
+        annotator=annotator if annotator is not None else unconfigured.annotator,
+        notifier=notifier if notifier is not None else unconfigured.notifier,
     )
     dispatcher = Dispatcher(
         journal, actuators, clock, settings.limits, links_for=lambda d: decision_links(settings.links, d, clock.now())

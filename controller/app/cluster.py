@@ -38,7 +38,7 @@ from controller.adapters.lease.leader import LeaderElectionSettings, LeaderElect
 from controller.adapters.scale.hpa import (
     EventRecorder,
     HpaBounds,
-    HpaDeployer,
+    HpaScaler,
     HpaTarget,
     cluster_api_client,
 )
@@ -126,7 +126,7 @@ class ClusterConfigError(ConfigError):
 
 @dataclass(frozen=True)
 class ClusterActuators:
-    scaler: HpaDeployer | None
+    scaler: HpaScaler | None
     router: HttpRouteRouter | VirtualServiceRouter | None
     events: EventRecorder | None
     api_client: k8s.ApiClient
@@ -181,10 +181,10 @@ def build_cluster_actuators(
     client = api_client if api_client is not None else cluster_client(settings, base_dir=base_dir)
     retry = RetryPolicy(attempts=settings.retries)
     events = EventRecorder(k8s.CoreV1Api(client), clock) if settings.events else None
-    scaler: HpaDeployer | None = None
+    scaler: HpaScaler | None = None
     if settings.hpa is not None:
         hpa = settings.hpa
-        scaler = HpaDeployer(
+        scaler = HpaScaler(
             k8s.AutoscalingV2Api(client),
             clock=clock,
             bounds=HpaBounds(

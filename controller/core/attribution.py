@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from controller.core.model import Decision, SignalResult, TargetKey, classify
-from controller.core.policy import AttributionSpec, Branch, Condition
+from controller.core.policy import AttributionSpec, Branch, Condition, Policy
 from controller.kit.durations import format_duration
 
 # How much of a diff is spelled out in reasons and annotation text; the decision JSON keeps all of it.
@@ -291,3 +291,22 @@ def attribution_of(decision: Mapping[str, Any]) -> Rollout | None:
         return Rollout.from_json(rollout)
     except (KeyError, TypeError, ValueError):
         return None
+
+
+@dataclass(frozen=True)
+class ChangeFeed:
+    """What the change sources answered for one evaluation: the rollouts, and the sources that failed."""
+
+    rollouts: tuple[Rollout, ...]
+    errors: tuple[str, ...] = ()
+
+    @property
+    def error(self) -> str | None:
+        """One line for the engine's `rollouts_error` (None when every source answered)."""
+        return "; ".join(self.errors) if self.errors else None
+
+
+def lookback(policy: Policy, floor: float = 0.0) -> float | None:
+    """How far back `policy` needs rollouts: its largest attribution window (None: it attributes nothing)."""
+    windows = [c.attribution.window for c in policy.conditions if c.attribution is not None]
+    return max([*windows, floor]) if windows else None

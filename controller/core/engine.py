@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from controller.core.actions import ActionRequest, ActionType
 from controller.core.attribution import (
     AttributedDecision,
     Attribution,
@@ -43,8 +44,6 @@ from controller.core.attribution import (
 )
 from controller.core.limits import cooling, kept, over_budget, retention
 from controller.core.model import (
-    ActionRequest,
-    ActionType,
     Decision,
     DecisionKind,
     ObservationKind,
@@ -193,7 +192,7 @@ def render_actions(
         if action.type == ActionType.ROLLBACK and attributed_revision != "none":
             # The revision the breach is attributed to: the deployer rolls back to the one before it.
             params["rollout_revision"] = attributed_revision
-        rendered.append(ActionRequest(ActionType(action.type), params, f"{incident}:{kind.value}:{index}"))
+        rendered.append(ActionRequest.of(ActionType(action.type), params, f"{incident}:{kind.value}:{index}"))
     return tuple(rendered)
 
 

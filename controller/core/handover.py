@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -31,14 +30,6 @@ HANDOVER_VERSION = 1
 
 # policy name -> target -> times (epoch seconds) of the mutating actions decided for it
 ActionTimes = Mapping[str, Mapping[TargetKey, tuple[float, ...]]]
-
-
-class HandoverPort(Protocol):
-    """What the leader elector needs of the controller (controller/loop/runtime.py implements it)."""
-
-    def handover_snapshot(self) -> ActionTimes: ...
-
-    def inherit_handover(self, times: ActionTimes) -> None: ...
 
 
 class HandoverError(InputError, ValueError):

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from controller.core.actions import ActionRequest
+
 # A target is identified by the values of the policy's `targets.groupBy` labels,
 # kept as a sorted tuple so it is hashable and has one canonical order.
 TargetKey = tuple[tuple[str, str], ...]
@@ -80,34 +82,6 @@ def classify(
     if value is None or math.isnan(value):
         return ObservationKind.NO_DATA, None, None
     return ObservationKind.OK, value, None
-
-
-class ActionType(StrEnum):
-    ROLLBACK = "rollback"
-    SCALE = "scale"
-    SHIFT_TRAFFIC = "shift_traffic"
-    ANNOTATE = "annotate"
-    NOTIFY = "notify"
-
-
-# Actions that change the serving tier; these are what cooldown and budget limit.
-MUTATING_ACTIONS = frozenset({ActionType.ROLLBACK, ActionType.SCALE, ActionType.SHIFT_TRAFFIC})
-
-
-@dataclass(frozen=True)
-class ActionRequest:
-    """A rendered action: templates already substituted with the target's labels and the observed value."""
-
-    type: ActionType
-    params: Mapping[str, Any]
-    idempotency_key: str
-
-    @property
-    def mutating(self) -> bool:
-        return self.type in MUTATING_ACTIONS
-
-    def to_json(self) -> dict[str, Any]:
-        return {"type": self.type.value, "params": dict(self.params), "idempotency_key": self.idempotency_key}
 
 
 class DecisionKind(StrEnum):

@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
+from controller.core.actions import Action
 from controller.core.errors import ConfigError
 from controller.kit.durations import format_duration, parse_duration
 from controller.kit.templating import LABEL_NAME, QUERY_BUILTINS, variables_in
@@ -226,61 +227,6 @@ class Signal(StrictModel):
         if (self.query is None) == (self.predict is None):
             raise ValueError("a signal needs exactly one of `query` (PromQL) or `predict` (a trained SLA model)")
         return self
-
-
-class _ActionBase(StrictModel):
-    pass
-
-
-class RollbackAction(_ActionBase):
-    type: Literal["rollback"]
-    service: str = Field(default="{{ service }}", description="service to roll back to its last good revision")
-
-
-class ScaleAction(_ActionBase):
-    type: Literal["scale"]
-    service: str = Field(default="{{ service }}")
-    replicas: int | None = Field(default=None, ge=0, description="absolute replica count")
-    delta: int | None = Field(default=None, description="add (or remove) this many replicas")
-    targetPerReplica: float | None = Field(
-        default=None, gt=0, description="proportional: replicas = ceil(current * observed / targetPerReplica)"
-    )
-    min: int = Field(default=1, ge=0)
-    max: int = Field(ge=1)
-
-    @model_validator(mode="after")
-    def _one_mode(self) -> ScaleAction:
-        modes = [m for m in (self.replicas, self.delta, self.targetPerReplica) if m is not None]
-        if len(modes) != 1:
-            raise ValueError("scale needs exactly one of replicas, delta or targetPerReplica")
-        if self.min > self.max:
-            raise ValueError(f"scale min ({self.min}) is above max ({self.max})")
-        return self
-
-
-class ShiftTrafficAction(_ActionBase):
-    type: Literal["shift_traffic"]
-    service: str = Field(default="{{ service }}")
-    version: str = Field(default="{{ version }}", description="the version whose weight is set")
-    weight: int = Field(ge=0, le=100, description="percent of the service's traffic")
-
-
-class AnnotateAction(_ActionBase):
-    type: Literal["annotate"]
-    text: str = Field(min_length=1)
-    tags: list[str] = Field(default_factory=list)
-
-
-class NotifyAction(_ActionBase):
-    type: Literal["notify"]
-    receiver: str = Field(min_length=1, description="a receiver named in the controller configuration")
-    message: str = Field(default="{{ policy }}/{{ condition }} on {{ target }}: {{ value }}")
-
-
-Action = Annotated[
-    RollbackAction | ScaleAction | ShiftTrafficAction | AnnotateAction | NotifyAction,
-    Field(discriminator="type"),
-]
 
 
 class Recovery(StrictModel):

@@ -1,9 +1,11 @@
-"""The small interfaces between the pure core and the outside world.
+"""Every interface between the pure core and the outside world (one port per external capability), and the
+data those interfaces carry that is not the core's own.
 
-Each has a real implementation (controller/sources, controller/actuators) and a
-fake used by tests (controller/testing/actuators.py, controller/testing/sources.py).
-Implementations never raise for expected failures: they return data
-(SignalResult with an error, ActionOutcome with status "failed").
+Each port has real implementations (controller/adapters/, one folder per port), a "not configured" one
+(controller/adapters/unconfigured.py) and a public fake (controller/testing). Implementations never raise for
+expected failures: they return data (SignalResult with an error, ActionOutcome with status "failed").
+
+The top of the core: it may import the rest of the core and the kit, nothing above.
 """
 
 from __future__ import annotations
@@ -13,7 +15,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from controller.core.model import SignalResult, TargetKey
+from controller.core.actions import ActionRecord, ActionStatus
+from controller.core.attribution import ChangeFeed, Rollout
+from controller.core.engine import PolicyState
+from controller.core.handover import ActionTimes
+from controller.core.model import Decision, SignalResult, TargetKey
+from controller.core.policy import Policy
 
 # The kit's clock protocol (the kit's HTTP call waits through it too), re-exported so every port is found here.
 from controller.kit.clock import Clock as Clock  # noqa: PLC0414 - the explicit re-export idiom
@@ -65,14 +72,21 @@ class ActionOutcome:
         }
 
 
-class Deployer(Protocol):
-    """Revisions and replica counts of a service (local tier now; Argo CD / Deployments later)."""
+class RollbackPort(Protocol):
+    """Rolls a service back to its last good revision (Argo CD; the local tier)."""
 
-    def rollback(self, service: str, *, idempotency_key: str) -> ActionOutcome:
-        """Roll `service` back to its last good revision (never to one recorded as bad)."""
+    def rollback(self, service: str, *, idempotency_key: str, rollout_revision: str | None = None) -> ActionOutcome:
+        """Roll `service` back to the revision before `rollout_revision` (the revision the breach is attributed
+        to; None: the current one), never to one recorded as bad."""
         ...
 
-    def replicas(self, service: str) -> int: ...
+
+class ScalePort(Protocol):
+    """Reads and sets a service's replica count (the HPA's floor; the local tier)."""
+
+    def replicas(self, service: str) -> int:
+        """The current count; raises (an exception with `transient`) when it cannot be read."""
+        ...
 
     def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome: ...
 
@@ -99,3 +113,171 @@ class Annotator(Protocol):
 
 class Notifier(Protocol):
     def notify(self, receiver: str, payload: Mapping[str, Any], *, idempotency_key: str) -> ActionOutcome: ...
+
+
+# ----- the loop's collaborators ----------------------------------------------------------------------------
+
+TRIGGER_SCHEDULE = "schedule"
+TRIGGER_ALERT = "alert"
+
+
+class RecentDecisions(Protocol):
+    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]: ...
+
+
+class JournalPort(RecentDecisions, Protocol):
+    """What the controller needs of the journal (controller/adapters/stores/journal.py)."""
+
+    def load_state(self, policy: str) -> PolicyState | None: ...
+
+    def commit_evaluation(self, policy: str, state: PolicyState, decisions: Sequence[Decision], now: float) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ActionJournalPort(Protocol):
+    """What the dispatcher needs of the journal: the actions' rows, their decisions, their transitions."""
+
+    def record_decision(self, decision: Decision, now: float) -> None: ...
+
+    def get_action(self, idempotency_key: str) -> ActionRecord | None: ...
+
+    def pending_actions(self) -> list[ActionRecord]: ...
+
+    def actions_for(self, decision_id: str) -> list[ActionRecord]: ...
+
+    def actions_since(self, resource: str, since: float) -> list[ActionRecord]: ...
+
+    def mark_started(self, idempotency_key: str, now: float, plan: Mapping[str, Any] | None = None) -> ActionRecord: ...
+
+    def finish(
+        self,
+        idempotency_key: str,
+        status: ActionStatus,
+        now: float,
+        *,
+        result: Mapping[str, Any] | None = None,
+        error: str | None = None,
+    ) -> ActionRecord: ...
+
+    def decision(self, decision_id: str, kind: str) -> dict[str, Any] | None: ...
+
+
+class DispatcherPort(Protocol):
+    """What the controller needs of controller.loop.dispatcher.Dispatcher (and of wrappers around it)."""
+
+    def dispatch(self, decision: Decision) -> Sequence[Any]: ...
+
+    def resume(self) -> Sequence[Any]: ...
+
+
+class DecisionSink(Protocol):
+    """Gets every decision as it leaves the process (the Grafana region of an incident)."""
+
+    def annotate_decision(self, decision: Mapping[str, Any]) -> ActionOutcome: ...
+
+
+class RolloutAnnotatorPort(Protocol):
+    def annotate_rollout(self, rollout: Rollout) -> Any: ...
+
+
+class ChangeSource(Protocol):
+    """One system that knows rollouts (Argo CD history, Deployments, the local tier)."""
+
+    name: str
+
+    def rollouts(self, since: float) -> list[Rollout]:
+        """Rollouts at or after `since` (epoch seconds), any order. Raises ChangeSourceError when unreadable."""
+        ...
+
+
+class TierReader(Protocol):
+    """The local tier's read side, as the tier's change source needs it."""
+
+    def services(self) -> list[dict[str, Any]]: ...
+
+    def revisions(self, service: str) -> list[dict[str, Any]]: ...
+
+
+class ChangeTrackerPort(Protocol):
+    """What the controller needs of controller.adapters.changes.tracker.ChangeTracker."""
+
+    def rollouts(self, since: float) -> ChangeFeed: ...
+
+
+class PredictionPort(Protocol):
+    """What the controller needs of predictors.serving.PredictionProvider (the SLA model's signals)."""
+
+    def predict(self, source: MetricsSource, policy: Policy, at: float | None = None) -> Mapping[str, SignalResult]: ...
+
+    def warnings(self) -> list[str]: ...
+
+
+class HistoricalPredictionPort(Protocol):
+    """What the backtest needs of predictors.history.HistoricalPredictions (the SLA model over history)."""
+
+    def predict_range(
+        self, source: MetricsSource, policy: Policy, times: Sequence[float], step: float
+    ) -> tuple[dict[str, RangeResult], list[str]]:
+        """Every prediction signal of `policy` at every time of `times`, and why any is no-data."""
+        ...
+
+
+class HandoverPort(Protocol):
+    """What the leader elector needs of the controller (controller/loop/runtime.py implements it)."""
+
+    def handover_snapshot(self) -> ActionTimes: ...
+
+    def inherit_handover(self, times: ActionTimes) -> None: ...
+
+
+class LeaderPort(Protocol):
+    """What the controller needs of controller.adapters.lease.leader.LeaderElector: only the leader evaluates and
+    acts, and the Lease carries its mutating-action times to the next leader (controller/core/handover.py)."""
+
+    def is_leader(self) -> bool: ...
+
+    def attach_handover(self, handover: HandoverPort) -> None: ...
+
+    def publish(self) -> bool: ...
+
+
+# ----- what the HTTP API needs of the controller -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    reasons: tuple[str, ...]
+    reload_errors: tuple[str, ...]
+    policies: Mapping[str, float | None] = field(default_factory=dict)
+    # Listed on /readyz without making the controller unready (e.g. an unusable prediction model).
+    warnings: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ready": self.ready,
+            "reasons": list(self.reasons),
+            "reload_errors": list(self.reload_errors),
+            "warnings": list(self.warnings),
+            "policies": {name: {"last_evaluation": at} for name, at in sorted(self.policies.items())},
+        }
+
+
+class MetricsExposition(Protocol):
+    def exposition(self) -> bytes: ...
+
+
+class ControllerPort(Protocol):
+    """What the API needs of controller.loop.runtime.Controller."""
+
+    @property
+    def metrics(self) -> MetricsExposition: ...
+
+    def policies(self) -> dict[str, Policy]: ...
+
+    def readiness(self) -> Readiness: ...
+
+    def trigger(self, policy_names: Sequence[str], trigger: str = TRIGGER_ALERT) -> list[str]: ...
+
+    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]: ...

@@ -6,8 +6,13 @@ For each action of a committed decision, in order and independently of the other
     dry-run decision         -> recorded `dry_run`, never executed
     mutating and over limits -> recorded `suppressed` with the reason (limits counted from the journal,
                                 across all policies, per service, so they survive restarts)
-    otherwise                -> `started` (attempts+1) is COMMITTED, then the actuator is called, then
-                                the result is recorded; transient failures are retried with backoff
+    otherwise                -> `started` (attempts+1) is COMMITTED, then the port of its type is called
+                                (one attempt), then the result is recorded; the dispatcher alone retries
+                                transient failures, with backoff
+
+Each action type has its port (a table: rollback -> RollbackPort, scale -> ScalePort, ...), and the typed
+action the engine rendered (an `ActionRequest`) gives the port its arguments; a port nobody configured is a
+"not configured" implementation (controller/core/unconfigured.py) that answers a permanent failure.
 
 A process that dies between `started` and the result leaves the action `started`;
 `resume()` runs it again with the same idempotency key, and the actuator (the tier)
@@ -20,26 +25,46 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.adapters.stores.journal import ActionRecord, ActionStatus, Journal
 from controller.core import limits
+from controller.core.actions import (
+    ActionRecord,
+    ActionRequest,
+    ActionStatus,
+    ActionType,
+    AnnotateAction,
+    NotifyAction,
+    RenderedRollback,
+    RenderedScale,
+    ShiftTrafficAction,
+)
 from controller.core.errors import ConfigError
-from controller.core.model import ActionType, Decision
+from controller.core.model import Decision
 from controller.core.policy import Duration
 from controller.core.ports import (
+    ActionJournalPort,
     ActionOutcome,
     Annotation,
     Annotator,
     Clock,
-    Deployer,
     Notifier,
     OutcomeStatus,
+    RollbackPort,
+    ScalePort,
     TrafficRouter,
 )
+from controller.core.unconfigured import (
+    UnconfiguredAnnotator,
+    UnconfiguredNotifier,
+    UnconfiguredRollback,
+    UnconfiguredRouter,
+    UnconfiguredScale,
+)
+from controller.kit.http import backoff_delay
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +85,13 @@ class GlobalLimits(BaseModel):
 
 @dataclass(frozen=True)
 class Actuators:
-    deployer: Deployer | None = None
-    router: TrafficRouter | None = None
-    annotator: Annotator | None = None
-    notifier: Notifier | None = None
+    """One port per action type; a port left out is its "not configured" implementation."""
+
+    rollback: RollbackPort = field(default_factory=UnconfiguredRollback)
+    scale: ScalePort = field(default_factory=UnconfiguredScale)
+    router: TrafficRouter = field(default_factory=UnconfiguredRouter)
+    annotator: Annotator = field(default_factory=UnconfiguredAnnotator)
+    notifier: Notifier = field(default_factory=UnconfiguredNotifier)
 
 
 class ScaleError(ConfigError, ValueError):
@@ -111,7 +139,7 @@ def desired_replicas(params: Mapping[str, Any], current: int) -> int:
 class Dispatcher:
     def __init__(
         self,
-        journal: Journal,
+        journal: ActionJournalPort,
         actuators: Actuators,
         clock: Clock,
         limits: GlobalLimits,
@@ -135,6 +163,14 @@ class Dispatcher:
         self.links_for = links_for
         self._locks_guard = threading.Lock()
         self._service_locks: dict[str, threading.Lock] = {}
+        # action type -> the call of its port
+        self._ports: dict[ActionType, Callable[[ActionRecord, ActionRequest], ActionOutcome]] = {
+            ActionType.ROLLBACK: self._rollback,
+            ActionType.SCALE: self._scale,
+            ActionType.SHIFT_TRAFFIC: self._shift_traffic,
+            ActionType.ANNOTATE: self._annotate,
+            ActionType.NOTIFY: self._notify,
+        }
 
     # -- public ---------------------------------------------------------------------------------------------
 
@@ -187,9 +223,6 @@ class Dispatcher:
         return self._execute(record)
 
     def _execute(self, record: ActionRecord) -> ActionRecord:
-        missing = self._missing_actuator(record.type)
-        if missing is not None:
-            return self._finish(record, ActionStatus.FAILED, None, missing)
         plan = dict(record.plan) if record.plan is not None else None
         outcome: ActionOutcome | None = None
         attempt = 0
@@ -231,7 +264,7 @@ class Dispatcher:
         return self._finish(record, status, outcome.to_json(), outcome.error)
 
     def _delay(self, attempt: int) -> float:
-        return float(min(self.max_backoff, self.backoff * (2 ** (attempt - 1))))
+        return backoff_delay(attempt, backoff=self.backoff, max_backoff=self.max_backoff)
 
     def _hook(self, point: str, record: ActionRecord) -> None:
         if self.crash_hook is not None:
@@ -290,27 +323,12 @@ class Dispatcher:
             )
         return None
 
-    # -- actuators ------------------------------------------------------------------------------------------
-
-    def _missing_actuator(self, action: ActionType) -> str | None:
-        needs = {
-            ActionType.ROLLBACK: ("deployer", self.actuators.deployer),
-            ActionType.SCALE: ("deployer", self.actuators.deployer),
-            ActionType.SHIFT_TRAFFIC: ("router", self.actuators.router),
-            ActionType.ANNOTATE: ("annotator", self.actuators.annotator),
-            ActionType.NOTIFY: ("notifier", self.actuators.notifier),
-        }
-        name, actuator = needs[action]
-        if actuator is None:
-            return f"no {name} configured: a {action.value} action needs Actuators.{name}"
-        return None
+    # -- ports --------------------------------------------------------------------------------------------
 
     def _plan_scale(self, record: ActionRecord) -> dict[str, Any] | ActionOutcome:
-        deployer = self.actuators.deployer
-        assert deployer is not None
         service = str(record.params.get("service", record.resource))
         try:
-            current = deployer.replicas(service)
+            current = self.actuators.scale.replicas(service)
         except Exception as exc:  # noqa: BLE001 - a failed read is an outcome, not a crash of the controller
             transient = bool(getattr(exc, "transient", isinstance(exc, (ConnectionError, TimeoutError))))
             return ActionOutcome(OutcomeStatus.FAILED, {}, f"reading the replicas of {service!r}: {exc}", transient)
@@ -323,33 +341,53 @@ class Dispatcher:
         return {"service": service, "current": current, "desired": desired}
 
     def _call(self, record: ActionRecord) -> ActionOutcome:
-        params = record.params
-        key = record.idempotency_key
+        """One attempt: the port of the action's type, with the typed action's fields as its arguments."""
         try:
-            if record.type is ActionType.ROLLBACK:
-                assert self.actuators.deployer is not None
-                return self.actuators.deployer.rollback(str(params["service"]), idempotency_key=key)
-            if record.type is ActionType.SCALE:
-                assert self.actuators.deployer is not None and record.plan is not None
-                return self.actuators.deployer.set_replicas(
-                    str(record.plan["service"]), int(record.plan["desired"]), idempotency_key=key
-                )
-            if record.type is ActionType.SHIFT_TRAFFIC:
-                assert self.actuators.router is not None
-                return self.actuators.router.set_weight(
-                    str(params["service"]), str(params["version"]), int(params["weight"]), idempotency_key=key
-                )
-            if record.type is ActionType.ANNOTATE:
-                assert self.actuators.annotator is not None
-                return self.actuators.annotator.annotate(self._annotation(record), idempotency_key=key)
-            assert self.actuators.notifier is not None
-            return self.actuators.notifier.notify(str(params["receiver"]), self._payload(record), idempotency_key=key)
-        except KeyError as exc:
-            return ActionOutcome(OutcomeStatus.FAILED, {}, f"{record.type.value} action lacks parameter {exc}", False)
+            return self._ports[record.type](record, record.request())
+        except AttributeError as exc:
+            if exc.name is None:
+                raise
+            return ActionOutcome(
+                OutcomeStatus.FAILED, {}, f"{record.type.value} action lacks parameter {exc.name!r}", False
+            )
         except Exception as exc:  # noqa: BLE001
-            # Actuators return outcomes for expected failures; anything raised is a bug or an outage.
+            # Ports return outcomes for expected failures; anything raised is a bug or an outage.
             transient = bool(getattr(exc, "transient", isinstance(exc, (ConnectionError, TimeoutError))))
             return ActionOutcome(OutcomeStatus.FAILED, {}, f"{type(exc).__name__}: {exc}", transient)
+
+    def _rollback(self, record: ActionRecord, request: ActionRequest) -> ActionOutcome:
+        action = request.action
+        assert isinstance(action, RenderedRollback)
+        return self.actuators.rollback.rollback(
+            action.service, idempotency_key=request.idempotency_key, rollout_revision=action.rollout_revision
+        )
+
+    def _scale(self, record: ActionRecord, request: ActionRequest) -> ActionOutcome:
+        assert isinstance(request.action, RenderedScale) and record.plan is not None
+        # The count planned (and journaled) before the first start, so a resume asks for the same one.
+        return self.actuators.scale.set_replicas(
+            str(record.plan["service"]), int(record.plan["desired"]), idempotency_key=request.idempotency_key
+        )
+
+    def _shift_traffic(self, record: ActionRecord, request: ActionRequest) -> ActionOutcome:
+        action = request.action
+        assert isinstance(action, ShiftTrafficAction)
+        return self.actuators.router.set_weight(
+            action.service, action.version, int(action.weight), idempotency_key=request.idempotency_key
+        )
+
+    def _annotate(self, record: ActionRecord, request: ActionRequest) -> ActionOutcome:
+        assert isinstance(request.action, AnnotateAction)
+        return self.actuators.annotator.annotate(
+            self._annotation(record, request.action), idempotency_key=request.idempotency_key
+        )
+
+    def _notify(self, record: ActionRecord, request: ActionRequest) -> ActionOutcome:
+        action = request.action
+        assert isinstance(action, NotifyAction)
+        return self.actuators.notifier.notify(
+            action.receiver, self._payload(record, action), idempotency_key=request.idempotency_key
+        )
 
     def _decision(self, record: ActionRecord) -> dict[str, Any]:
         return self.journal.decision(record.decision_id, record.decision_kind) or {
@@ -358,7 +396,7 @@ class Dispatcher:
             "policy": record.policy,
         }
 
-    def _annotation(self, record: ActionRecord) -> Annotation:
+    def _annotation(self, record: ActionRecord, action: AnnotateAction) -> Annotation:
         decision = self._decision(record)
         at = float(decision.get("at") or self.clock.now())
         start, end = at, None
@@ -367,18 +405,18 @@ class Dispatcher:
             start = float(decision.get("onset") or decision.get("fired_at") or at)
             end = float(decision.get("resolved_at") or at)
         labels = {str(k): str(v) for k, v in (decision.get("target") or {}).items()}
-        tags = [str(tag) for tag in record.params.get("tags", [])]
+        tags = [str(tag) for tag in action.tags]
         extra = [f"policy:{record.policy}", f"decision:{record.decision_kind}"]
         return Annotation(
             time=start,
             time_end=end,
-            text=str(record.params["text"]),
+            text=action.text,
             tags=[*tags, *extra],
             decision_id=record.decision_id,
             labels=labels,
         )
 
-    def _payload(self, record: ActionRecord) -> dict[str, Any]:
+    def _payload(self, record: ActionRecord, action: NotifyAction) -> dict[str, Any]:
         decision = self._decision(record)
         actions = [
             other.to_json()
@@ -386,7 +424,7 @@ class Dispatcher:
             if other.decision_kind == record.decision_kind
         ]
         return {
-            "message": str(record.params.get("message", "")),
+            "message": action.message,
             "decision": decision,
             "evidence": decision.get("evidence", []),
             "actions": actions,

@@ -13,20 +13,18 @@ the last good set running: an SRE's typo must never switch the controller off.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from controller.adapters.changes.tracker import ChangeFeed, lookback
-from controller.core.attribution import Rollout
+from controller.core.attribution import Rollout, lookback
 from controller.core.engine import (
     Phase,
     PolicyState,
@@ -35,75 +33,35 @@ from controller.core.engine import (
     with_action_times,
 )
 from controller.core.errors import ConfigError
-from controller.core.handover import ActionTimes, HandoverPort, merge_action_times
+from controller.core.handover import ActionTimes, merge_action_times
 from controller.core.limits import BUDGET_WINDOW_SECONDS
 from controller.core.model import Decision, SignalResult, TargetKey, format_target
 from controller.core.policy import Policy
 from controller.core.policy_files import LoadedPolicy, PolicyError, load_policies, policy_paths
-from controller.core.ports import Clock, MetricsSource
+from controller.core.ports import (
+    TRIGGER_ALERT,
+    TRIGGER_SCHEDULE,
+    ChangeTrackerPort,
+    Clock,
+    DispatcherPort,
+    JournalPort,
+    LeaderPort,
+    MetricsSource,
+    PredictionPort,
+    Readiness,
+    RolloutAnnotatorPort,
+)
 from controller.kit.clock import ShutdownInterrupt
 from controller.loop.metrics import ControllerMetrics
 
 logger = logging.getLogger("tailguard.controller")
 
-TRIGGER_SCHEDULE = "schedule"
-TRIGGER_ALERT = "alert"
 # A policy is "stale" for /readyz when it has not been evaluated for this many of its intervals.
 READY_INTERVALS = 3
 # Targets spelled out in the one-line evaluation log; the rest are counted.
 LOG_TARGETS = 10
 
 QuerySignals = Callable[[MetricsSource, Policy, "float | None"], Mapping[str, SignalResult]]
-
-
-class JournalPort(Protocol):
-    """What the controller needs of controller.adapters.stores.journal.Journal."""
-
-    def load_state(self, policy: str) -> PolicyState | None: ...
-
-    def commit_evaluation(self, policy: str, state: PolicyState, decisions: Sequence[Decision], now: float) -> None: ...
-
-    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]: ...
-
-    def close(self) -> None: ...
-
-
-class RolloutAnnotatorPort(Protocol):
-    def annotate_rollout(self, rollout: Rollout) -> Any: ...
-
-
-class ChangeTrackerPort(Protocol):
-    """What the controller needs of controller.adapters.changes.tracker.ChangeTracker."""
-
-    def rollouts(self, since: float) -> ChangeFeed: ...
-
-
-class DispatcherPort(Protocol):
-    """What the controller needs of controller.loop.dispatcher.Dispatcher."""
-
-    def dispatch(self, decision: Decision) -> Sequence[Any]: ...
-
-    def resume(self) -> Sequence[Any]: ...
-
-
-class PredictionPort(Protocol):
-    """What the controller needs of predictors.serving.PredictionProvider (the SLA model's signals)."""
-
-    def predict(self, source: MetricsSource, policy: Policy, at: float | None = None) -> Mapping[str, SignalResult]: ...
-
-    def warnings(self) -> list[str]: ...
-
-
-class LeaderPort(Protocol):
-    """What the controller needs of controller.adapters.lease.leader.LeaderElector: only the leader evaluates and
-    acts, and
-    the Lease carries its mutating-action times to the next leader (controller/core/handover.py)."""
-
-    def is_leader(self) -> bool: ...
-
-    def attach_handover(self, handover: HandoverPort) -> None: ...
-
-    def publish(self) -> bool: ...
 
 
 class PolicyLoadError(ConfigError):
@@ -132,25 +90,6 @@ class ReloadOutcome:
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
     updated: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Readiness:
-    ready: bool
-    reasons: tuple[str, ...]
-    reload_errors: tuple[str, ...]
-    policies: Mapping[str, float | None] = field(default_factory=dict)
-    # Listed on /readyz without making the controller unready (e.g. an unusable prediction model).
-    warnings: tuple[str, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ready": self.ready,
-            "reasons": list(self.reasons),
-            "reload_errors": list(self.reload_errors),
-            "warnings": list(self.warnings),
-            "policies": {name: {"last_evaluation": at} for name, at in sorted(self.policies.items())},
-        }
 
 
 def action_labels(record: Any) -> tuple[str, str]:
@@ -611,10 +550,9 @@ class Controller:
     def _prediction_port(self) -> PredictionPort:
         with self._lock:
             if self._predictions is None:
-                # No models configured: every prediction signal is no-data ("model not configured"), logged once.
-                from predictors.serving import PredictionProvider
-
-                self._predictions = PredictionProvider({}, self._clock)
+                # No prediction port wired (the app always wires one, predictors.serving.PredictionProvider):
+                # every prediction signal is no-data ("model not configured"), logged once.
+                self._predictions = UnconfiguredPredictions()
             return self._predictions
 
     def _run_scheduled(self, name: str) -> None:
@@ -751,6 +689,39 @@ def _log_evaluation(policy: Policy, trigger: str, state: PolicyState, source_err
     )
 
 
+class UnconfiguredPredictions:
+    """The prediction port when none is wired: every model is unconfigured, its signals no-data (as
+    predictors.serving.PredictionProvider answers with no models configured); each model is warned about once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._models: set[str] = set()
+
+    def predict(self, source: MetricsSource, policy: Policy, at: float | None = None) -> dict[str, SignalResult]:
+        answer: dict[str, SignalResult] = {}
+        for signal in policy.signals:
+            if signal.predict is None:
+                continue
+            answer[signal.name] = SignalResult(values={})
+            with self._lock:
+                if signal.predict.model in self._models:
+                    continue
+                self._models.add(signal.predict.model)
+            logger.warning("prediction %s", self._describe(signal.predict.model))
+        return answer
+
+    def warnings(self) -> list[str]:
+        with self._lock:
+            return [self._describe(model) for model in sorted(self._models)]
+
+    @staticmethod
+    def _describe(model: str) -> str:
+        return (
+            f"model {model}: unconfigured: not in the configuration's predictors (none); "
+            "its prediction signals are no-data"
+        )
+
+
 def _log_decision(decision: Decision) -> None:
     value = "no-data" if decision.value is None else f"{decision.value:.4g}"
     logger.info(
@@ -766,37 +737,6 @@ def _log_decision(decision: Decision) -> None:
         decision.id,
         extra={"fields": {"event": "decision", **decision.to_json()}},
     )
-
-
-class JsonLogFormatter(logging.Formatter):
-    """One JSON object per line; structured fields passed as extra={"fields": {...}} are merged in."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        fields = getattr(record, "fields", None)
-        if isinstance(fields, dict):
-            entry.update({key: value for key, value in fields.items() if key not in entry})
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str, sort_keys=False)
-
-
-def configure_logging(log_format: str = "text", level: str = "INFO") -> None:
-    handler = logging.StreamHandler()
-    if log_format == "json":
-        handler.setFormatter(JsonLogFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    # APScheduler logs every job run at INFO; the controller logs its own evaluation line instead.
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
 
 
 def _recent(by_target: Mapping[TargetKey, tuple[float, ...]], since: float) -> dict[TargetKey, tuple[float, ...]]:

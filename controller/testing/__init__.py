@@ -1,0 +1,269 @@
+"""Public fakes of the ports (controller/core/ports.py), for tests: like `kopf.testing`, shipped with the package.
+
+Action ports (FakeRollback, FakeScaler, FakeDeployer for both, FakeRouter, FakeAnnotator, FakeNotifier) record
+every call, deduplicate by idempotency key like the real ones, and fail on demand (`script(...)` queues outcomes:
+a transient or permanent failure, or a raise). FakeSource is a scripted MetricsSource. `make_decision` builds a
+decision as the engine would.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.core.actions import ActionRequest, ActionType
+from controller.core.model import Decision, DecisionKind, SignalResult, decision_id, target_key
+from controller.core.ports import ActionOutcome, Annotation, OutcomeStatus, RangeResult
+
+
+def transient_failure(message: str = "503 Service Unavailable") -> ActionOutcome:
+    return ActionOutcome(OutcomeStatus.FAILED, {}, message, transient=True)
+
+
+def permanent_failure(message: str = "400 Bad Request") -> ActionOutcome:
+    return ActionOutcome(OutcomeStatus.FAILED, {}, message, transient=False)
+
+
+@dataclass
+class Call:
+    method: str
+    args: Mapping[str, Any]
+    idempotency_key: str | None
+    replayed: bool = False
+
+
+@dataclass
+class _Recorder:
+    calls: list[Call] = field(default_factory=list)
+    # Outcomes (or exceptions to raise) returned by the next calls, in order, before normal behaviour.
+    _script: deque[ActionOutcome | BaseException] = field(default_factory=deque)
+    _answers: dict[str, ActionOutcome] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def script(self, *outcomes: ActionOutcome | BaseException) -> None:
+        self._script.extend(outcomes)
+
+    def performed(self, method: str | None = None) -> list[Call]:
+        """Calls that had an effect: not scripted failures, not replays of a key already answered."""
+        return [
+            c
+            for c in self.calls
+            if not c.replayed and (method is None or c.method == method) and c.args.get("_effective", True)
+        ]
+
+    def _handle(self, method: str, args: dict[str, Any], key: str | None, act: Any) -> ActionOutcome:
+        with self._lock:
+            if self._script:
+                scripted = self._script.popleft()
+                self.calls.append(Call(method, {**args, "_effective": False}, key))
+                if isinstance(scripted, BaseException):
+                    raise scripted
+                if scripted.status is not OutcomeStatus.FAILED and key is not None:
+                    self._answers[key] = scripted
+                return scripted
+            if key is not None and key in self._answers:
+                self.calls.append(Call(method, args, key, replayed=True))
+                first = self._answers[key]
+                return ActionOutcome(first.status, {**first.detail, "replayed": True}, first.error, first.transient)
+            outcome: ActionOutcome = act()
+            self.calls.append(Call(method, args, key))
+            if key is not None and outcome.status is not OutcomeStatus.FAILED:
+                self._answers[key] = outcome
+            return outcome
+
+
+class FakeRollback(_Recorder):
+    """RollbackPort: each service steps back one revision (an attributed `rollout_revision` is recorded)."""
+
+    def __init__(self, revisions: Mapping[str, int] | None = None) -> None:
+        super().__init__()
+        self.active_revision: dict[str, int] = dict(revisions or {})
+
+    def rollback(self, service: str, *, idempotency_key: str, rollout_revision: str | None = None) -> ActionOutcome:
+        def act() -> ActionOutcome:
+            current = self.active_revision.get(service, 2)
+            if current <= 1:
+                return ActionOutcome(OutcomeStatus.FAILED, {}, "no earlier good revision", False)
+            self.active_revision[service] = current - 1
+            return ActionOutcome(
+                OutcomeStatus.SUCCEEDED,
+                {"from_revision": current, "to_revision": current - 1, "replayed": False},
+            )
+
+        args: dict[str, Any] = {"service": service}
+        if rollout_revision is not None:
+            args["rollout_revision"] = rollout_revision
+        return self._handle("rollback", args, idempotency_key, act)
+
+
+class FakeScaler(_Recorder):
+    """ScalePort: replica counts in a dict (`replicas_error` makes the read raise)."""
+
+    def __init__(self, replicas: Mapping[str, int] | None = None) -> None:
+        super().__init__()
+        self.replica_counts: dict[str, int] = dict(replicas or {})
+        self.replicas_error: BaseException | None = None
+
+    def replicas(self, service: str) -> int:
+        if self.replicas_error is not None:
+            raise self.replicas_error
+        return self.replica_counts.get(service, 1)
+
+    def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome:
+        def act() -> ActionOutcome:
+            before = self.replica_counts.get(service, 1)
+            self.replica_counts[service] = replicas
+            return ActionOutcome(OutcomeStatus.SUCCEEDED, {"from": before, "to": replicas, "replayed": False})
+
+        return self._handle("set_replicas", {"service": service, "replicas": replicas}, idempotency_key, act)
+
+
+class FakeDeployer(FakeRollback, FakeScaler):
+    """Both RollbackPort and ScalePort, with one call record (the local tier's shape)."""
+
+    def __init__(self, replicas: Mapping[str, int] | None = None, revisions: Mapping[str, int] | None = None) -> None:
+        FakeScaler.__init__(self, replicas)
+        self.active_revision = dict(revisions or {})
+
+
+class FakeRouter(_Recorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weights: dict[tuple[str, str], int] = {}
+
+    def set_weight(self, service: str, version: str, weight: int, *, idempotency_key: str) -> ActionOutcome:
+        def act() -> ActionOutcome:
+            self.weights[(service, version)] = weight
+            return ActionOutcome(OutcomeStatus.SUCCEEDED, {"weight": weight, "verified": True, "replayed": False})
+
+        return self._handle(
+            "set_weight", {"service": service, "version": version, "weight": weight}, idempotency_key, act
+        )
+
+
+class FakeAnnotator(_Recorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.annotations: list[Annotation] = []
+
+    def annotate(self, annotation: Annotation, *, idempotency_key: str) -> ActionOutcome:
+        def act() -> ActionOutcome:
+            self.annotations.append(annotation)
+            return ActionOutcome(OutcomeStatus.SUCCEEDED, {"replayed": False})
+
+        return self._handle("annotate", {"text": annotation.text}, idempotency_key, act)
+
+
+class FakeNotifier(_Recorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[str, Mapping[str, Any]]] = []
+
+    def notify(self, receiver: str, payload: Mapping[str, Any], *, idempotency_key: str) -> ActionOutcome:
+        def act() -> ActionOutcome:
+            self.sent.append((receiver, payload))
+            return ActionOutcome(OutcomeStatus.SUCCEEDED, {"receiver": receiver, "replayed": False})
+
+        return self._handle("notify", {"receiver": receiver}, idempotency_key, act)
+
+
+def make_decision(
+    actions: list[tuple[str, Mapping[str, Any]]],
+    *,
+    policy: str = "p99-rollback",
+    condition: str = "p99-above-800ms",
+    service: str = "chat",
+    onset: float = 1_700_000_000.0,
+    at: float | None = None,
+    kind: str = "fire",
+    value: float | None = 1.2,
+    dry_run: bool = False,
+) -> Decision:
+    """A decision as the engine would produce it (deterministic id, keys `"{id}:{kind}:{index}"`)."""
+    target = target_key({"service": service})
+    incident = decision_id(policy, condition, target, onset)
+    decision_kind = DecisionKind(kind)
+    requests = tuple(
+        ActionRequest.of(ActionType(action_type), dict(params), f"{incident}:{decision_kind.value}:{index}")
+        for index, (action_type, params) in enumerate(actions)
+    )
+    when = at if at is not None else onset + 30.0
+    return Decision(
+        id=incident,
+        kind=decision_kind,
+        policy=policy,
+        condition=condition,
+        target=target,
+        onset=onset,
+        at=when,
+        fired_at=when if decision_kind is DecisionKind.FIRE else onset + 30.0,
+        resolved_at=when if decision_kind is DecisionKind.RESOLVE else None,
+        value=value,
+        threshold=0.8,
+        evidence=((onset, 1.0), (onset + 15.0, 1.1), (when, value or 0.0)),
+        actions=requests,
+        dry_run=dry_run,
+        reason="> 0.8 for 3 consecutive evaluations",
+    )
+
+
+# ----- MetricsSource ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SentQuery:
+    kind: str  # "instant" or "range"
+    query: str
+    group_by: tuple[str, ...]
+    at: float | None = None
+    start: float | None = None
+    end: float | None = None
+    step: float | None = None
+
+
+InstantAnswer = SignalResult | Callable[[str, float | None], SignalResult]
+RangeAnswer = RangeResult | Callable[[str, float, float, float], RangeResult]
+
+
+@dataclass
+class FakeSource:
+    """Answers from scripts keyed by exact query text; an unknown query is an error result (as Prometheus'd be).
+
+    `instant_answers[query]` is a SignalResult, or a function (query, at) -> SignalResult; a list of
+    answers is consumed one per call (the last one repeats). `range_answers` likewise for range().
+    `default` answers any query not scripted (None: an error naming the query).
+    """
+
+    instant_answers: dict[str, InstantAnswer | list[InstantAnswer]] = field(default_factory=dict)
+    range_answers: dict[str, RangeAnswer | list[RangeAnswer]] = field(default_factory=dict)
+    default: SignalResult | None = None
+    sent: list[SentQuery] = field(default_factory=list)
+
+    def instant(self, query: str, group_by: Sequence[str], at: float | None = None) -> SignalResult:
+        self.sent.append(SentQuery("instant", query, tuple(group_by), at=at))
+        answer: InstantAnswer | None = _next(self.instant_answers, query)
+        if answer is None:
+            return self.default if self.default is not None else SignalResult.failed(f"unscripted query: {query}")
+        return answer if isinstance(answer, SignalResult) else answer(query, at)
+
+    def range(self, query: str, group_by: Sequence[str], start: float, end: float, step: float) -> RangeResult:
+        self.sent.append(SentQuery("range", query, tuple(group_by), start=start, end=end, step=step))
+        answer: RangeAnswer | None = _next(self.range_answers, query)
+        if answer is None:
+            return RangeResult(error=f"unscripted range query: {query}")
+        return answer if isinstance(answer, RangeResult) else answer(query, start, end, step)
+
+    def queries(self, kind: str | None = None) -> list[str]:
+        return [sent.query for sent in self.sent if kind is None or sent.kind == kind]
+
+
+def _next(script: Mapping[str, Any], query: str) -> Any:
+    answer = script.get(query)
+    if isinstance(answer, list):
+        if not answer:
+            return None
+        return answer.pop(0) if len(answer) > 1 else answer[0]
+    return answer

@@ -32,7 +32,7 @@ ACTUATOR_PERMISSIONS: tuple[Permission, ...] = (
         "autoscaling",
         "horizontalpodautoscalers",
         ("get", "update"),
-        "HpaDeployer: read_/replace_namespaced_horizontal_pod_autoscaler",
+        "HpaScaler: read_/replace_namespaced_horizontal_pod_autoscaler",
         "serving",
     ),
     Permission(

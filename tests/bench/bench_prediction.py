@@ -37,7 +37,7 @@ import sklearn
 from controller.core.model import SignalResult, target_key
 from controller.core.policy import Policy
 from controller.kit.clock import ManualClock
-from controller.testing.sources import FakeSource
+from controller.testing import FakeSource
 from predictors.artifact import DIMENSIONS, ModelArtifact, load_artifact, predict_proba, save_artifact
 from predictors.features import feature_hash, feature_names, feature_queries
 from predictors.modeling import calibrate, fit_gbm

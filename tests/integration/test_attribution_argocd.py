@@ -11,7 +11,7 @@ import pytest
 
 from controller.adapters.changes.tracker import ArgoCDHistorySource, ChangeTracker
 from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.adapters.rollback.argocd import ArgoCDApp, ArgoCDClient, ArgoCDDeployer
+from controller.adapters.rollback.argocd import ArgoCDApp, ArgoCDClient, ArgoCDRollback
 from controller.adapters.stores.journal import Journal
 from controller.core.attribution import AttributedDecision, AttributionStatus
 from controller.core.model import DecisionKind
@@ -21,7 +21,7 @@ from controller.core.signals import query_signals
 from controller.kit.clock import ManualClock
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.loop.runtime import Controller, EvaluationOutcome
-from controller.testing.actuators import FakeNotifier
+from controller.testing import FakeNotifier
 from tests.conftest import BackfilledPrometheus
 from tests.support.fake_argocd import FakeArgoCD, application
 from tests.support.scenarios import REGRESSION_START, T0
@@ -83,13 +83,11 @@ def run_until_fire(
     apps = {"regress": ArgoCDApp(name="llm-regress")}
     deployer_client = ArgoCDClient(fake.url, clock=clock, token=lambda: TOKEN, timeout=5, retries=2)
     journal = Journal(tmp_path / "journal.db")
-    deployer = ArgoCDDeployer(
-        deployer_client, apps, clock=clock, wait_timeout=120, poll_interval=5, decision_lookup=journal.decision
-    )
+    deployer = ArgoCDRollback(deployer_client, apps, clock=clock, wait_timeout=120, poll_interval=5)
     tracker_client = ArgoCDClient(fake.url, clock=clock, token=lambda: tracker_token, timeout=5, retries=1)
     tracker = ChangeTracker([ArgoCDHistorySource(tracker_client, apps)])
     notifier = FakeNotifier()
-    dispatcher = Dispatcher(journal, Actuators(deployer=deployer, notifier=notifier), clock, GlobalLimits())
+    dispatcher = Dispatcher(journal, Actuators(rollback=deployer, notifier=notifier), clock, GlobalLimits())
     source = PrometheusSource(PrometheusSettings(url=prometheus_url, timeout=5, retries=1), clock)
 
     def at_clock(metrics: MetricsSource, policy: Policy, _at: float | None) -> Mapping[str, Any]:

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from controller.adapters.scale.hpa import EventRecorder, HpaBounds, HpaDeployer
+from controller.adapters.scale.hpa import EventRecorder, HpaBounds, HpaScaler
 from controller.adapters.stores.journal import ActionStatus, Journal
 from controller.adapters.traffic.routes import HttpRouteRouter, Ramp
 from controller.kit.clock import ManualClock
 from controller.kit.http import RetryPolicy
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.testing.actuators import make_decision
+from controller.testing import make_decision
 from tests.support.fake_kubernetes import FakeKubernetes, hpa, http_route
 
 pytestmark = pytest.mark.integration
@@ -41,11 +41,11 @@ def make_dispatcher(fake: FakeKubernetes, tmp_path: Path, clock: ManualClock) ->
         retry=retry,
         events=events,
     )
-    deployer = HpaDeployer(
+    deployer = HpaScaler(
         k8s.AutoscalingV2Api(api), clock=clock, bounds=HpaBounds(max_replicas=8), namespace="llm", events=events
     )
     journal = Journal(tmp_path / "journal.db")
-    return Dispatcher(journal, Actuators(deployer=deployer, router=router), clock, GlobalLimits()), router
+    return Dispatcher(journal, Actuators(scale=deployer, router=router), clock, GlobalLimits()), router
 
 
 def weights(fake: FakeKubernetes) -> dict[str, int]:

@@ -28,7 +28,7 @@ from controller.kit.clock import ManualClock
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
-from controller.testing.actuators import FakeDeployer
+from controller.testing import FakeDeployer
 from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact
 from predictors.features import feature_hash, feature_names, feature_queries
 from predictors.serving import ModelSpec, PredictionProvider, single_threaded
@@ -150,7 +150,7 @@ def build(tmp_path: Path, url: str, model_dir: Path) -> tuple[Controller, FakeDe
         policy_paths=[rules],
         source=source,
         journal=journal,
-        dispatcher=Dispatcher(journal, Actuators(deployer=deployer), clock, GlobalLimits()),
+        dispatcher=Dispatcher(journal, Actuators(rollback=deployer, scale=deployer), clock, GlobalLimits()),
         clock=clock,
         metrics=ControllerMetrics(registry),
         schedule=False,

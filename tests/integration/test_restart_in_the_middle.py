@@ -45,7 +45,7 @@ DRIVER = textwrap.dedent(
     """
     import json, os, sys
     from controller.adapters.annotations.jsonl import JsonlAnnotator
-    from controller.testing.actuators import make_decision
+    from controller.testing import make_decision
     from controller.adapters.tier.local_tier import LocalTierClient
     from controller.kit.clock import SystemClock
     from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
@@ -55,8 +55,8 @@ DRIVER = textwrap.dedent(
     journal_path, annotations_path, tier_url, mode = sys.argv[1:5]
     clock = SystemClock()
     journal = Journal(journal_path)
-    actuators = Actuators(deployer=LocalTierClient(tier_url, timeout=10.0, retries=3, clock=clock),
-                          annotator=JsonlAnnotator(annotations_path))
+    tier = LocalTierClient(tier_url, timeout=10.0, retries=3, clock=clock)
+    actuators = Actuators(rollback=tier, scale=tier, annotator=JsonlAnnotator(annotations_path))
 
     def crash_hook(point, record):
         if mode == "dispatch-crash-" + point and record.type.value == "rollback":

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from controller.adapters.annotations.jsonl import FanoutAnnotator, JsonlAnnotator
 from controller.core.ports import Annotation, OutcomeStatus
-from controller.testing.actuators import FakeAnnotator, permanent_failure, transient_failure
+from controller.testing import FakeAnnotator, permanent_failure, transient_failure
 
 ANNOTATION = Annotation(
     time=100.0,

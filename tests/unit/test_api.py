@@ -102,7 +102,7 @@ def served(tmp_path: Path) -> Iterator[Served]:
 
 
 def _source() -> Any:
-    from controller.testing.sources import FakeSource
+    from controller.testing import FakeSource
 
     return FakeSource(default=SignalResult({target_key({"service": "checkout"}): 0.95}))
 

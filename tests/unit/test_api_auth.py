@@ -18,7 +18,7 @@ from controller.core.model import Decision, SignalResult, target_key
 from controller.kit.clock import ManualClock
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
-from controller.testing.sources import FakeSource
+from controller.testing import FakeSource
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "alertmanager"
 TOKEN = "s3cret-Token-that-must-not-leak"

@@ -13,15 +13,18 @@ import pytest
 from controller.adapters.rollback.argocd import (
     ArgoCDApp,
     ArgoCDClient,
-    ArgoCDDeployer,
+    ArgoCDRollback,
     ArgoCDSettings,
     AutoSyncMode,
     BadRevisionRecord,
     HistoryEntry,
     pick_target,
 )
+from controller.adapters.stores.journal import Journal
 from controller.core.ports import OutcomeStatus
 from controller.kit.clock import ManualClock
+from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from controller.testing import make_decision
 from tests.support.fake_argocd import FakeArgoCD, SwaggerValidator, application
 
 T0 = 1_700_000_000.0
@@ -44,11 +47,10 @@ def deployer(
     timeout: float = 2.0,
     record: BadRevisionRecord | None = None,
     notices: list[str] | None = None,
-    decisions: dict[tuple[str, str], dict[str, Any]] | None = None,
-) -> ArgoCDDeployer:
+) -> ArgoCDRollback:
     clock = ManualClock(T0)
     client = ArgoCDClient(fake.url, clock=clock, token=lambda: token, timeout=timeout, retries=3)
-    return ArgoCDDeployer(
+    return ArgoCDRollback(
         client,
         {"web": ArgoCDApp(name="llm-web")},
         clock=clock,
@@ -57,7 +59,6 @@ def deployer(
         poll_interval=5,
         record=record,
         notice=(lambda text, _info: notices.append(text)) if notices is not None else None,
-        decision_lookup=(lambda d, k: (decisions or {}).get((d, k))) if decisions is not None else None,
     )
 
 
@@ -81,10 +82,17 @@ def test_rollback_targets_the_entry_before_the_attributed_rollout(fake: FakeArgo
     assert (outcome.detail["bad_revision"], outcome.detail["to_revision"]) == ("r2", "r1")
 
 
-def test_attributed_revision_is_read_from_the_journaled_decision(fake: FakeArgoCD) -> None:
-    decision = {"attribution": {"status": "attributed", "rollout": {"revision": "r2", "at": T0 - 2000}}}
-    outcome = deployer(fake, decisions={("d1", "fire"): decision}).rollback("web", idempotency_key=KEY)
-    assert outcome.detail["to_revision"] == "r1"
+def test_the_dispatcher_hands_over_the_attributed_revision_of_the_rollback_action(
+    fake: FakeArgoCD, tmp_path: Path
+) -> None:
+    # The engine puts the revision the breach is attributed to into the rollback action; the dispatcher passes it.
+    decision = make_decision([("rollback", {"service": "web", "rollout_revision": "r2"})])
+    with Journal(tmp_path / "journal.db") as journal:
+        dispatcher = Dispatcher(journal, Actuators(rollback=deployer(fake)), ManualClock(T0), GlobalLimits())
+        [record] = dispatcher.dispatch(decision)
+    assert record.result is not None
+    outcome = record.result
+    assert outcome["detail"]["to_revision"] == "r1"
 
 
 def test_never_targets_a_revision_recorded_as_bad(fake: FakeArgoCD, tmp_path: Path) -> None:

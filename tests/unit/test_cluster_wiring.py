@@ -1,6 +1,7 @@
-"""controller/app/cluster.py and controller/adapters/composite.py: the `kubernetes` settings, the builder of the cluster
+"""controller/app/cluster.py and controller/core/unconfigured.py: the `kubernetes` settings, the builder of the cluster
 actuators (exercised through the real client against the spec-validating fake API server), the leader elector
-builder, CompositeDeployer, and `tailguard run`'s one-line errors when the cluster cannot be reached."""
+builder, one port per action type (a missing one answers "not configured"), and `tailguard run`'s one-line errors
+when the cluster cannot be reached."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.composite import SCALE_MISSING, CompositeDeployer, NoActuatorError
 from controller.adapters.lease.leader import LeaderElectionSettings
-from controller.adapters.scale.hpa import ANNOTATION_KEYS, HpaDeployer
+from controller.adapters.scale.hpa import ANNOTATION_KEYS, HpaScaler
 from controller.adapters.stores.journal import ActionStatus, Journal
 from controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
 from controller.app import cli
@@ -26,9 +26,16 @@ from controller.app.cluster import (
 )
 from controller.app.settings import SettingsError, load_settings
 from controller.core.ports import OutcomeStatus
+from controller.core.unconfigured import (
+    ROLLBACK_MISSING,
+    SCALE_MISSING,
+    NoActuatorError,
+    UnconfiguredRollback,
+    UnconfiguredScale,
+)
 from controller.kit.clock import ManualClock
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.testing.actuators import FakeDeployer, make_decision
+from controller.testing import FakeDeployer, make_decision
 from tests.support.fake_kubernetes import FakeKubernetes, hpa, http_route, virtual_service
 
 
@@ -129,7 +136,7 @@ def test_builder_scales_the_configured_hpa_and_records_an_event(fake: FakeKubern
         clock,
         api_client=fake.api_client(),
     )
-    assert isinstance(built.scaler, HpaDeployer) and built.router is None and built.events is not None
+    assert isinstance(built.scaler, HpaScaler) and built.router is None and built.events is not None
     assert built.scaler.replicas("chat") == 2
     outcome = built.scaler.set_replicas("chat", 5, idempotency_key="d1:fire:0")
     assert outcome.status is OutcomeStatus.SUCCEEDED, outcome
@@ -235,27 +242,26 @@ def test_leader_elector_builder(fake: FakeKubernetes, tmp_path: Path) -> None:
     assert lease is not None and lease["spec"]["holderIdentity"] == "pod-a"
 
 
-# ----- CompositeDeployer --------------------------------------------------------------------------------------
+# ----- one port per action type ------------------------------------------------------------------------------
 
 
-def test_composite_routes_each_half_to_its_actuator() -> None:
+def test_each_port_goes_to_its_own_actuator() -> None:
     rollbacks = FakeDeployer(replicas={"chat": 9}, revisions={"chat": 3})
     scaling = FakeDeployer(replicas={"chat": 2})
-    composite = CompositeDeployer(rollbacks, scaling)
-    assert composite.rollback("chat", idempotency_key="r").detail["to_revision"] == 2
-    assert composite.replicas("chat") == 2
-    assert composite.set_replicas("chat", 4, idempotency_key="s").status is OutcomeStatus.SUCCEEDED
+    ports = Actuators(rollback=rollbacks, scale=scaling)
+    assert ports.rollback.rollback("chat", idempotency_key="r").detail["to_revision"] == 2
+    assert ports.scale.replicas("chat") == 2
+    assert ports.scale.set_replicas("chat", 4, idempotency_key="s").status is OutcomeStatus.SUCCEEDED
     assert [c.method for c in rollbacks.calls] == ["rollback"]
     assert [c.method for c in scaling.calls] == ["set_replicas"]
     assert scaling.replica_counts == {"chat": 4} and rollbacks.replica_counts == {"chat": 9}
 
 
-def test_composite_missing_halves_answer_clear_failures() -> None:
-    only_scaling = CompositeDeployer(None, FakeDeployer())
-    outcome = only_scaling.rollback("chat", idempotency_key="r")
+def test_unconfigured_ports_answer_clear_failures() -> None:
+    outcome = UnconfiguredRollback(ROLLBACK_MISSING).rollback("chat", idempotency_key="r")
     assert outcome.status is OutcomeStatus.FAILED and not outcome.transient
     assert outcome.error == "no actuator configured for rollback: add argocd (or tier)"
-    only_rollbacks = CompositeDeployer(FakeDeployer(), None)
+    only_rollbacks = UnconfiguredScale(SCALE_MISSING)
     outcome = only_rollbacks.set_replicas("chat", 3, idempotency_key="s")
     assert outcome.status is OutcomeStatus.FAILED and outcome.error == SCALE_MISSING and not outcome.transient
     assert SCALE_MISSING.startswith("no actuator configured for scale: add kubernetes.hpa")
@@ -267,9 +273,8 @@ def test_dispatcher_records_a_scale_without_a_scaler_as_failed_once(tmp_path: Pa
     rollbacks = FakeDeployer(revisions={"chat": 3})
     clock = ManualClock()
     with Journal(tmp_path / "journal.db") as journal:
-        dispatcher = Dispatcher(
-            journal, Actuators(deployer=CompositeDeployer(rollbacks, None)), clock, GlobalLimits(), attempts=3
-        )
+        actuators = Actuators(rollback=rollbacks, scale=UnconfiguredScale(SCALE_MISSING))
+        dispatcher = Dispatcher(journal, actuators, clock, GlobalLimits(), attempts=3)
         decision = make_decision(
             [("scale", {"service": "chat", "delta": 2, "max": 8}), ("rollback", {"service": "chat"})]
         )

@@ -14,7 +14,7 @@ from controller.core.model import Decision
 from controller.core.ports import ActionOutcome
 from controller.kit.clock import ManualClock
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits, ScaleError, desired_replicas
-from controller.testing.actuators import (
+from controller.testing import (
     FakeAnnotator,
     FakeDeployer,
     FakeNotifier,
@@ -42,7 +42,7 @@ class Rig:
         self.journal = Journal(path)
 
     def actuators(self) -> Actuators:
-        return Actuators(self.deployer, self.router, self.annotator, self.notifier)
+        return Actuators(self.deployer, self.deployer, self.router, self.annotator, self.notifier)
 
     def dispatcher(self, crash_at: str | None = None, crash_type: str = "rollback", **kwargs: Any) -> Dispatcher:
         def hook(point: str, record: ActionRecord) -> None:

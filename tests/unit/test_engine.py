@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
+from controller.core.actions import ActionType
 from controller.core.engine import ConditionState, Phase, PolicyState, transition
 from controller.core.model import (
-    ActionType,
     Decision,
     DecisionKind,
     SignalResult,

@@ -7,10 +7,11 @@ from pathlib import Path
 from controller.adapters.annotations.grafana import DecisionAnnotatingDispatcher, GrafanaAnnotator, GrafanaHttp
 from controller.adapters.stores.journal import Journal
 from controller.adapters.stores.outbox import Backoff, Outbox
-from controller.core.model import ActionRequest, ActionType, Decision, DecisionKind, decision_id, target_key
+from controller.core.actions import ActionRequest, ActionType
+from controller.core.model import Decision, DecisionKind, decision_id, target_key
 from controller.kit.clock import ManualClock
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.testing.actuators import FakeAnnotator, FakeDeployer
+from controller.testing import FakeAnnotator, FakeRollback
 from tests.support.fake_grafana import FakeGrafana
 
 TOKEN = "dispatch-token"
@@ -45,11 +46,11 @@ def annotator(fake: FakeGrafana, path: Path, clock: ManualClock) -> GrafanaAnnot
 
 def test_fire_and_resolve_become_one_region_and_restart_adds_nothing(tmp_path: Path) -> None:
     clock = ManualClock(ONSET + 30)
-    rollback = ActionRequest(ActionType.ROLLBACK, {"service": "chat"}, f"{INCIDENT}:fire:0")
+    rollback = ActionRequest.of(ActionType.ROLLBACK, {"service": "chat"}, f"{INCIDENT}:fire:0")
     with FakeGrafana(token=TOKEN) as grafana:
         journal = Journal(tmp_path / "journal.db")
         grafana_annotator = annotator(grafana, tmp_path / "outbox.db", clock)
-        inner = Dispatcher(journal, Actuators(deployer=FakeDeployer({"chat": 2}), annotator=FakeAnnotator()), clock,
+        inner = Dispatcher(journal, Actuators(rollback=FakeRollback(), annotator=FakeAnnotator()), clock,
                            GlobalLimits())  # fmt: skip
         dispatcher = DecisionAnnotatingDispatcher(inner, grafana_annotator, journal)
         fire = make(DecisionKind.FIRE, ONSET + 30, (rollback,))
@@ -69,7 +70,7 @@ def test_fire_and_resolve_become_one_region_and_restart_adds_nothing(tmp_path: P
         # A new process: resume re-enqueues the journal's decisions, all deduplicated.
         journal = Journal(tmp_path / "journal.db")
         grafana_annotator = annotator(grafana, tmp_path / "outbox.db", clock)
-        inner = Dispatcher(journal, Actuators(deployer=FakeDeployer({"chat": 2})), clock, GlobalLimits())
+        inner = Dispatcher(journal, Actuators(rollback=FakeRollback()), clock, GlobalLimits())
         DecisionAnnotatingDispatcher(inner, grafana_annotator, journal).resume()
         assert grafana_annotator.outbox.pending() == []
         assert grafana_annotator.flush() == 0

@@ -12,7 +12,7 @@ import pytest
 from controller.adapters.stores.journal import SCHEMA_VERSION, ActionStatus, Journal, JournalError
 from controller.core.engine import ConditionState, Phase, PolicyState
 from controller.core.model import target_key
-from controller.testing.actuators import make_decision
+from controller.testing import make_decision
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = 1_700_000_100.0
@@ -121,7 +121,7 @@ def test_committed_evaluation_survives_a_killed_process(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import os
-        from controller.testing.actuators import make_decision
+        from controller.testing import make_decision
         from controller.core.engine import PolicyState
         from controller.adapters.stores.journal import Journal
         journal = Journal({str(path)!r})

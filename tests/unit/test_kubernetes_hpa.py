@@ -14,7 +14,7 @@ from controller.adapters.scale.hpa import (
     ANNOTATION_KEYS,
     EventRecorder,
     HpaBounds,
-    HpaDeployer,
+    HpaScaler,
     KubernetesActuatorError,
     cluster_api_client,
     plan_replicas,
@@ -32,7 +32,7 @@ def fake() -> Iterator[FakeKubernetes]:
         yield server
 
 
-def deployer(fake: FakeKubernetes, clock: ManualClock, **kwargs: object) -> HpaDeployer:
+def deployer(fake: FakeKubernetes, clock: ManualClock, **kwargs: object) -> HpaScaler:
     api = fake.api_client()
     options: dict[str, object] = {
         "clock": clock,
@@ -43,7 +43,7 @@ def deployer(fake: FakeKubernetes, clock: ManualClock, **kwargs: object) -> HpaD
         "events": EventRecorder(k8s.CoreV1Api(api), clock),
     }
     options.update(kwargs)
-    return HpaDeployer(k8s.AutoscalingV2Api(api), **options)  # type: ignore[arg-type]
+    return HpaScaler(k8s.AutoscalingV2Api(api), **options)  # type: ignore[arg-type]
 
 
 def spec(fake: FakeKubernetes) -> dict[str, object]:
@@ -206,11 +206,6 @@ def test_metric_target(fake: FakeKubernetes) -> None:
     assert metrics[0]["pods"]["target"]["averageValue"] == "3"
     unknown = actuator.set_metric_target("chat", "nope", "3", idempotency_key="m2")
     assert unknown.status is OutcomeStatus.FAILED and "no Pods or External metric named 'nope'" in (unknown.error or "")
-
-
-def test_rollback_is_refused_clearly(fake: FakeKubernetes) -> None:
-    outcome = deployer(fake, ManualClock()).rollback("chat", idempotency_key="k")
-    assert outcome.status is OutcomeStatus.FAILED and "Argo CD" in (outcome.error or "")
 
 
 def test_cluster_api_client_has_no_urllib3_retries(tmp_path: Path) -> None:

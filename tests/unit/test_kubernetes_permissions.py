@@ -6,7 +6,7 @@ from kubernetes import client as k8s
 
 from controller.adapters.changes.tracker import KubernetesDeploymentSource
 from controller.adapters.lease.leader import LeaderElector
-from controller.adapters.scale.hpa import EventRecorder, HpaBounds, HpaDeployer
+from controller.adapters.scale.hpa import EventRecorder, HpaBounds, HpaScaler
 from controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
 from controller.core.ports import OutcomeStatus
 from controller.kit.clock import ManualClock
@@ -22,7 +22,7 @@ def test_recorded_calls_equal_the_declared_permissions() -> None:
         fake.put_object(virtual_service("chat"))
         api = fake.api_client()
         events = EventRecorder(k8s.CoreV1Api(api), clock)
-        deployer = HpaDeployer(
+        deployer = HpaScaler(
             k8s.AutoscalingV2Api(api), clock=clock, bounds=HpaBounds(max_replicas=10), namespace="llm", events=events
         )
         assert deployer.replicas("chat") == 2

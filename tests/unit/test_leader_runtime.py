@@ -18,7 +18,7 @@ from controller.core.model import DecisionKind, SignalResult, target_key
 from controller.kit.clock import ManualClock
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
-from controller.testing.sources import FakeSource
+from controller.testing import FakeSource
 from tests.support.fake_kubernetes import FakeKubernetes
 
 POLICY = """\

@@ -25,7 +25,7 @@ from sklearn.preprocessing import FunctionTransformer, StandardScaler
 from controller.core.model import SignalResult, TargetKey, target_key
 from controller.core.policy import Policy
 from controller.kit.clock import ManualClock
-from controller.testing.sources import FakeSource
+from controller.testing import FakeSource
 from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact
 from predictors.features import FEATURES, feature_hash, feature_names, feature_queries
 from predictors.serving import (

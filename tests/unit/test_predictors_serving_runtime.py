@@ -20,7 +20,7 @@ from controller.core.model import Decision, DecisionKind, SignalResult, TargetKe
 from controller.kit.clock import ManualClock
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
-from controller.testing.sources import FakeSource
+from controller.testing import FakeSource
 from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact
 from predictors.features import feature_hash, feature_names, feature_queries
 from predictors.serving import ModelSpec, PredictionProvider

@@ -14,11 +14,12 @@ from controller.adapters.stores.journal import Journal
 from controller.app.logging_setup import JsonLogFormatter
 from controller.core.model import Decision, DecisionKind, SignalResult, target_key
 from controller.core.policy_files import load_policies
+from controller.core.ports import TRIGGER_ALERT
 from controller.core.signals import render_signal_queries
 from controller.kit.clock import ManualClock
 from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import TRIGGER_ALERT, Controller, PolicyLoadError
-from controller.testing.sources import FakeSource
+from controller.loop.runtime import Controller, PolicyLoadError
+from controller.testing import FakeSource
 
 
 def policy_yaml(
@@ -344,7 +345,7 @@ def test_json_log_formatter_merges_structured_fields() -> None:
 
 def test_actions_run_by_the_real_dispatcher_are_counted(rules: Path, tmp_path: Path) -> None:
     from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-    from controller.testing.actuators import FakeAnnotator
+    from controller.testing import FakeAnnotator
 
     clock = ManualClock()
     registry = CollectorRegistry()

@@ -25,8 +25,7 @@ from controller.kit.http import RetryPolicy
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
-from controller.testing.actuators import make_decision
-from controller.testing.sources import FakeSource
+from controller.testing import FakeSource, make_decision
 from tests.support.fake_kubernetes import FakeKubernetes, http_route
 
 HOLD_S = 600.0

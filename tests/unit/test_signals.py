@@ -14,7 +14,7 @@ from controller.core.signals import (
     range_chunks,
     render_signal_queries,
 )
-from controller.testing.sources import FakeSource
+from controller.testing import FakeSource
 
 
 def _policy(match: dict[str, str] | None = None, signals: int = 1) -> Policy:

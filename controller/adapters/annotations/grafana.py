@@ -33,14 +33,21 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from controller.adapters.stores.outbox import Backoff, DeliveryResult, Outbox, OutboxItem, OutboxWorker, deliver_due
 from controller.core.errors import ConfigError
 from controller.core.model import Decision, format_target, target_key
-from controller.core.ports import ActionOutcome, Annotation, Clock, OutcomeStatus
-from controller.kit.http import RetryPolicy, redact_url
+from controller.core.ports import (
+    ActionOutcome,
+    Annotation,
+    Clock,
+    DecisionSink,
+    DispatcherPort,
+    OutcomeStatus,
+    RecentDecisions,
+)
+from controller.kit.http import TRANSIENT_STATUSES, HttpAnswer, RetryPolicy, redact_url, retrying
 
 log = logging.getLogger(__name__)
 
 CREATE = "grafana.create"
 UPDATE = "grafana.update"
-TRANSIENT_STATUSES = frozenset({0, 429, 500, 502, 503, 504})
 # 401/403 are not transient for one request, but a rotated token is fixed by a human: keep the item, retry later.
 WAIT_STATUSES = frozenset({401, 403})
 OPENING_KINDS = ("fire", "suppressed", "errored")
@@ -95,24 +102,6 @@ def read_token_file(path: Path) -> str:
     return text
 
 
-class HttpResult:
-    """One Grafana answer as data: status 0 means no HTTP answer (timeout, connection refused)."""
-
-    def __init__(self, status: int, body: Any = None, error: str | None = None, attempts: int = 1) -> None:
-        self.status = status
-        self.body = body
-        self.error = error
-        self.attempts = attempts
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    @property
-    def transient(self) -> bool:
-        return self.status in TRANSIENT_STATUSES
-
-
 class GrafanaHttp:
     """The Grafana HTTP API through grafana-client's GrafanaApi: timeouts, answers as data, bounded retries."""
 
@@ -123,38 +112,40 @@ class GrafanaHttp:
         self.api = GrafanaApi.from_url(self.url, credential=token, timeout=timeout)
         self._shown = redact_url(self.url)
 
-    def call(self, method: str, path: str, body: Mapping[str, Any] | None = None, *, retry: bool = False) -> HttpResult:
+    def call(self, method: str, path: str, body: Mapping[str, Any] | None = None, *, retry: bool = False) -> HttpAnswer:
         """`path` is below /api. Only idempotent calls may pass retry=True: a POST is never blindly repeated."""
-        attempts = self.retry.attempts if retry else 1
-        result = HttpResult(0, error="not attempted")
-        for attempt in range(1, attempts + 1):
-            result = self._once(method, path, body, attempt)
-            if result.ok or not result.transient or attempt == attempts:
-                return result
-            self.clock.sleep(self.retry.delay(attempt))
-        return result
+        return retrying(
+            lambda attempt: self._once(method, path, body, attempt),
+            retry=self.retry if retry else RetryPolicy(attempts=1),
+            clock=self.clock,
+            failure=lambda answer: answer.error,
+            transient=lambda answer: answer.transient,
+            what=f"{method} {self._shown}/api{path.split('?')[0]}",
+        )
 
-    def _once(self, method: str, path: str, body: Mapping[str, Any] | None, attempt: int) -> HttpResult:
+    def _once(self, method: str, path: str, body: Mapping[str, Any] | None, attempt: int) -> HttpAnswer:
+        """One try as the kit's HttpAnswer; status None: no HTTP answer (timeout, connection refused)."""
         shown = f"{method} {self._shown}/api{path.split('?')[0]}"
         runner: Any = getattr(self.api.client, method)
         try:
             answer = runner(path, json=dict(body) if body is not None else None)
         except GrafanaTimeoutError:
-            return HttpResult(0, None, f"{shown}: timed out", attempt)
+            return HttpAnswer(None, None, "", f"{shown}: timed out", True, attempt)
         except GrafanaException as exc:
-            status = int(exc.status_code or 0)
+            status = int(exc.status_code or 0) or None
             message = exc.response.get("message") if isinstance(exc.response, dict) else None
             detail = f"HTTP {status}: {message or exc.message}" if status else f"request failed: {exc.message}"
-            return HttpResult(status, exc.response, f"{shown}: {detail}", attempt)
+            transient = status is None or status in TRANSIENT_STATUSES
+            return HttpAnswer(status, exc.response, "", f"{shown}: {detail}", transient, attempt)
         except Exception as exc:  # noqa: BLE001 - connection refused/reset surface as the HTTP library's own errors
-            return HttpResult(0, None, f"{shown}: connection failed ({type(exc).__name__})", attempt)
-        return HttpResult(200, answer, None, attempt)
+            return HttpAnswer(None, None, "", f"{shown}: connection failed ({type(exc).__name__})", True, attempt)
+        return HttpAnswer(200, answer, "", None, False, attempt)
 
 
 class GrafanaPort(Protocol):
     def call(
         self, method: str, path: str, body: Mapping[str, Any] | None = None, *, retry: bool = False
-    ) -> HttpResult: ...
+    ) -> HttpAnswer: ...
 
 
 def ms(seconds: float) -> int:
@@ -440,20 +431,6 @@ class GrafanaAnnotator:
         self.outbox.close()
 
 
-class DecisionSink(Protocol):
-    def annotate_decision(self, decision: Mapping[str, Any]) -> ActionOutcome: ...
-
-
-class DispatcherLike(Protocol):
-    def dispatch(self, decision: Decision) -> Sequence[Any]: ...
-
-    def resume(self) -> Sequence[Any]: ...
-
-
-class RecentDecisions(Protocol):
-    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]: ...
-
-
 class DecisionAnnotatingDispatcher:
     """Wraps the dispatcher so every decision (with or without an annotate action) gets its Grafana region.
 
@@ -464,7 +441,7 @@ class DecisionAnnotatingDispatcher:
 
     def __init__(
         self,
-        inner: DispatcherLike,
+        inner: DispatcherPort,
         annotator: DecisionSink,
         journal: RecentDecisions | None = None,
         resume_window: int = 200,
@@ -491,7 +468,7 @@ class DecisionAnnotatingDispatcher:
         return self.inner.resume()
 
 
-def _failure(answer: HttpResult, doing: str) -> DeliveryResult:
+def _failure(answer: HttpAnswer, doing: str) -> DeliveryResult:
     transient = answer.transient or answer.status in WAIT_STATUSES
     if answer.status in WAIT_STATUSES:
         log.warning(

@@ -18,9 +18,8 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,17 +32,15 @@ from controller.adapters.rollback.argocd import (
     history_of,
     read_token,
 )
-from controller.core.attribution import Rollout
+from controller.core.attribution import ChangeFeed, Rollout
 from controller.core.errors import SourceError
-from controller.core.policy import Duration, Policy
-from controller.core.ports import Clock
+from controller.core.policy import Duration
+from controller.core.ports import ChangeSource, Clock, TierReader
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "ArgoCDHistorySource",
-    "ChangeFeed",
-    "ChangeSource",
     "ChangeSourceError",
     "ChangeTracker",
     "ChangeTrackingSettings",
@@ -52,7 +49,6 @@ __all__ = [
     "TierRevisionSource",
     "args_diff",
     "build_change_tracker",
-    "lookback",
     "parse_vllm_args",
 ]
 
@@ -61,25 +57,6 @@ REVISION_ANNOTATION = "deployment.kubernetes.io/revision"
 
 class ChangeSourceError(SourceError):
     """A change source could not be read; the tracker records it as data."""
-
-
-class ChangeSource(Protocol):
-    name: str
-
-    def rollouts(self, since: float) -> list[Rollout]:
-        """Rollouts at or after `since` (epoch seconds), any order. Raises ChangeSourceError when unreadable."""
-        ...
-
-
-@dataclass(frozen=True)
-class ChangeFeed:
-    rollouts: tuple[Rollout, ...]
-    errors: tuple[str, ...] = ()
-
-    @property
-    def error(self) -> str | None:
-        """One line for the engine's `rollouts_error` (None when every source answered)."""
-        return "; ".join(self.errors) if self.errors else None
 
 
 class ChangeTracker:
@@ -169,12 +146,6 @@ class ArgoCDHistorySource:
 
 
 # -- local serving tier -------------------------------------------------------------------------------------
-
-
-class TierReader(Protocol):
-    def services(self) -> list[dict[str, Any]]: ...
-
-    def revisions(self, service: str) -> list[dict[str, Any]]: ...
 
 
 class TierRevisionSource:
@@ -342,12 +313,6 @@ class ChangeTrackingSettings(_Strict):
         default=3600.0, description="how far back rollouts are read, at least (policies' attribution windows extend it)"
     )
     kubernetes: KubernetesChangeSettings | None = None
-
-
-def lookback(policy: Policy, floor: float = 0.0) -> float | None:
-    """How far back `policy` needs rollouts: its largest attribution window (None: it attributes nothing)."""
-    windows = [c.attribution.window for c in policy.conditions if c.attribution is not None]
-    return max([*windows, floor]) if windows else None
 
 
 def _token_reader(token_file: str | None, token_env: str | None) -> Callable[[], str | None]:

@@ -40,12 +40,11 @@ from controller.adapters.scale.hpa import KubeError, kube_call
 from controller.core.handover import (
     HANDOVER_ANNOTATION,
     HandoverError,
-    HandoverPort,
     decode_action_times,
     encode_action_times,
 )
 from controller.core.policy import Duration
-from controller.core.ports import Clock
+from controller.core.ports import Clock, HandoverPort
 from controller.kit.http import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -223,6 +222,11 @@ class LeaderElector:
 
         self._thread = threading.Thread(target=loop, name="tailguard-leader", daemon=True)
         self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        """Whether `start` started the renewal loop (and `stop` has not ended it)."""
+        return self._thread is not None
 
     def stop(self) -> None:
         self._stop.set()

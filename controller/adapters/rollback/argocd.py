@@ -1,8 +1,9 @@
-"""Rollback through Argo CD: the `Deployer.rollback` protocol for an Argo CD application.
+"""Rollback through Argo CD: the `RollbackPort` for an Argo CD application.
 
-rollback(service) = GET the application, pick the last good history entry (the one before the rollout the
-breach is attributed to, never a revision recorded as bad), POST /api/v1/applications/{name}/rollback with its
-history id, then poll until the operation finished and the app is Healthy.
+rollback(service, rollout_revision) = GET the application, pick the last good history entry (the one before the
+rollout the breach is attributed to, which the dispatcher passes from the engine's rollback action; never a
+revision recorded as bad), POST /api/v1/applications/{name}/rollback with its history id, then poll until the
+operation finished and the app is Healthy.
 
 Argo CD refuses a rollback while automated sync is on (gRPC FailedPrecondition), and auto-sync would undo it
 anyway (argo-cd #9570). `autoSync: disableAutoSync` removes `spec.syncPolicy.automated` first (merge PATCH, the
@@ -30,7 +31,6 @@ from urllib.parse import quote
 import requests
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from controller.core.attribution import attribution_of
 from controller.core.errors import ActuatorError
 from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
 from controller.kit.http import HttpAnswer, RetryPolicy, redact_url, request_with_retry
@@ -252,8 +252,8 @@ def _describe(answer: HttpAnswer, what: str) -> str:
     return f"{what}: HTTP {answer.status}: {_message(answer)}"
 
 
-class ArgoCDDeployer:
-    """Deployer for services deployed by Argo CD (rollback only: replicas belong to the HPA actuator)."""
+class ArgoCDRollback:
+    """RollbackPort for services deployed by Argo CD (replicas belong to the HPA: controller/adapters/scale)."""
 
     def __init__(
         self,
@@ -265,7 +265,6 @@ class ArgoCDDeployer:
         wait_timeout: float = 300.0,
         poll_interval: float = 5.0,
         record: BadRevisionRecord | None = None,
-        decision_lookup: Callable[[str, str], Mapping[str, Any] | None] | None = None,
         notice: Callable[[str, Mapping[str, Any]], None] | None = None,
     ) -> None:
         self.client = client
@@ -275,7 +274,6 @@ class ArgoCDDeployer:
         self.wait_timeout = wait_timeout
         self.poll_interval = poll_interval
         self.record = record or BadRevisionRecord()
-        self.decision_lookup = decision_lookup
         self.notice = notice
 
     @staticmethod
@@ -284,10 +282,9 @@ class ArgoCDDeployer:
         *,
         clock: Clock,
         record_path: Path | None = None,
-        decision_lookup: Callable[[str, str], Mapping[str, Any] | None] | None = None,
         notice: Callable[[str, Mapping[str, Any]], None] | None = None,
         base_dir: Path | None = None,
-    ) -> ArgoCDDeployer:
+    ) -> ArgoCDRollback:
         token_file = settings.tokenFile
         if token_file is not None and base_dir is not None and not Path(token_file).is_absolute():
             token_file = str(base_dir / token_file)
@@ -298,7 +295,7 @@ class ArgoCDDeployer:
             timeout=settings.timeout,
             retries=settings.retries,
         )
-        return ArgoCDDeployer(
+        return ArgoCDRollback(
             client,
             settings.apps,
             clock=clock,
@@ -306,19 +303,10 @@ class ArgoCDDeployer:
             wait_timeout=settings.waitTimeout,
             poll_interval=settings.pollInterval,
             record=BadRevisionRecord(record_path),
-            decision_lookup=decision_lookup,
             notice=notice,
         )
 
-    # -- Deployer -----------------------------------------------------------------------------------------
-
-    def replicas(self, service: str) -> int:
-        raise ArgoCDError(f"Argo CD does not report replicas of {service!r}; scale through the HPA", transient=False)
-
-    def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome:
-        return ActionOutcome(
-            OutcomeStatus.FAILED, {}, f"Argo CD cannot scale {service!r}; configure the HPA actuator", False
-        )
+    # -- RollbackPort -------------------------------------------------------------------------------------
 
     def rollback(self, service: str, *, idempotency_key: str, rollout_revision: str | None = None) -> ActionOutcome:
         """Roll `service`'s application back to the history entry before the attributed (or current) rollout."""
@@ -339,7 +327,7 @@ class ArgoCDDeployer:
             return ActionOutcome(OutcomeStatus.FAILED, detail, f"rollback of {name!r}: {failed}", failed.transient)
         history = history_of(app)
         current = _synced_revision(app, history)
-        bad = rollout_revision or self._attributed_revision(idempotency_key) or current
+        bad = rollout_revision or current
         if bad is None:
             return ActionOutcome(OutcomeStatus.SKIPPED, detail, f"rollback of {name!r}: the application has no history")
         target = pick_target(history, bad, self.record.bad(name))
@@ -371,17 +359,6 @@ class ArgoCDDeployer:
         return self._wait(app_settings, bad, target, idempotency_key, detail)
 
     # -- steps ----------------------------------------------------------------------------------------------
-
-    def _attributed_revision(self, idempotency_key: str) -> str | None:
-        """The revision the journaled decision attributed the breach to ("{decision}:{kind}:{index}" keys)."""
-        if self.decision_lookup is None:
-            return None
-        parts = idempotency_key.split(":")
-        if len(parts) < 3:
-            return None
-        decision = self.decision_lookup(parts[0], parts[1])
-        rollout = attribution_of(decision) if decision is not None else None
-        return rollout.revision if rollout is not None else None
 
     def _mode(self, app: ArgoCDApp) -> AutoSyncMode:
         return app.autoSync or self.auto_sync

@@ -35,7 +35,7 @@ from kubernetes import client as k8s
 
 from controller.core.errors import ActuatorError
 from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
-from controller.kit.http import RetryPolicy
+from controller.kit.http import RetryPolicy, retrying
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class KubeError:
 
 
 class KubernetesActuatorError(ActuatorError):
-    """Raised only where a protocol returns a plain value (Deployer.replicas); `transient` tells the dispatcher."""
+    """Raised only where a protocol returns a plain value (ScalePort.replicas); `transient` tells the dispatcher."""
 
     def __init__(self, error: KubeError) -> None:
         super().__init__(error.message, transient=error.transient)
@@ -92,21 +92,23 @@ def classify(exc: BaseException, what: str) -> KubeError:
 
 
 def kube_call(fn: Callable[[], T], *, what: str, clock: Clock, retry: RetryPolicy) -> T | KubeError:
-    """Call the API, retrying transient failures with backoff (through the clock); errors come back as data."""
-    attempts = max(1, retry.attempts)
-    error: KubeError | None = None
-    for attempt in range(1, attempts + 1):
+    """Call the API, retrying transient failures with the kit's backoff (through the clock); errors come back as
+    data. Reads pass the adapter's RetryPolicy; writes pass RetryPolicy(attempts=1) (one attempt)."""
+
+    def once(_attempt: int) -> T | KubeError:
         try:
             return fn()
         except (k8s.ApiException, urllib3.exceptions.HTTPError, OSError, TimeoutError) as exc:
-            error = classify(exc, what)
-        if not error.transient or attempt == attempts:
-            break
-        delay = retry.delay(attempt)
-        log.info("%s, attempt %d of %d; retrying in %.2fs", error.message, attempt, attempts, delay)
-        clock.sleep(delay)
-    assert error is not None
-    return error
+            return classify(exc, what)
+
+    return retrying(
+        once,
+        retry=retry,
+        clock=clock,
+        failure=lambda answer: answer.message if isinstance(answer, KubeError) else None,
+        transient=lambda answer: isinstance(answer, KubeError) and answer.transient,
+        what=what,
+    )
 
 
 def recorded_keys(annotations: Mapping[str, str] | None) -> list[str]:
@@ -253,8 +255,8 @@ def plan_replicas(hpa: Mapping[str, Any], wanted: int, bounds: HpaBounds) -> Hpa
     return HpaPlan(new_min, new_max, floor, clamped)
 
 
-class HpaDeployer:
-    """`Deployer` for HPA-managed services: replicas are the HPA's floor. Rollback is not its job (Argo CD's)."""
+class HpaScaler:
+    """`ScalePort` for HPA-managed services: replicas are the HPA's floor (rollbacks are Argo CD's)."""
 
     def __init__(
         self,
@@ -292,15 +294,7 @@ class HpaDeployer:
             retry=self.retry,
         )
 
-    # -- Deployer ---------------------------------------------------------------------------------------
-
-    def rollback(self, service: str, *, idempotency_key: str) -> ActionOutcome:
-        return ActionOutcome(
-            OutcomeStatus.FAILED,
-            {},
-            f"rollback of {service!r}: the HPA actuator only scales; configure the Argo CD deployer for rollbacks",
-            False,
-        )
+    # -- ScalePort ----------------------------------------------------------------------------------------
 
     def replicas(self, service: str) -> int:
         found = self._read(self.target(service))

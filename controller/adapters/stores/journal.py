@@ -17,98 +17,27 @@ import sqlite3
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Self
 
+from controller.core.actions import (
+    MUTATING_ACTIONS,
+    TERMINAL_STATUSES,
+    ActionRecord,
+    ActionRequest,
+    ActionStatus,
+    ActionType,
+)
 from controller.core.engine import PolicyState
 from controller.core.errors import StoreError
-from controller.core.model import MUTATING_ACTIONS, ActionRequest, ActionType, Decision, target_labels
+from controller.core.model import Decision, target_labels
 from controller.kit.sqlite_store import immediate_transaction, make_durable, open_durable
 
 SCHEMA_VERSION = 1
 
 
-class ActionStatus(StrEnum):
-    PLANNED = "planned"  # journaled with its decision, not yet attempted
-    STARTED = "started"  # an attempt began: the actuator may or may not have acted
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    SKIPPED = "skipped"  # nothing to do (e.g. already at the desired replica count)
-    SUPPRESSED = "suppressed"  # the global cooldown or budget forbade it
-    DRY_RUN = "dry_run"  # the policy is in dry-run: recorded, never executed
-
-
-TERMINAL_STATUSES = frozenset(
-    {
-        ActionStatus.SUCCEEDED,
-        ActionStatus.FAILED,
-        ActionStatus.SKIPPED,
-        ActionStatus.SUPPRESSED,
-        ActionStatus.DRY_RUN,
-    }
-)
-PENDING_STATUSES = frozenset({ActionStatus.PLANNED, ActionStatus.STARTED})
-
-
 class JournalError(StoreError):
     """The journal file cannot be used (not a database, a newer schema, ...); the message says why."""
-
-
-@dataclass(frozen=True)
-class ActionRecord:
-    idempotency_key: str
-    decision_id: str
-    decision_kind: str
-    policy: str
-    # What the global limiter counts against: the service the action changes.
-    resource: str
-    type: ActionType
-    params: Mapping[str, Any]
-    dry_run: bool
-    status: ActionStatus
-    attempts: int
-    result: Mapping[str, Any] | None
-    error: str | None
-    # Facts fixed before the first attempt (e.g. a scale's from/to), reused on resume.
-    plan: Mapping[str, Any] | None
-    created_at: float
-    started_at: float | None
-    finished_at: float | None
-    updated_at: float
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL_STATUSES
-
-    @property
-    def mutating(self) -> bool:
-        return self.type in MUTATING_ACTIONS
-
-    def request(self) -> ActionRequest:
-        return ActionRequest(self.type, dict(self.params), self.idempotency_key)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "idempotency_key": self.idempotency_key,
-            "decision_id": self.decision_id,
-            "decision_kind": self.decision_kind,
-            "policy": self.policy,
-            "resource": self.resource,
-            "type": self.type.value,
-            "params": dict(self.params),
-            "dry_run": self.dry_run,
-            "status": self.status.value,
-            "attempts": self.attempts,
-            "result": dict(self.result) if self.result is not None else None,
-            "error": self.error,
-            "plan": dict(self.plan) if self.plan is not None else None,
-            "created_at": self.created_at,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "updated_at": self.updated_at,
-        }
 
 
 def action_resource(action: ActionRequest, decision: Decision) -> str:

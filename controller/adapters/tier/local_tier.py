@@ -1,4 +1,4 @@
-"""Deployer and TrafficRouter over the local serving tier's control API (docs/architecture.md).
+"""RollbackPort, ScalePort and TrafficRouter over the local serving tier's control API (docs/architecture.md).
 
 Every mutating call carries the action's idempotency key twice (header and body):
 the tier answers a repeated key with the first answer and `"replayed": true`, so a
@@ -130,9 +130,10 @@ class LocalTierClient:
         body = self.service(service)
         return {str(v["version"]): int(v.get("weight", 0)) for v in body.get("versions", []) if "version" in v}
 
-    # -- Deployer -----------------------------------------------------------------------------------------
+    # -- RollbackPort and ScalePort ------------------------------------------------------------------------
 
-    def rollback(self, service: str, *, idempotency_key: str) -> ActionOutcome:
+    def rollback(self, service: str, *, idempotency_key: str, rollout_revision: str | None = None) -> ActionOutcome:
+        # The tier keeps its own record of bad revisions and rolls back to its last good one.
         body = {"idempotency_key": idempotency_key, "to_revision": None, "reason": None}
         answer = self._call("POST", self._url("services", service, "rollback"), body, idempotency_key)
         if not answer.ok:

@@ -1,0 +1,92 @@
+"""The "not configured" implementation of each action port: the dispatcher calls it like any other, and it
+answers a permanent FAILED outcome that says what is missing (never worth a retry).
+
+The dispatcher's `Actuators` defaults every port to one of these (the message names the `Actuators` field), and
+the app wires one with the missing section of the controller configuration (ROLLBACK_MISSING, SCALE_MISSING)
+where neither Argo CD nor the tier rolls back, or neither the HPA nor the tier scales.
+
+`ScalePort.replicas()` returns a plain int, so the scale one can only raise: `NoActuatorError`, permanent; the
+dispatcher records it as a FAILED scale action (its planning failed, nothing was started).
+
+Pure (no I/O), so it lives in the core, where the loop may take its defaults from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from controller.core.actions import ActionType
+from controller.core.errors import ActuatorError
+from controller.core.ports import ActionOutcome, Annotation, OutcomeStatus
+
+ROLLBACK_MISSING = "no actuator configured for rollback: add argocd (or tier)"
+SCALE_MISSING = "no actuator configured for scale: add kubernetes.hpa (or tier)"
+
+
+def missing(field: str, action: ActionType) -> str:
+    """What an `Actuators` field left at its default answers (its name predates the split of the deployer)."""
+    return f"no {field} configured: a {action.value} action needs Actuators.{field}"
+
+
+class NoActuatorError(ActuatorError):
+    """Raised by `UnconfiguredScale.replicas()`: nothing is configured to scale; never worth a retry."""
+
+    transient = False
+
+
+def _failed(detail: Mapping[str, Any], message: str) -> ActionOutcome:
+    return ActionOutcome(OutcomeStatus.FAILED, detail, message, False)
+
+
+class UnconfiguredRollback:
+    """`RollbackPort` where nothing rolls back."""
+
+    def __init__(self, message: str = missing("deployer", ActionType.ROLLBACK)) -> None:
+        self.message = message
+
+    def rollback(self, service: str, *, idempotency_key: str, rollout_revision: str | None = None) -> ActionOutcome:
+        return _failed({"service": service}, self.message)
+
+
+class UnconfiguredScale:
+    """`ScalePort` where nothing scales."""
+
+    def __init__(self, message: str = missing("deployer", ActionType.SCALE)) -> None:
+        self.message = message
+
+    def replicas(self, service: str) -> int:
+        raise NoActuatorError(self.message)
+
+    def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome:
+        return _failed({"service": service, "replicas": replicas}, self.message)
+
+
+class UnconfiguredRouter:
+    """`TrafficRouter` where no routes are configured."""
+
+    def __init__(self, message: str = missing("router", ActionType.SHIFT_TRAFFIC)) -> None:
+        self.message = message
+
+    def set_weight(self, service: str, version: str, weight: int, *, idempotency_key: str) -> ActionOutcome:
+        return _failed({"service": service, "version": version, "weight": weight}, self.message)
+
+
+class UnconfiguredAnnotator:
+    """`Annotator` where no annotation sink is configured."""
+
+    def __init__(self, message: str = missing("annotator", ActionType.ANNOTATE)) -> None:
+        self.message = message
+
+    def annotate(self, annotation: Annotation, *, idempotency_key: str) -> ActionOutcome:
+        return _failed({}, self.message)
+
+
+class UnconfiguredNotifier:
+    """`Notifier` where no receivers are configured."""
+
+    def __init__(self, message: str = missing("notifier", ActionType.NOTIFY)) -> None:
+        self.message = message
+
+    def notify(self, receiver: str, payload: Mapping[str, Any], *, idempotency_key: str) -> ActionOutcome:
+        return _failed({"receiver": receiver}, self.message)
