@@ -4,15 +4,21 @@ Transient: connection errors, timeouts, 429 and 5xx. Everything else (4xx) is th
 caller's mistake and retrying it would only repeat it. Sleeping goes through the
 injected clock, so tests never wait. Answers are data (`HttpAnswer`), never
 exceptions, and error texts name the URL without credentials or query string.
+
+The retry rule lives here once, for every READ path of every adapter: `backoff_delay` (exponential, capped,
+never shorter than a server's Retry-After) and `retrying` (the bounded loop through the clock). Adapters whose
+client library is not `requests` (the Kubernetes client, grafana-client, prometheus-api-client) drive their one
+attempt through `retrying` too. Actions are not retried here: an action adapter makes one attempt and reports
+`transient`, and the dispatcher alone retries it (with the same `backoff_delay`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import requests
@@ -23,6 +29,24 @@ log = logging.getLogger(__name__)
 
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 
+R = TypeVar("R")
+
+
+def backoff_delay(
+    failed_attempts: int,
+    *,
+    backoff: float,
+    max_backoff: float,
+    factor: float = 2.0,
+    retry_after: float | None = None,
+) -> float:
+    """Seconds to wait after `failed_attempts` failures: `backoff`, times `factor` per further failure, at least
+    the server's `retry_after` when it sent one, and never more than `max_backoff`."""
+    delay = backoff * factor ** max(0, failed_attempts - 1)
+    if retry_after is not None:
+        delay = max(delay, retry_after)
+    return float(min(max_backoff, delay))
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -30,8 +54,36 @@ class RetryPolicy:
     backoff: float = 0.5  # seconds before the second try, doubled each time
     max_backoff: float = 8.0
 
-    def delay(self, failed_attempts: int) -> float:
-        return float(min(self.max_backoff, self.backoff * (2 ** max(0, failed_attempts - 1))))
+    def delay(self, failed_attempts: int, retry_after: float | None = None) -> float:
+        return backoff_delay(
+            failed_attempts, backoff=self.backoff, max_backoff=self.max_backoff, retry_after=retry_after
+        )
+
+
+def retrying(
+    attempt: Callable[[int], R],
+    *,
+    retry: RetryPolicy,
+    clock: Clock,
+    failure: Callable[[R], str | None],
+    transient: Callable[[R], bool],
+    what: str,
+    retry_after: Callable[[R], float | None] | None = None,
+) -> R:
+    """Call `attempt(1)`, `attempt(2)`, ... until it succeeds (`failure` is None), fails for good (not
+    `transient`) or `retry.attempts` are spent, sleeping `retry.delay` through the clock in between; the last
+    answer is returned as it is (answers are data: nothing here raises)."""
+    attempts = max(1, retry.attempts)
+    number = 1
+    while True:
+        answer = attempt(number)
+        error = failure(answer)
+        if error is None or not transient(answer) or number >= attempts:
+            return answer
+        delay = retry.delay(number, retry_after(answer) if retry_after is not None else None)
+        log.info("%s failed (%s), attempt %d of %d; retrying in %.2fs", what, error, number, attempts, delay)
+        clock.sleep(delay)
+        number += 1
 
 
 @dataclass(frozen=True)
@@ -76,10 +128,8 @@ def request_with_retry(
     headers: Mapping[str, str] | None = None,
 ) -> HttpAnswer:
     shown = f"{method} {redact_url(url)}"
-    attempts = max(1, retry.attempts)
-    answer: HttpAnswer | None = None
-    for attempt in range(1, attempts + 1):
-        answer = _once(
+    return retrying(
+        lambda attempt: _once(
             session,
             method,
             url,
@@ -89,21 +139,13 @@ def request_with_retry(
             data=data,
             headers=headers,
             attempt=attempt,
-        )
-        if answer.ok or not answer.transient or attempt == attempts:
-            return answer
-        delay = retry.delay(attempt)
-        log.info(
-            "%s failed (%s), attempt %d of %d; retrying in %.2fs",
-            shown,
-            answer.error,
-            attempt,
-            attempts,
-            delay,
-        )
-        clock.sleep(delay)
-    assert answer is not None
-    return answer
+        ),
+        retry=retry,
+        clock=clock,
+        failure=lambda answer: answer.error,
+        transient=lambda answer: answer.transient,
+        what=shown,
+    )
 
 
 def _once(

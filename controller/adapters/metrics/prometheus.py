@@ -37,6 +37,7 @@ from controller.core.errors import ConfigError
 from controller.core.model import SignalResult, TargetKey, target_key
 from controller.core.ports import Clock, RangeResult
 from controller.kit.durations import format_duration
+from controller.kit.http import RetryPolicy, retrying
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +226,9 @@ class PrometheusSource:
         self._on_query = on_query
         self._timer = timer
         self._attempt = _Attempt()
+        self._retry = RetryPolicy(
+            attempts=settings.retries + 1, backoff=settings.backoff, max_backoff=settings.max_backoff
+        )
         self._shown_url = redact_url(settings.url)
         session = build_session(settings)
         url = settings.url.rstrip("/")
@@ -292,39 +296,34 @@ class PrometheusSource:
         material = json.dumps([kind, query, sorted((k, str(v)) for k, v in params.items())])
         self._attempt.key = hashlib.sha256(material.encode()).hexdigest()[:32]
         started = self._timer()
-        failure: _Failure | None = None
-        data: Any = None
+
+        def once(_attempt: int) -> tuple[Any, _Failure | None]:
+            self._attempt.response = None
+            try:
+                return send(), None
+            except PrometheusApiClientException:
+                return None, self._http_failure()
+            except requests.Timeout:
+                return None, _Failure(f"timed out after {self._settings.timeout:g}s", transient=True)
+            except requests.ConnectionError as refused:
+                return None, _Failure(f"cannot connect to {self._shown_url}: {_reason(refused)}", transient=True)
+            except requests.RequestException as other:
+                return None, _Failure(f"request failed: {type(other).__name__}", transient=False)
+            except (ValueError, KeyError, TypeError) as malformed:
+                return None, _Failure(f"malformed response from Prometheus: {malformed}", transient=False)
+
+        # The library's own urllib3 retries are off (Retry(0)); the kit's one retry rule applies, through the clock,
+        # honouring Retry-After.
         try:
-            for attempt in range(self._settings.retries + 1):
-                failure = None
-                self._attempt.response = None
-                try:
-                    data = send()
-                except PrometheusApiClientException:
-                    failure = self._http_failure()
-                except requests.Timeout:
-                    failure = _Failure(f"timed out after {self._settings.timeout:g}s", transient=True)
-                except requests.ConnectionError as refused:
-                    failure = _Failure(f"cannot connect to {self._shown_url}: {_reason(refused)}", transient=True)
-                except requests.RequestException as other:
-                    failure = _Failure(f"request failed: {type(other).__name__}", transient=False)
-                except (ValueError, KeyError, TypeError) as malformed:
-                    failure = _Failure(f"malformed response from Prometheus: {malformed}", transient=False)
-                if failure is None or not failure.transient or attempt == self._settings.retries:
-                    break
-                delay = self._settings.backoff * (2**attempt)
-                if failure.retry_after is not None:
-                    delay = max(delay, failure.retry_after)
-                delay = min(delay, self._settings.max_backoff)
-                log.info(
-                    "prometheus %s transient failure (%s); retry %d/%d in %.2fs",
-                    kind,
-                    failure.message,
-                    attempt + 1,
-                    self._settings.retries,
-                    delay,
-                )
-                self._clock.sleep(delay)
+            data, failure = retrying(
+                once,
+                retry=self._retry,
+                clock=self._clock,
+                failure=lambda answer: answer[1].message if answer[1] is not None else None,
+                transient=lambda answer: answer[1] is not None and answer[1].transient,
+                retry_after=lambda answer: answer[1].retry_after if answer[1] is not None else None,
+                what=f"prometheus {kind}",
+            )
         finally:
             self._attempt.key = None
         elapsed = self._timer() - started

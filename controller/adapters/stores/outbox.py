@@ -31,6 +31,7 @@ from typing import Any, Self
 from controller.core.errors import StoreError
 from controller.core.ports import Clock
 from controller.kit.clock import ShutdownInterrupt
+from controller.kit.http import backoff_delay
 from controller.kit.sqlite_store import immediate_transaction, make_durable, open_durable
 
 SCHEMA_VERSION = 1
@@ -264,7 +265,7 @@ class Backoff:
     max_delay: float = 300.0
 
     def delay(self, attempts: int) -> float:
-        return float(min(self.max_delay, self.initial * self.factor ** max(0, attempts - 1)))
+        return backoff_delay(attempts, backoff=self.initial, max_backoff=self.max_delay, factor=self.factor)
 
 
 @dataclass(frozen=True)
