@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,10 @@ from predictors.artifact import DIMENSIONS
 from predictors.features import DEFAULT_SLI_THRESHOLDS, feature_queries, sli_queries
 
 Array = npt.NDArray[np.float64]
+# (Prometheus URL, seconds per request) -> the metrics source `train` and `evaluate` read, used in a `with` block;
+# raises controller.kit.cli_args.UsageError when the URL is unusable. The app passes one
+# (controller/app/ml_commands.py: a PrometheusSource); predictors never import an adapter.
+OpenSource = Callable[[str, float], AbstractContextManager[MetricsSource]]
 THRESHOLD_VARS = {d: f"sla_{d}_seconds" for d in DIMENSIONS}
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from controller.kit.cli_args import UsageError, parse_command, time_window
 from predictors.artifact import (
     DIMENSIONS,
     ArtifactError,
@@ -31,9 +32,9 @@ from predictors.artifact import (
     predict_proba,
     single_threaded,
 )
-from predictors.commandline import parse_command, time_window
 from predictors.data import (
     DataError,
+    OpenSource,
     Rows,
     baseline_alarms,
     build_rows,
@@ -231,11 +232,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str]) -> int:
-    from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-    from controller.kit.clock import SystemClock
-    from controller.tools.backtest import UsageError
-
+def main(argv: Sequence[str], open_source: OpenSource) -> int:
+    """`tailguard evaluate`; `open_source` opens the metrics source (the app's: controller/app/ml_commands.py)."""
     args = parse_command(_parser(), argv)
     if isinstance(args, int):
         return args
@@ -250,24 +248,22 @@ def main(argv: Sequence[str]) -> int:
         print(f"tailguard evaluate: error: {bad}", file=sys.stderr)
         return EXIT_FAILED
     targets = artifact.report.get("targets", {})
-    source = PrometheusSource(PrometheusSettings(url=args.prometheus, timeout=args.timeout), SystemClock())
-    try:
-        rows = build_rows(
-            source,
-            targets.get("match", {}),
-            targets.get("groupBy", ["service"]),
-            start,
-            end,
-            float(artifact.report.get("step_s", 15.0)),
-            artifact.horizon_s,
-            artifact.thresholds,
-            progress=True,
-        )
-    except DataError as bad:
-        print(f"tailguard evaluate: error: {bad}", file=sys.stderr)
-        return EXIT_FAILED
-    finally:
-        source.close()
+    with open_source(args.prometheus, args.timeout) as source:
+        try:
+            rows = build_rows(
+                source,
+                targets.get("match", {}),
+                targets.get("groupBy", ["service"]),
+                start,
+                end,
+                float(artifact.report.get("step_s", 15.0)),
+                artifact.horizon_s,
+                artifact.thresholds,
+                progress=True,
+            )
+        except DataError as bad:
+            print(f"tailguard evaluate: error: {bad}", file=sys.stderr)
+            return EXIT_FAILED
     report = evaluate_rows(artifact, rows)
     markdown = render_markdown(report)
     if args.out is None:

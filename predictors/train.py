@@ -33,9 +33,12 @@ import numpy as np
 import sklearn
 
 from controller.core.errors import InputError
+from controller.core.policy_files import load_policies
+from controller.core.ports import MetricsSource
+from controller.kit.cli_args import UsageError, parse_command, time_window
+from controller.kit.durations import parse_duration
 from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact, single_threaded
-from predictors.commandline import parse_command, time_window
-from predictors.data import DataError, Rows, build_rows, policy_thresholds, time_split
+from predictors.data import DataError, OpenSource, Rows, build_rows, policy_thresholds, time_split
 from predictors.evaluate import evaluate_rows, public_report, render_markdown
 from predictors.features import feature_hash, feature_names
 from predictors.modeling import choose_threshold, fit_calibrated_cv, gbm_estimator, logistic_estimator
@@ -190,15 +193,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str]) -> int:
-    from pydantic import ValidationError
-
-    from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-    from controller.core.policy_files import load_policies
-    from controller.kit.clock import SystemClock
-    from controller.kit.durations import parse_duration
-    from controller.tools.backtest import UsageError
-
+def main(argv: Sequence[str], open_source: OpenSource) -> int:
+    """`tailguard train`; `open_source` opens the metrics source to read (the app's: controller/app/ml_commands.py)."""
     args = parse_command(_parser(), argv)
     if isinstance(args, int):
         return args
@@ -212,16 +208,17 @@ def main(argv: Sequence[str]) -> int:
             raise UsageError(f"--holdout must be in [0, 1) and --folds at least 2 (got {args.holdout}, {args.folds})")
         if step <= 0 or horizon < step:
             raise UsageError(f"--horizon ({args.horizon}) must be at least one --step ({args.step}) > 0")
-        settings = PrometheusSettings(url=args.prometheus, timeout=args.timeout)
+        opened = open_source(args.prometheus, args.timeout)
     except UsageError as bad:
         print(f"tailguard train: error: {bad}", file=sys.stderr)
         return EXIT_USAGE
-    except ValidationError:
-        print(
-            f"tailguard train: error: --prometheus: expected an http(s):// URL, got {args.prometheus!r}",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
+    with opened as source:
+        return _train(args, source, start, end, horizon, step)
+
+
+def _train(
+    args: argparse.Namespace, source: MetricsSource, start: float, end: float, horizon: float, step: float
+) -> int:
     rules = args.rules or ["rules"]
     loaded, errors = load_policies(rules)
     for error in errors:
@@ -241,7 +238,6 @@ def main(argv: Sequence[str]) -> int:
     except DataError as bad:
         print(f"tailguard train: error: {bad}", file=sys.stderr)
         return EXIT_USAGE
-    source = PrometheusSource(settings, SystemClock())
     try:
         rows = build_rows(
             source, policy.targets.match, policy.targets.groupBy, start, end, step, horizon, thresholds, progress=True
@@ -257,8 +253,6 @@ def main(argv: Sequence[str]) -> int:
     except (DataError, TrainingError) as bad:
         print(f"tailguard train: error: {bad}", file=sys.stderr)
         return EXIT_FAILED
-    finally:
-        source.close()
     directory = save_artifact(artifact, args.out)
     for dimension, reason in skipped.items():
         print(f"tailguard train: {dimension}: not trained: {reason}", file=sys.stderr)

@@ -30,11 +30,15 @@ EXIT_CONFIG = 2
 
 # Subcommands whose arguments belong to another module's own parser.
 DELEGATED = {
-    "backtest": ("controller.tools.backtest", "backtest_main", "replay policies over Prometheus history"),
+    "backtest": ("controller.app.ml_commands", "backtest_main", "replay policies over Prometheus history"),
     "load": ("serving.load", "main", "generate load against the serving tier"),
     "demo": ("serving.demo", "main", "run the end-to-end demo"),
-    "train": ("predictors.train", "main", "train the SLA-breach model from Prometheus history"),
-    "evaluate": ("predictors.evaluate", "main", "evaluate a trained SLA-breach model against baselines"),
+    "train": ("controller.app.ml_commands", "train_main", "train the SLA-breach model from Prometheus history"),
+    "evaluate": (
+        "controller.app.ml_commands",
+        "evaluate_main",
+        "evaluate a trained SLA-breach model against baselines",
+    ),
     "dashboards": ("controller.tools.dashboards", "main", "generate the Grafana dashboards, or push them to Grafana"),
 }
 

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from controller.app.ml_commands import backtest_main
 from controller.core.policy_files import load_policies
 from controller.kit.clock import ManualClock
-from controller.tools.backtest import EXIT_SIGNAL_ERRORS, backtest_main, run_backtest
+from controller.tools.backtest import EXIT_SIGNAL_ERRORS, run_backtest
+from predictors.history import HistoricalPredictions
 from predictors.serving import ModelSpec
 from tests.integration.test_prediction_controller import EXAMPLE, HOT, STEP, T0, history, train_artifact
 
@@ -44,7 +46,8 @@ def test_backtest_fires_where_the_live_controller_would(prometheus_url: str, tmp
     (loaded,) = load_policies([EXAMPLE])[0]
     source = PrometheusSource(PrometheusSettings(url=prometheus_url), ManualClock(END))
     with source:
-        report = run_backtest(source, [loaded.policy], START, END, STEP, {"sla": ModelSpec("sla", model_dir)})
+        predictions = HistoricalPredictions({"sla": ModelSpec("sla", model_dir)}, END)
+        report = run_backtest(source, [loaded.policy], START, END, STEP, predictions)
     assert report.signal_errors == []
     assert report.evaluations == 21
     (entry,) = report.decisions

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from controller.app.ml_commands import evaluate_main, train_main
 from controller.kit.clock import SystemClock
-from predictors import evaluate, train
 from predictors.artifact import load_artifact
 from predictors.data import build_rows
 from predictors.features import FEATURES, feature_names, feature_queries, sli_queries
@@ -135,7 +135,7 @@ def test_feature_queries_parse_in_prometheus_and_are_batched(stack: Stack) -> No
 def test_train_then_evaluate_end_to_end(stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     split_at = DEFAULT_START + 11 * 60
     model_dir, report_dir = tmp_path / "model", tmp_path / "report"
-    code = train.main(
+    code = train_main(
         [
             "--prometheus",
             stack.url,
@@ -165,7 +165,7 @@ def test_train_then_evaluate_end_to_end(stack: Stack, tmp_path: Path, capsys: py
     assert artifact.report["threshold_objectives"] == {"cpu": "accuracy"}  # CPU's target is accuracy
     assert artifact.report["held_out"]["dimensions"]["cpu"]["methods"]["model"]["rows"] > 0
 
-    code = evaluate.main(
+    code = evaluate_main(
         [
             "--model",
             str(model_dir),
@@ -207,7 +207,7 @@ def test_train_then_evaluate_end_to_end(stack: Stack, tmp_path: Path, capsys: py
 def test_train_bad_policy_name_is_a_usage_error(
     stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = train.main(
+    code = train_main(
         [
             "--prometheus",
             stack.url,

@@ -11,8 +11,9 @@ from controller.core.model import target_key
 from controller.core.policy import Policy
 from controller.core.ports import RangeResult
 from controller.core.signals import render_signal_queries
-from controller.testing.sources import FakeSource
-from controller.tools.backtest import backtest_main, evaluation_times, parse_time, run_backtest
+from controller.kit.cli_args import parse_time
+from controller.testing import FakeSource
+from controller.tools.backtest import backtest_main, evaluation_times, run_backtest
 
 RULES = Path(__file__).resolve().parents[2] / "rules" / "examples" / "p99-rollback.yaml"
 A = target_key({"service": "a"})

@@ -54,7 +54,7 @@ def test_schema_is_written_pretty_sorted_with_a_trailing_newline(
 
 
 def test_delegated_commands_get_their_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
-    import controller.tools.backtest
+    import controller.app.ml_commands
 
     seen: list[list[str]] = []
 
@@ -62,7 +62,7 @@ def test_delegated_commands_get_their_arguments(monkeypatch: pytest.MonkeyPatch)
         seen.append(argv)
         return 3
 
-    monkeypatch.setattr(controller.tools.backtest, "backtest_main", fake_main)
+    monkeypatch.setattr(controller.app.ml_commands, "backtest_main", fake_main)
     assert cli.main(["backtest", "--rules", "r.yaml", "--help"]) == 3
     assert seen == [["--rules", "r.yaml", "--help"]]
 
