@@ -14,13 +14,12 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.annotations.grafana import DecisionAnnotatingDispatcher, GrafanaAnnotator, GrafanaTokenError
 from controller.adapters.annotations.jsonl import FanoutAnnotator, JsonlAnnotator
-from controller.adapters.changes.tracker import build_change_tracker
-from controller.adapters.lease.leader import LeaderElector
+from controller.adapters.changes.tracker import ChangeTracker, build_change_tracker
 from controller.adapters.metrics.prometheus import PrometheusSource, SourceConfigError
 from controller.adapters.notify.webhook import WebhookNotifier, decision_links
 from controller.adapters.rollback.argocd import ArgoCDRollback
@@ -28,7 +27,7 @@ from controller.adapters.stores.journal import Journal, JournalError
 from controller.adapters.stores.outbox import OutboxError
 from controller.adapters.tier.local_tier import LocalTierClient
 from controller.app.api import ControllerAPI
-from controller.app.cluster import ClusterActuators, ClusterConfigError, build_cluster_actuators, build_leader_elector
+from controller.app.extras import CLUSTER, ML, require
 from controller.app.settings import ControllerSettings
 from controller.core.errors import ConfigError
 from controller.core.policy_files import PolicyError, load_policies
@@ -39,6 +38,11 @@ from controller.loop.dispatcher import Actuators, Dispatcher
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
 from predictors.serving import PredictionProvider
+
+if TYPE_CHECKING:  # the cluster extra (kubernetes, grafana-client): imported where a section needs it
+    from controller.adapters.annotations.grafana import GrafanaAnnotator
+    from controller.adapters.lease.leader import LeaderElector
+    from controller.app.cluster import ClusterActuators
 
 logger = logging.getLogger("tailguard.cli")
 
@@ -113,10 +117,8 @@ def check_policies(settings: ControllerSettings) -> None:
 def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str | None) -> Application:
     """Every part of the controller from its settings; `ConfigError` names what is unusable (the caller
     prefixes the configuration file)."""
-    # Imported here, not at the top: `kubernetes` is the optional `cluster` extra.
-    from kubernetes.client import AppsV1Api
-    from kubernetes.config import ConfigException
-
+    if settings.predictors:
+        require(ML, "predictors")  # the artifacts load with scikit-learn and skops
     clock = SystemClock()
     metrics = ControllerMetrics(CollectorRegistry())
     try:
@@ -145,6 +147,10 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
     # The cluster (HPA scaling, route weights, the leader Lease): one ApiClient, built from `kubernetes`.
     cluster: ClusterActuators | None = None
     elector: LeaderElector | None = None
+    if settings.kubernetes is not None or settings.leaderElection is not None:
+        require(CLUSTER, "kubernetes" if settings.kubernetes is not None else "leaderElection")
+        # The cluster extra (kubernetes): imported only when a section needs it.
+        from controller.app.cluster import build_cluster_actuators, build_leader_elector
     try:
         if settings.kubernetes is not None:
             cluster = build_cluster_actuators(settings.kubernetes, clock, base_dir=settings.base_dir)
@@ -159,23 +165,9 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
             # After the controller stopped acting: releases the Lease so the standby leads at once (an elector
             # that never started holds nothing, so a configuration error never touches the Lease).
             stack.callback(_stop_if_running, elector)
-    except ClusterConfigError as unreachable:
+    except ConfigError as unreachable:  # ClusterConfigError
         raise ConfigError(str(unreachable)) from unreachable
-    try:
-        tracker = (
-            build_change_tracker(
-                settings.changeTracking,
-                clock=clock,
-                argocd=settings.argocd,
-                tier=tier,
-                base_dir=settings.base_dir,
-                apps_api=AppsV1Api(cluster.api_client) if cluster is not None else None,
-            )
-            if settings.changeTracking is not None
-            else None
-        )
-    except (ValueError, ConfigException) as missing:
-        raise ConfigError(f"changeTracking: {missing}") from missing
+    tracker = _change_tracker(settings, clock, tier, cluster)
     annotations_path = settings.annotations_path()
     annotators: list[Annotator] = [JsonlAnnotator(annotations_path)] if annotations_path is not None else []
     if grafana is not None:
@@ -201,6 +193,9 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
     dispatcher = Dispatcher(
         journal, actuators, clock, settings.limits, links_for=lambda d: decision_links(settings.links, d, clock.now())
     )
+    if grafana is not None:
+        # The cluster extra (grafana-client): imported only with an annotations.grafana section.
+        from controller.adapters.annotations.grafana import DecisionAnnotatingDispatcher
     controller = Controller(
         policy_paths=settings.policy_paths(),
         source=source,
@@ -227,10 +222,38 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
     return Application(settings, controller, api, grafana, elector)
 
 
+def _change_tracker(
+    settings: ControllerSettings, clock: SystemClock, tier: LocalTierClient | None, cluster: ClusterActuators | None
+) -> ChangeTracker | None:
+    tracking = settings.changeTracking
+    if tracking is None:
+        return None
+    config_errors: tuple[type[Exception], ...] = (ValueError,)
+    apps_api = None
+    if "kubernetes" in tracking.sources:
+        require(CLUSTER, "changeTracking.sources kubernetes")
+        # The cluster extra (kubernetes): imported only when a Deployment source is configured.
+        from kubernetes.client import AppsV1Api
+        from kubernetes.config import ConfigException
+
+        config_errors = (ValueError, ConfigException)
+        apps_api = AppsV1Api(cluster.api_client) if cluster is not None else None
+    try:
+        return build_change_tracker(
+            tracking, clock=clock, argocd=settings.argocd, tier=tier, base_dir=settings.base_dir, apps_api=apps_api
+        )
+    except config_errors as missing:
+        raise ConfigError(f"changeTracking: {missing}") from missing
+
+
 def _grafana(settings: ControllerSettings, clock: SystemClock, stack: ExitStack) -> GrafanaAnnotator | None:
     grafana_settings = settings.annotations.grafana if settings.annotations is not None else None
     if grafana_settings is None:
         return None
+    require(CLUSTER, "annotations.grafana")
+    # The cluster extra (grafana-client): imported only with an annotations.grafana section.
+    from controller.adapters.annotations.grafana import GrafanaAnnotator, GrafanaTokenError
+
     try:
         grafana = GrafanaAnnotator.from_settings(grafana_settings, clock, settings.path(grafana_settings.outbox))
     except (GrafanaTokenError, OutboxError) as unusable:

@@ -27,8 +27,15 @@ CLUSTER = Extra("cluster", ("kubernetes", "grafana_client"))
 ML = Extra("ml", ("sklearn", "skops", "threadpoolctl"))
 
 
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken or blocked install counts as missing
+        return False
+
+
 def missing_modules(extra: Extra) -> list[str]:
-    return [module for module in extra.modules if importlib.util.find_spec(module) is None]
+    return [module for module in extra.modules if not _installed(module)]
 
 
 def require(extra: Extra, needed_by: str) -> None:
