@@ -1,8 +1,8 @@
 """Reproducible training/evaluation data for the SLA model: the serving tier's model run in virtual time.
 
-    python -m predictors.dataset generate --seed 7 --hours 2 --out DIR [--start UNIX] [--trace conv|code]
-    python -m predictors.dataset generate --seed 7 --hours 2 --out DIR --backfill     # + TSDB blocks (promtool)
-    python -m predictors.dataset live --out DIR --minutes 10 [--rate-scale 2]         # real tier, real scrape
+    python -m serving.dataset generate --seed 7 --hours 2 --out DIR [--start UNIX] [--trace conv|code]
+    python -m serving.dataset generate --seed 7 --hours 2 --out DIR --backfill     # + TSDB blocks (promtool)
+    python -m serving.dataset live --out DIR --minutes 10 [--rate-scale 2]         # real tier, real scrape
 
 `generate` replays the Azure LLM inference trace (serving/data/) through the tier's continuous-batching
 model (serving.batching.BatchingModel, the same core the simulated vLLM replicas run) in VIRTUAL time, so
@@ -672,7 +672,7 @@ def generate_live(out: Path, *, minutes: float, rate_scale: float, replicas: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m predictors.dataset", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m serving.dataset", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="virtual-time replay through the batching model -> OpenMetrics")
     gen.add_argument("--seed", type=int, required=True)
