@@ -28,6 +28,7 @@ from controller.core.model import TargetKey
 from controller.core.policy import Policy
 from controller.core.ports import MetricsSource
 from controller.core.signals import range_chunks
+from controller.kit.durations import parse_duration
 from predictors.artifact import DIMENSIONS
 from predictors.features import DEFAULT_SLI_THRESHOLDS, feature_queries, sli_queries
 
@@ -115,8 +116,6 @@ def persistence_forecast(sli: Array, threshold: float, steps: int) -> Array:
 
 def policy_thresholds(policy: Policy | None, overrides: Mapping[str, float] | None = None) -> dict[str, float]:
     """SLI thresholds: defaults, then the policy's vars sla_<dimension>_seconds, then explicit overrides."""
-    from controller.kit.durations import parse_duration
-
     thresholds = dict(DEFAULT_SLI_THRESHOLDS)
     if policy is not None:
         for dimension, var in THRESHOLD_VARS.items():

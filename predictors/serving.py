@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from controller.core.model import SignalResult, TargetKey
 from controller.core.policy import Duration, Policy
 from controller.core.ports import Clock, MetricsSource
+from predictors.features import feature_hash, feature_matrix, feature_queries
 
 logger = logging.getLogger("tailguard.predictors")
 
@@ -192,14 +193,12 @@ def _default_loader() -> ArtifactLoader:
 
 
 def _default_probabilities() -> ProbabilityFunction:
-    from predictors.artifact import predict_proba
+    from predictors.artifact import predict_proba  # the ml extra (scikit-learn, skops): only once a model is used
 
     return predict_proba
 
 
 def _current_feature_hash() -> str:
-    from predictors.features import feature_hash
-
     return str(feature_hash())
 
 
@@ -414,8 +413,6 @@ def fetch_features(
     source: MetricsSource, policy: Policy, at: float | None
 ) -> tuple[list[TargetKey], np.ndarray[Any, np.dtype[np.float64]], list[str]]:
     """One instant query per feature for all targets: (targets, matrix with NaN for missing, failed features)."""
-    from predictors.features import feature_matrix, feature_queries
-
     group_by = list(policy.targets.groupBy)
     queries = feature_queries(policy.targets.match, group_by)
     results: dict[str, SignalResult] = {}

@@ -45,7 +45,10 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from controller.core.engine import PolicyState, transition
 from controller.core.errors import LabError
+from controller.core.model import DecisionKind, SignalResult, target_key
+from controller.core.policy_files import load_policies
 from serving.batching import BatchingModel, SimRequest
 from serving.load import BUILTIN_TRACES, PlannedRequest, plan, quantile, read_trace, replay
 from serving.profiles import EngineProfile, resolve_any_profile
@@ -661,10 +664,6 @@ class Verdict:
 
 def policy_verdicts(record: RunRecord, policy_paths: Sequence[Path] = EXAMPLE_POLICIES) -> list[Verdict]:
     """The example policies' verdicts on this run: the signal series through `engine.transition`."""
-    from controller.core.engine import PolicyState, transition
-    from controller.core.model import DecisionKind, SignalResult, target_key
-    from controller.core.policy_files import load_policies
-
     loaded, errors = load_policies(policy_paths)
     if errors:
         raise FidelityError("; ".join(str(e) for e in errors))
