@@ -13,11 +13,12 @@ exceptions; these classes are for what cannot go on:
     ├── StoreError      the journal or the outbox file cannot be used
     └── LabError        the serving lab (a managed process, a tool, the simulated engine) failed
 
-A class that is also a builtin error keeps that base too (`class UsageError(ConfigError, ValueError)`), so every
-`except ValueError` written before the tree existed still catches it. `controller.kit.clock.ShutdownInterrupt` is
-deliberately NOT in the tree: it is a BaseException, like KeyboardInterrupt, so that no `except Exception` (nor an
-`except TailguardError`) swallows a shutdown. `controller.kit.located_yaml.DuplicateKey` is not either: the kit
-sits below the core and imports nothing from it; the policy and settings loaders turn it into their own errors.
+A class that is also a builtin error keeps that base too (`class SourceConfigError(ConfigError, ValueError)`), so
+every `except ValueError` written before the tree existed still catches it. `controller.kit.clock.ShutdownInterrupt`
+is deliberately NOT in the tree: it is a BaseException, like KeyboardInterrupt, so that no `except Exception` (nor an
+`except TailguardError`) swallows a shutdown. The kit's own two errors are not in it either, because the kit sits
+below the core and imports nothing from it: `controller.kit.located_yaml.DuplicateKey` (the policy and settings
+loaders turn it into their own ConfigErrors) and `controller.kit.cli_args.UsageError` (a ValueError).
 
 This module is the bottom of the core: it imports nothing from the controller.
 """
