@@ -153,7 +153,6 @@ class Revision:
         }
 
 
-@dataclass
 def revisions_answer(revisions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """GET .../revisions: each revision's JSON plus `profile_diff`, what its profile changed from the revision before.
 
@@ -174,6 +173,7 @@ def revisions_answer(revisions: Sequence[dict[str, Any]]) -> list[dict[str, Any]
     return [{**r, "profile_diff": diffs[int(r["revision"])]} for r in revisions]
 
 
+@dataclass
 class ServiceState:
     name: str
     namespace: str
