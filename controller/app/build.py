@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 
 from controller.adapters.annotations.jsonl import FanoutAnnotator, JsonlAnnotator
+from controller.adapters.annotations.settings import GrafanaTokenError
 from controller.adapters.changes.tracker import ChangeTracker, build_change_tracker
 from controller.adapters.metrics.prometheus import PrometheusSource, SourceConfigError
 from controller.adapters.notify.webhook import WebhookNotifier, decision_links
@@ -252,7 +253,7 @@ def _grafana(settings: ControllerSettings, clock: SystemClock, stack: ExitStack)
         return None
     require(CLUSTER, "annotations.grafana")
     # The cluster extra (grafana-client): imported only with an annotations.grafana section.
-    from controller.adapters.annotations.grafana import GrafanaAnnotator, GrafanaTokenError
+    from controller.adapters.annotations.grafana import GrafanaAnnotator
 
     try:
         grafana = GrafanaAnnotator.from_settings(grafana_settings, clock, settings.path(grafana_settings.outbox))

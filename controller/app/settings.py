@@ -17,13 +17,13 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from controller.adapters.annotations.grafana import GrafanaSettings
+from controller.adapters.annotations.settings import GrafanaSettings
 from controller.adapters.changes.tracker import ChangeTrackingSettings
-from controller.adapters.lease.leader import LeaderElectionSettings
+from controller.adapters.lease.settings import LeaderElectionSettings
 from controller.adapters.metrics.prometheus import PrometheusSettings
 from controller.adapters.notify.webhook import LinkSettings, WebhookReceiver
 from controller.adapters.rollback.argocd import ArgoCDSettings
-from controller.app.cluster import KubernetesSettings
+from controller.app.cluster_settings import KubernetesSettings
 from controller.core.errors import ConfigError
 from controller.core.policy import Duration
 from controller.core.policy_files import PolicyError, _message

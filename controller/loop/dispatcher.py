@@ -8,7 +8,8 @@ For each action of a committed decision, in order and independently of the other
                                 across all policies, per service, so they survive restarts)
     otherwise                -> `started` (attempts+1) is COMMITTED, then the port of its type is called
                                 (one attempt), then the result is recorded; the dispatcher alone retries
-                                transient failures, with backoff
+                                transient failures, with backoff, and records the attempts in the
+                                result's detail (`attempts`)
 
 Each action type has its port (a table: rollback -> RollbackPort, scale -> ScalePort, ...), and the typed
 action the engine rendered (an `ActionRequest`) gives the port its arguments; a port nobody configured is a
@@ -226,6 +227,7 @@ class Dispatcher:
         plan = dict(record.plan) if record.plan is not None else None
         outcome: ActionOutcome | None = None
         attempt = 0
+        called = False
         while True:
             attempt += 1
             if record.type is ActionType.SCALE and plan is None:
@@ -240,6 +242,7 @@ class Dispatcher:
                 record = self.journal.mark_started(record.idempotency_key, self.clock.now(), plan)
                 self._hook("after-start", record)
                 outcome = self._call(record)
+                called = True
                 self._hook("after-execute", record)
             assert outcome is not None
             if outcome.status is not OutcomeStatus.FAILED or not outcome.transient or attempt >= self.attempts:
@@ -261,7 +264,12 @@ class Dispatcher:
             OutcomeStatus.SKIPPED: ActionStatus.SKIPPED,
             OutcomeStatus.FAILED: ActionStatus.FAILED,
         }[outcome.status]
-        return self._finish(record, status, outcome.to_json(), outcome.error)
+        result = outcome.to_json()
+        if called:
+            # The port made one attempt per call; how many calls it took is the dispatcher's to say (the
+            # journal's count, so an attempt before a crash counts too).
+            result["detail"]["attempts"] = record.attempts
+        return self._finish(record, status, result, outcome.error)
 
     def _delay(self, attempt: int) -> float:
         return backoff_delay(attempt, backoff=self.backoff, max_backoff=self.max_backoff)

@@ -21,10 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from controller.adapters.annotations.settings import GrafanaTokenError, read_token_file
+from controller.kit.clock import SystemClock
 
 SLO_UID = "tailguard-vllm-slo"
 CONTROLLER_UID = "tailguard-controller"
@@ -498,8 +502,8 @@ def generate(directory: Path, check: bool) -> int:
 
 
 def push(url: str, token: str | None, folder_uid: str | None, timeout: float) -> int:
+    # The cluster extra (grafana-client): imported only when dashboards are pushed.
     from controller.adapters.annotations.grafana import GrafanaHttp
-    from controller.kit.clock import SystemClock
 
     http = GrafanaHttp(url, token, SystemClock(), timeout=timeout, retries=3)
     failed = 0
@@ -538,10 +542,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(list(argv) if argv is not None else None)
     if args.action == "generate":
         return generate(args.dir, args.check)
-    import os
-
-    from controller.adapters.annotations.grafana import GrafanaTokenError, read_token_file
-
     if not args.grafana.startswith(("http://", "https://")):
         print(f"--grafana: expected an http:// or https:// URL, got {args.grafana!r}", file=sys.stderr)
         return 2

@@ -9,7 +9,8 @@ It answers like Argo CD: errors are `{"error", "code", "message"}` with the gRPC
 unknown history id, 5 NotFound, 9 FailedPrecondition for a rollback while automated sync is on, 16
 Unauthenticated without a token); a rollback starts an operation that reaches Succeeded (and the app Healthy, or
 `rollback_health`) after `progress_polls` further GETs, and appends a history entry, as Argo CD does.
-Failures are injectable: `fail_next(status, count)` and `delay_next(seconds, count)` (a timeout for the client).
+Failures are injectable: `fail_next(status, count)`, `delay_next(seconds, count)` (a timeout for the client) and
+`answer_late(seconds, count)` (served at once, answered too late: an ambiguous timeout).
 """
 
 from __future__ import annotations
@@ -227,6 +228,7 @@ class FakeArgoCDState:
     spec_violations: list[str] = field(default_factory=list)
     failures: list[tuple[str | None, int]] = field(default_factory=list)  # (method or any, status) to answer next
     delays: list[tuple[str | None, float]] = field(default_factory=list)  # (method or any, seconds) to stall next
+    late: list[tuple[str | None, float]] = field(default_factory=list)  # (method or any, seconds) to answer late
     hidden_ids: set[int] = field(default_factory=set)  # history ids the rollback no longer finds (trimmed history)
     pending: dict[str, int] = field(default_factory=dict)  # app -> GETs left until its operation finishes
 
@@ -282,6 +284,12 @@ class FakeArgoCD:
         the request still takes effect, as with a real server behind a slow proxy."""
         with self.lock:
             self.state.delays.extend([(method, seconds)] * count)
+
+    def answer_late(self, seconds: float, count: int = 1, method: str | None = None) -> None:
+        """Serve the next `count` requests (of `method`, or any) at once, but answer `seconds` late: the client times
+        out after the request took effect (an ambiguous failure; a read meanwhile already sees the effect)."""
+        with self.lock:
+            self.state.late.extend([(method, seconds)] * count)
 
     @staticmethod
     def _take(queue: list[tuple[str | None, Any]], method: str) -> Any:
@@ -409,11 +417,15 @@ class FakeArgoCD:
                         return
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 status, answer = fake.handle(method, self.path, headers, body, bool(raw))
-                self._send(method, body, status, answer)
+                with fake.lock:
+                    late = fake._take(fake.state.late, method) or 0.0
+                self._send(method, body, status, answer, late)
 
-            def _send(self, method: str, body: Any, status: int, answer: Any) -> None:
+            def _send(self, method: str, body: Any, status: int, answer: Any, late: float = 0.0) -> None:
                 with fake.lock:
                     fake.state.requests.append(RecordedRequest(method, self.path, body, status))
+                if late:
+                    time.sleep(late)
                 data = json.dumps(answer).encode()
                 try:
                     self.send_response(status)

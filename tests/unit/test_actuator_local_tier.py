@@ -8,6 +8,7 @@ import pytest
 from controller.adapters.tier.local_tier import LocalTierClient, TierError
 from controller.core.ports import OutcomeStatus
 from controller.kit.clock import ManualClock
+from tests.support.dispatch import dispatched
 from tests.support.fake_tier import FakeTierState, running_fake_tier
 
 
@@ -62,7 +63,8 @@ def test_5xx_is_retried_with_backoff_then_succeeds(tier: tuple[str, FakeTierStat
     clock = ManualClock()
     state.fail_next(503, 502)
     start = clock.now()
-    outcome = _client(url, clock, retries=3, backoff=0.5).set_replicas("chat", 4, idempotency_key="s")
+    client = _client(url, clock, retries=3, backoff=0.5)
+    outcome = dispatched(lambda: client.set_replicas("chat", 4, idempotency_key="s"), clock=clock, backoff=0.5)
     assert outcome.status is OutcomeStatus.SUCCEEDED and outcome.detail["attempts"] == 3
     assert outcome.detail["from"] == 2 and outcome.detail["to"] == 4
     assert clock.now() - start == pytest.approx(0.5 + 1.0)
@@ -72,7 +74,9 @@ def test_5xx_is_retried_with_backoff_then_succeeds(tier: tuple[str, FakeTierStat
 def test_5xx_beyond_the_retries_is_a_transient_failure(tier: tuple[str, FakeTierState]) -> None:
     url, state = tier
     state.fail_next(503, 503, 503)
-    outcome = _client(url, retries=2).rollback("chat", idempotency_key="r")
+    clock = ManualClock()
+    client = _client(url, clock, retries=2)
+    outcome = dispatched(lambda: client.rollback("chat", idempotency_key="r"), clock=clock, attempts=2)
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is True
     assert outcome.error is not None and "HTTP 503: injected 503" in outcome.error
     assert len(state.mutations("rollback")) == 2
@@ -93,7 +97,9 @@ def test_4xx_is_not_retried(tier: tuple[str, FakeTierState]) -> None:
 def test_a_timeout_is_retried(tier: tuple[str, FakeTierState]) -> None:
     url, state = tier
     state.delay_next(2.0)
-    outcome = _client(url, timeout=0.3, retries=2).set_replicas("chat", 3, idempotency_key="t")
+    clock = ManualClock()
+    client = _client(url, clock, timeout=0.3, retries=2)
+    outcome = dispatched(lambda: client.set_replicas("chat", 3, idempotency_key="t"), clock=clock, attempts=2)
     assert outcome.status is OutcomeStatus.SUCCEEDED
     assert outcome.detail["attempts"] == 2
 

@@ -25,6 +25,7 @@ from controller.core.ports import OutcomeStatus
 from controller.kit.clock import ManualClock
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.testing import make_decision
+from tests.support.dispatch import dispatched
 from tests.support.fake_argocd import FakeArgoCD, SwaggerValidator, application
 
 T0 = 1_700_000_000.0
@@ -186,7 +187,8 @@ def test_500_on_read_is_retried(fake: FakeArgoCD) -> None:
 
 def test_500_on_every_try_is_a_transient_failure(fake: FakeArgoCD) -> None:
     fake.fail_next(500, 3, method="POST")
-    outcome = deployer(fake).rollback("web", idempotency_key=KEY)
+    target = deployer(fake)
+    outcome = dispatched(lambda: target.rollback("web", idempotency_key=KEY), clock=target.clock, attempts=3)
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient
     assert outcome.error is not None and "HTTP 500" in outcome.error
     assert [call.status for call in fake.calls("POST")] == [500, 500, 500]
@@ -195,13 +197,27 @@ def test_500_on_every_try_is_a_transient_failure(fake: FakeArgoCD) -> None:
 
 def test_500_on_post_then_success_rolls_back_once(fake: FakeArgoCD) -> None:
     fake.fail_next(503, 1, method="POST")
-    outcome = deployer(fake).rollback("web", idempotency_key=KEY)
+    target = deployer(fake)
+    outcome = dispatched(lambda: target.rollback("web", idempotency_key=KEY), clock=target.clock, attempts=3)
     assert outcome.status is OutcomeStatus.SUCCEEDED
     assert [call.status for call in fake.calls("POST")] == [503, 200]
 
 
+def test_a_rollback_is_posted_at_most_once_per_dispatcher_attempt(fake: FakeArgoCD, tmp_path: Path) -> None:
+    # The client's read retries (retries=3) never multiply the dispatcher's attempts for the POST.
+    fake.fail_next(500, 10, method="POST")
+    with Journal(tmp_path / "journal.db") as journal:
+        dispatcher = Dispatcher(
+            journal, Actuators(rollback=deployer(fake)), ManualClock(T0), GlobalLimits(), attempts=2
+        )
+        [record] = dispatcher.dispatch(make_decision([("rollback", {"service": "web"})]))
+    assert record.status.value == "failed" and record.attempts == 2
+    assert record.result is not None and record.result["transient"] and record.result["detail"]["attempts"] == 2
+    assert [call.status for call in fake.calls("POST")] == [500, 500]
+
+
 def test_post_timeout_that_took_effect_is_not_repeated(fake: FakeArgoCD) -> None:
-    fake.delay_next(0.6, 1, method="POST")
+    fake.answer_late(0.6, 1, method="POST")
     outcome = deployer(fake, timeout=0.2).rollback("web", idempotency_key=KEY)
     assert outcome.status is OutcomeStatus.SUCCEEDED, outcome.error
     assert len(fake.calls("POST")) == 1  # the re-read showed the operation running: no second POST

@@ -1,7 +1,7 @@
-"""controller/app/cluster.py and controller/core/unconfigured.py: the `kubernetes` settings, the builder of the cluster
-actuators (exercised through the real client against the spec-validating fake API server), the leader elector
-builder, one port per action type (a missing one answers "not configured"), and `tailguard run`'s one-line errors
-when the cluster cannot be reached."""
+"""controller/app/cluster.py, cluster_settings.py and controller/core/unconfigured.py: the `kubernetes` settings,
+the builder of the cluster actuators (exercised through the real client against the spec-validating fake API
+server), the leader elector builder, one port per action type (a missing one answers "not configured"), and
+`tailguard run`'s one-line errors when the cluster cannot be reached."""
 
 from __future__ import annotations
 
@@ -12,18 +12,18 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.lease.leader import LeaderElectionSettings
+from controller.adapters.lease.settings import LeaderElectionSettings
 from controller.adapters.scale.hpa import ANNOTATION_KEYS, HpaScaler
 from controller.adapters.stores.journal import ActionStatus, Journal
 from controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
 from controller.app import cli
 from controller.app.cluster import (
     ClusterConfigError,
-    KubernetesSettings,
     build_cluster_actuators,
     build_leader_elector,
     cluster_client,
 )
+from controller.app.cluster_settings import KubernetesSettings
 from controller.app.settings import SettingsError, load_settings
 from controller.core.ports import OutcomeStatus
 from controller.core.unconfigured import (

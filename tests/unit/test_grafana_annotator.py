@@ -13,11 +13,10 @@ import pytest
 from controller.adapters.annotations.grafana import (
     GrafanaAnnotator,
     GrafanaHttp,
-    GrafanaSettings,
-    GrafanaTokenError,
     decision_text,
     key_tag,
 )
+from controller.adapters.annotations.settings import GrafanaSettings, GrafanaTokenError
 from controller.adapters.annotations.jsonl import FanoutAnnotator, JsonlAnnotator
 from controller.adapters.stores.outbox import Backoff, Outbox, OutboxStatus
 from controller.core.ports import Annotation, OutcomeStatus

@@ -22,6 +22,7 @@ from controller.adapters.scale.hpa import (
 from controller.core.ports import OutcomeStatus
 from controller.kit.clock import ManualClock
 from controller.kit.http import RetryPolicy
+from tests.support.dispatch import dispatched
 from tests.support.fake_kubernetes import FakeKubernetes, hpa
 
 
@@ -166,7 +167,9 @@ def test_one_server_error_then_success(fake: FakeKubernetes) -> None:
 def test_a_write_that_times_out_is_not_applied_twice(fake: FakeKubernetes) -> None:
     # The PUT lands but the answer comes too late: the re-read finds the key and stops (no second write).
     fake.inject("update", "horizontalpodautoscalers", delay_after=1.0)
-    outcome = deployer(fake, ManualClock(), timeout=0.3).set_replicas("chat", 5, idempotency_key="k")
+    clock = ManualClock()
+    scaler = deployer(fake, clock, timeout=0.3)
+    outcome = dispatched(lambda: scaler.set_replicas("chat", 5, idempotency_key="k"), clock=clock)
     assert outcome.status is OutcomeStatus.SUCCEEDED and outcome.detail["replayed"] is True
     assert len(fake.calls("update", "horizontalpodautoscalers")) == 1
     assert spec(fake)["spec"]["minReplicas"] == 5  # type: ignore[index]

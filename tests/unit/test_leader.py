@@ -125,7 +125,7 @@ def test_leader_election_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     settings = load_settings(config)
     assert settings.leaderElection is not None
     monkeypatch.setenv("POD_NAME", "tailguard-7f9c-abcde")
-    elector = settings.leaderElection.elector(k8s.CoordinationV1Api(), ManualClock())
+    elector = LeaderElector.from_settings(settings.leaderElection, k8s.CoordinationV1Api(), ManualClock())
     assert (elector.name, elector.namespace, elector.identity) == ("tailguard", "tailguard", "tailguard-7f9c-abcde")
     assert (elector.lease_seconds, elector.renew_deadline) == (30.0, 20.0)
 

@@ -20,6 +20,7 @@ from controller.adapters.traffic.routes import (
 from controller.core.ports import OutcomeStatus
 from controller.kit.clock import ManualClock
 from controller.kit.http import RetryPolicy
+from tests.support.dispatch import dispatched
 from tests.support.fake_kubernetes import FakeKubernetes, http_route, virtual_service
 
 
@@ -166,7 +167,9 @@ def test_server_error_retried_then_transient_failure_without_a_write(fake: FakeK
 
 def test_write_timeout_then_replay_does_not_write_twice(fake: FakeKubernetes) -> None:
     fake.inject("update", "httproutes", delay_after=1.0)
-    outcome = gateway(fake, ManualClock(), timeout=0.3).set_weight("chat", "r2", 0, idempotency_key="k")
+    clock = ManualClock()
+    router = gateway(fake, clock, timeout=0.3)
+    outcome = dispatched(lambda: router.set_weight("chat", "r2", 0, idempotency_key="k"), clock=clock)
     assert outcome.status is OutcomeStatus.SUCCEEDED, outcome
     assert len(fake.calls("update", "httproutes")) == 1
     assert route_weights(fake) == {"chat-r1": 100, "chat-r2": 0}

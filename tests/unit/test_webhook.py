@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from controller.adapters.notify.webhook import WebhookNotifier, WebhookReceiver, sign, verify_signature
 from controller.core.ports import OutcomeStatus
 from controller.kit.clock import ManualClock
+from tests.support.dispatch import dispatched
 from tests.support.webhook_receiver import receiver
 
 SECRET = "s3cr3t-value"
@@ -62,9 +63,11 @@ def test_notify_posts_signed_json(secret_env: str) -> None:
 def test_503_is_retried_then_succeeds(secret_env: str) -> None:
     clock = ManualClock()
     with receiver(503, 503) as (url, state):
-        notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=3)}, clock, backoff=1.0)
+        notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=3)}, clock)
         start = clock.now()
-        outcome = notifier.notify("r", {"decision": {}}, idempotency_key="k")
+        outcome = dispatched(
+            lambda: notifier.notify("r", {"decision": {}}, idempotency_key="k"), clock=clock, attempts=3, backoff=1.0
+        )
     assert outcome.status is OutcomeStatus.SUCCEEDED and outcome.detail["attempts"] == 3
     assert len(state.requests) == 3
     assert clock.now() - start == pytest.approx(1.0 + 2.0)
@@ -83,8 +86,9 @@ def test_400_is_not_retried(secret_env: str) -> None:
 
 def test_503_until_the_bound_is_a_transient_failure(secret_env: str) -> None:
     with receiver(503, 503, 503) as (url, state):
-        notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=2)}, ManualClock())
-        outcome = notifier.notify("r", {}, idempotency_key="k")
+        clock = ManualClock()
+        notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=2)}, clock)
+        outcome = dispatched(lambda: notifier.notify("r", {}, idempotency_key="k"), clock=clock, attempts=2)
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is True
     assert len(state.requests) == 2
 
@@ -92,8 +96,9 @@ def test_503_until_the_bound_is_a_transient_failure(secret_env: str) -> None:
 def test_secret_never_logged_nor_in_errors(secret_env: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)  # every logger, urllib3's included
     with receiver(503, 503, 500) as (url, _state):
-        notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=3)}, ManualClock())
-        outcome = notifier.notify("r", {"decision": {}}, idempotency_key="k")
+        clock = ManualClock()
+        notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=3)}, clock)
+        outcome = dispatched(lambda: notifier.notify("r", {"decision": {}}, idempotency_key="k"), clock=clock)
     assert outcome.status is OutcomeStatus.FAILED
     assert caplog.records, "the failures should have been logged"
     assert SECRET not in caplog.text
@@ -105,10 +110,9 @@ def test_url_credentials_stay_out_of_our_logs_and_errors(secret_env: str, caplog
     token = "url-token-123"
     with receiver(503, 400) as (url, _state):
         leaky_url = url.replace("http://", f"http://user:{token}@") + f"?token={token}"
-        notifier = WebhookNotifier(
-            {"r": WebhookReceiver(url=leaky_url, secretEnv=secret_env, retries=3)}, ManualClock()
-        )
-        outcome = notifier.notify("r", {}, idempotency_key="k")
+        clock = ManualClock()
+        notifier = WebhookNotifier({"r": WebhookReceiver(url=leaky_url, secretEnv=secret_env, retries=3)}, clock)
+        outcome = dispatched(lambda: notifier.notify("r", {}, idempotency_key="k"), clock=clock)
     assert outcome.status is OutcomeStatus.FAILED
     ours = [r.getMessage() for r in caplog.records if r.name.startswith("controller")]
     assert ours and not any(token in message for message in ours)

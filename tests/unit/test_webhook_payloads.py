@@ -21,6 +21,7 @@ from controller.adapters.notify.webhook import (
 )
 from controller.core.ports import OutcomeStatus
 from controller.kit.clock import ManualClock
+from tests.support.dispatch import dispatched
 from tests.support.webhook_receiver import receiver
 
 SECRET = "payload-secret"
@@ -113,8 +114,11 @@ def test_slack_payload_is_text_and_blocks_signed_and_retried(monkeypatch: pytest
     monkeypatch.setenv("TG_PAYLOAD_SECRET", SECRET)
     with receiver(503) as (url, state):
         settings = WebhookReceiver(url=url, secretEnv="TG_PAYLOAD_SECRET", format="slack")
-        notifier = WebhookNotifier({"slack": settings}, ManualClock(ONSET + 60), backoff=0.01)
-        outcome = notifier.notify("slack", payload(), idempotency_key="k:fire:1")
+        clock = ManualClock(ONSET + 60)
+        notifier = WebhookNotifier({"slack": settings}, clock)
+        outcome = dispatched(
+            lambda: notifier.notify("slack", payload(), idempotency_key="k:fire:1"), clock=clock, backoff=0.01
+        )
     assert outcome.status is OutcomeStatus.SUCCEEDED and outcome.detail["attempts"] == 2
     assert len(state.requests) == 2 and state.requests[0][1] == state.requests[1][1]  # the same message again
     headers, body = state.requests[1]

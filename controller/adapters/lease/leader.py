@@ -26,16 +26,14 @@ from __future__ import annotations
 import datetime
 import logging
 import math
-import os
-import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from kubernetes import client as k8s
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from controller.adapters.lease.settings import LeaderElectionSettings
 from controller.adapters.scale.hpa import KubeError, kube_call
 from controller.core.handover import (
     HANDOVER_ANNOTATION,
@@ -43,51 +41,12 @@ from controller.core.handover import (
     decode_action_times,
     encode_action_times,
 )
-from controller.core.policy import Duration
 from controller.core.ports import Clock, HandoverPort
 from controller.kit.http import RetryPolicy
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-class LeaderElectionSettings(BaseModel):
-    """The `leaderElection` section of the controller configuration (controller/app/settings.py)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    leaseName: str = Field(default="tailguard", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-    namespace: str = Field(min_length=1, description="namespace of the Lease (usually the controller's own)")
-    identity: str | None = Field(
-        default=None, min_length=1, description="this replica's name; default: $POD_NAME, else the host name"
-    )
-    leaseDuration: Duration = Field(default=15.0, description="a holder silent this long may be replaced")
-    renewDeadline: Duration = Field(default=10.0, description="a leader not renewed this long stops acting")
-    retryPeriod: Duration = Field(default=2.0, description="interval of acquire/renew rounds")
-
-    @model_validator(mode="after")
-    def _ordered(self) -> LeaderElectionSettings:
-        if not 0 < self.retryPeriod < self.renewDeadline <= self.leaseDuration:
-            raise ValueError(
-                "expected 0 < retryPeriod < renewDeadline <= leaseDuration, got "
-                f"{self.retryPeriod:g}s, {self.renewDeadline:g}s, {self.leaseDuration:g}s"
-            )
-        return self
-
-    def resolved_identity(self) -> str:
-        return self.identity or os.environ.get("POD_NAME") or socket.gethostname()
-
-    def elector(self, api: k8s.CoordinationV1Api, clock: Clock) -> LeaderElector:
-        return LeaderElector(
-            api,
-            self.leaseName,
-            self.namespace,
-            self.resolved_identity(),
-            self.leaseDuration,
-            clock,
-            renew_deadline=self.renewDeadline,
-        )
 
 
 @dataclass(frozen=True)
@@ -134,6 +93,19 @@ class LeaderElector:
         self._handover: HandoverPort | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_settings(cls, settings: LeaderElectionSettings, api: k8s.CoordinationV1Api, clock: Clock) -> LeaderElector:
+        """The elector the `leaderElection` section describes."""
+        return cls(
+            api,
+            settings.leaseName,
+            settings.namespace,
+            settings.resolved_identity(),
+            settings.leaseDuration,
+            clock,
+            renew_deadline=settings.renewDeadline,
+        )
 
     # -- state --------------------------------------------------------------------------------------
 

@@ -16,6 +16,8 @@ import hmac
 import json
 import logging
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -48,6 +50,8 @@ class WebhookReceiver(BaseModel):
         default=None, description="file holding the secret (surrounding whitespace is stripped)"
     )
     timeout: float = Field(default=5.0, gt=0, description="seconds per attempt")
+    # Accepted as before (the controller YAML is a contract), but a notification is an action: the notifier makes
+    # one attempt and the dispatcher's `attempts` bound the retries.
     retries: int = Field(default=3, ge=1, description="attempts in all, on connection errors, 429 and 5xx only")
     format: Literal["generic", "slack"] = Field(
         default="generic", description="generic: the decision as JSON; slack: Slack-compatible text + blocks"
@@ -99,19 +103,24 @@ def verify_signature(secret: str | bytes, timestamp: str, body: str | bytes, hea
     return hmac.compare_digest(sign(secret, timestamp, body).encode("ascii"), header.strip().encode("ascii", "replace"))
 
 
+# Idempotency keys whose first timestamp is remembered, so a retried notification is the same signed message.
+TIMESTAMPS_KEPT = 1024
+
+
 class WebhookNotifier:
     def __init__(
         self,
         receivers: Mapping[str, WebhookReceiver],
         clock: Clock,
         *,
-        backoff: float = 0.5,
         session: requests.Session | None = None,
     ) -> None:
         self.receivers = dict(receivers)
         self.clock = clock
-        self.backoff = backoff
         self.session = session or requests.Session()
+        # idempotency key -> the timestamp of its first attempt (the last TIMESTAMPS_KEPT keys)
+        self._timestamps: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
 
     def notify(self, receiver: str, payload: Mapping[str, Any], *, idempotency_key: str) -> ActionOutcome:
         settings = self.receivers.get(receiver)
@@ -136,21 +145,22 @@ class WebhookNotifier:
             separators=(",", ":"),
             default=str,
         ).encode("utf-8")
-        # One timestamp for every attempt: a retry is the same message, the receiver dedups by key.
-        timestamp = str(int(self.clock.now()))
+        # One timestamp for every attempt: a retry (the dispatcher's) is the same message, the receiver dedups by key.
+        timestamp = self._timestamp(idempotency_key)
         headers = {
             "Content-Type": "application/json",
             TIMESTAMP_HEADER: timestamp,
             SIGNATURE_HEADER: sign(secret, timestamp, body),
             IDEMPOTENCY_HEADER: idempotency_key,
         }
+        # One attempt (the dispatcher alone retries actions, transient failures only).
         answer = request_with_retry(
             self.session,
             "POST",
             settings.url,
             clock=self.clock,
             timeout=settings.timeout,
-            retry=RetryPolicy(attempts=settings.retries, backoff=self.backoff),
+            retry=RetryPolicy(attempts=1),
             data=body,
             headers=headers,
         )
@@ -159,15 +169,22 @@ class WebhookNotifier:
             "format": settings.format,
             "url": redact_url(settings.url),
             "http_status": answer.status,
-            "attempts": answer.attempts,
         }
         if not answer.ok:
-            log.warning("notification to %s failed after %d attempt(s): %s", receiver, answer.attempts, answer.error)
+            log.warning("notification to %s failed: %s", receiver, answer.error)
             return ActionOutcome(
                 OutcomeStatus.FAILED, detail, f"receiver {receiver!r}: {answer.error}", answer.transient
             )
         log.info("notified %s (%s, HTTP %s)", receiver, redact_url(settings.url), answer.status)
         return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
+
+    def _timestamp(self, idempotency_key: str) -> str:
+        with self._lock:
+            timestamp = self._timestamps.pop(idempotency_key, None) or str(int(self.clock.now()))
+            self._timestamps[idempotency_key] = timestamp
+            while len(self._timestamps) > TIMESTAMPS_KEPT:
+                self._timestamps.popitem(last=False)
+            return timestamp
 
 
 # -- links and Slack-compatible payloads ---------------------------------------------------------------------------

@@ -12,8 +12,11 @@ fixing Git; `autoSync: notifyOnly` does not roll back and says why.
 
 Idempotency: Argo CD has no idempotency key, so the guard is the application itself. Before POSTing, a rollback
 whose target is already the synced revision, or already running, is not repeated; a POST that failed
-transiently (timeout, 5xx) is followed by a fresh GET to see whether it took effect before it is tried again.
-Done keys are kept in the bad-revision record, so a resumed action does not act twice either.
+transiently (timeout, 5xx) is followed by a fresh GET to see whether it took effect, else it is reported
+`transient`. The adapter makes one attempt (one POST; a second only after Argo CD refused the first for auto-sync
+and auto-sync was disabled); the dispatcher alone retries, and each retry starts with the GET above. Reads (the
+GETs, the polls) retry through the kit's read call. Done keys are kept in the bad-revision record, so a resumed
+action does not act twice either.
 """
 
 from __future__ import annotations
@@ -385,41 +388,41 @@ class ArgoCDRollback:
         if settings.project:
             body["project"] = settings.project
         url = self.client.url(name, "/rollback")
-        for attempt in range(1, self.client.retry.attempts + 1):
-            # One HTTP try at a time: after an ambiguous failure the app is read first, never blindly re-POSTed.
-            answer = self.client.call("POST", url, body, idempotency_key=idempotency_key, retry=RetryPolicy(1))
-            detail["post_attempts"] = attempt
-            if answer.ok:
-                log.info("Argo CD rollback of %s to %s (history id %d) started", name, target.revision, target.id)
-                return None
-            code = _grpc_code(answer)
-            if code == GRPC_FAILED_PRECONDITION and "auto-sync" in _message(answer):
-                # Auto-sync was switched on between our read and the POST.
-                if self._mode(settings) == "notifyOnly":
-                    return self._refused_auto_sync(name, detail)
-                disabled = self._disable_auto_sync(settings, app, idempotency_key, detail)
-                if disabled is not None:
-                    return disabled
-                continue
-            if not answer.transient:
-                what = f"rollback of {name!r} to {target.revision} (history id {target.id})"
-                if code == GRPC_INVALID_ARGUMENT:
-                    return ActionOutcome(OutcomeStatus.FAILED, detail, f"{what} refused: {_message(answer)}", False)
-                return ActionOutcome(OutcomeStatus.FAILED, detail, _describe(answer, what), False)
-            try:
-                fresh = self.client.get_app(name, settings.appNamespace)
-            except ArgoCDError:
-                fresh = None
-            if fresh is not None and target.revision in (_running_revision(fresh), _synced_revision(fresh, [])):
-                log.info("Argo CD rollback of %s: the failed POST had taken effect; not repeating it", name)
-                return None
-            if attempt < self.client.retry.attempts:
-                self.clock.sleep(self.client.retry.delay(attempt))
-            else:
-                return ActionOutcome(
-                    OutcomeStatus.FAILED, detail, _describe(answer, f"rollback of {name!r}"), answer.transient
-                )
-        return ActionOutcome(OutcomeStatus.FAILED, detail, f"rollback of {name!r}: gave up", True)
+        # One attempt, one HTTP try (the dispatcher alone retries an action): a rollback is never re-POSTed here.
+        answer = self._post(url, body, idempotency_key, detail)
+        if _auto_sync_refused(answer):
+            # Auto-sync was switched on between our read and the POST; Argo CD refused, so nothing was rolled back.
+            if self._mode(settings) == "notifyOnly":
+                return self._refused_auto_sync(name, detail)
+            disabled = self._disable_auto_sync(settings, app, idempotency_key, detail)
+            if disabled is not None:
+                return disabled
+            answer = self._post(url, body, idempotency_key, detail)
+            if _auto_sync_refused(answer):
+                return ActionOutcome(OutcomeStatus.FAILED, detail, _describe(answer, f"rollback of {name!r}"), True)
+        if answer.ok:
+            log.info("Argo CD rollback of %s to %s (history id %d) started", name, target.revision, target.id)
+            return None
+        if not answer.transient:
+            what = f"rollback of {name!r} to {target.revision} (history id {target.id})"
+            if _grpc_code(answer) == GRPC_INVALID_ARGUMENT:
+                return ActionOutcome(OutcomeStatus.FAILED, detail, f"{what} refused: {_message(answer)}", False)
+            return ActionOutcome(OutcomeStatus.FAILED, detail, _describe(answer, what), False)
+        # Ambiguous (a timeout, a 5xx): the POST may have taken effect. Read the app before reporting a transient
+        # failure; the dispatcher's next attempt reads it again too and never POSTs a rollback that is running.
+        try:
+            fresh = self.client.get_app(name, settings.appNamespace)
+        except ArgoCDError:
+            fresh = None
+        if fresh is not None and target.revision in (_running_revision(fresh), _synced_revision(fresh, [])):
+            log.info("Argo CD rollback of %s: the failed POST had taken effect; not repeating it", name)
+            return None
+        return ActionOutcome(OutcomeStatus.FAILED, detail, _describe(answer, f"rollback of {name!r}"), True)
+
+    def _post(self, url: str, body: Mapping[str, Any], idempotency_key: str, detail: dict[str, Any]) -> HttpAnswer:
+        answer = self.client.call("POST", url, body, idempotency_key=idempotency_key, retry=RetryPolicy(1))
+        detail["post_attempts"] = int(detail.get("post_attempts", 0)) + 1
+        return answer
 
     def _refused_auto_sync(self, name: str, detail: dict[str, Any]) -> ActionOutcome:
         detail["auto_sync"] = "enabled"
@@ -445,7 +448,9 @@ class ArgoCDRollback:
             body["appNamespace"] = settings.appNamespace
         if settings.project:
             body["project"] = settings.project
-        answer = self.client.call("PATCH", self.client.url(name), body, idempotency_key=f"{idempotency_key}:autosync")
+        answer = self.client.call(
+            "PATCH", self.client.url(name), body, idempotency_key=f"{idempotency_key}:autosync", retry=RetryPolicy(1)
+        )
         if not answer.ok:
             return ActionOutcome(
                 OutcomeStatus.FAILED, detail, _describe(answer, f"disabling auto-sync of {name!r}"), answer.transient
@@ -529,6 +534,11 @@ def pick_target(history: Sequence[HistoryEntry], bad: str, known_bad: set[str]) 
         if entry.revision not in excluded:
             return entry
     return None
+
+
+def _auto_sync_refused(answer: HttpAnswer) -> bool:
+    """Argo CD's refusal to roll back while automated sync is on (gRPC FailedPrecondition)."""
+    return _grpc_code(answer) == GRPC_FAILED_PRECONDITION and "auto-sync" in _message(answer)
 
 
 def _automated(app: Mapping[str, Any]) -> bool:

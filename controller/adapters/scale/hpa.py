@@ -10,10 +10,11 @@ Scaling down never goes below the human floor unless `HpaBounds.allow_below_huma
 human edits `minReplicas` later (it no longer equals what tailguard wrote), that value becomes the new floor.
 
 Writes are read-modify-PUT with the object's resourceVersion: a 409 Conflict (someone wrote in between)
-re-reads and retries, boundedly. The idempotency key of every change is written in the same PUT to the
-annotation `tailguard.io/action-keys` (the last few keys, JSON), so a replayed key is a no-op. Transient
-errors (5xx, 429, timeouts, refused connections) are retried with backoff through the injected clock;
-404 and other 4xx are reported at once. All of it comes back as an `ActionOutcome`, never an exception.
+re-reads and writes again, boundedly (nothing was written). The idempotency key of every change is written in
+the same PUT to the annotation `tailguard.io/action-keys` (the last few keys, JSON), so a replayed key is a
+no-op. Reads retry transient errors (5xx, 429, timeouts, refused connections) with backoff through the injected
+clock; a write makes one attempt and reports a transient failure as `transient` (the dispatcher alone retries
+actions); 404 and other 4xx are reported at once. All of it comes back as an `ActionOutcome`, never an exception.
 
 This module also holds the small helpers the Kubernetes actuators share (traffic.py imports them):
 `kube_call` (retry/classification), `recorded_keys`/`with_key` (idempotency annotation) and
@@ -356,7 +357,6 @@ class HpaScaler:
         target = self.target(service)
         where = f"HorizontalPodAutoscaler {target.namespace}/{target.name}"
         conflicts = 0
-        failed_writes = 0
         while True:
             found = self._read(target)
             if isinstance(found, KubeError):
@@ -396,11 +396,9 @@ class HpaScaler:
                 conflicts += 1
                 log.info("%s changed while tailguard wrote it (conflict %d); reading it again", where, conflicts)
                 continue
-            if isinstance(written, KubeError) and written.transient and failed_writes + 1 < self.retry.attempts:
-                failed_writes += 1
-                self.clock.sleep(self.retry.delay(failed_writes))
-                continue  # the write may have landed: the fresh read then finds the key and stops
             if isinstance(written, KubeError):
+                # One attempt: a transient failure (the write may have landed) is the dispatcher's to retry, and
+                # its next attempt reads first: a recorded key then makes it a replay.
                 return written.outcome({"hpa": where, "conflicts": conflicts})
             if self.events is not None:
                 self.events.record(
@@ -414,8 +412,8 @@ class HpaScaler:
             )
 
     def _put(self, target: HpaTarget, hpa: k8s.V2HorizontalPodAutoscaler) -> Any:
-        # One try per read: a 409 needs a fresh read, not a resend, and a transient failure is retried
-        # by re-reading too (the write may have landed; the recorded key then makes it a replay).
+        # One try per read: a 409 needs a fresh read, not a resend; a transient failure is reported (the
+        # dispatcher's retry reads first: the write may have landed, and the recorded key then makes it a replay).
         return kube_call(
             lambda: self.api.replace_namespaced_horizontal_pod_autoscaler(
                 target.name, target.namespace, hpa, _request_timeout=self.timeout

@@ -2,7 +2,8 @@
 
 Every mutating call carries the action's idempotency key twice (header and body):
 the tier answers a repeated key with the first answer and `"replayed": true`, so a
-retry, or a resume after a crash, never acts twice.
+retry, or a resume after a crash, never acts twice. A mutation makes one attempt and
+reports `transient` (the dispatcher alone retries actions); reads retry through the kit.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ class LocalTierClient:
             url,
             clock=self.clock,
             timeout=self.timeout,
-            retry=self.retry,
+            # Reads retry here; a mutation makes one attempt (the dispatcher alone retries actions).
+            retry=self.retry if method == "GET" else RetryPolicy(attempts=1),
             json_body=dict(body) if body is not None else None,
             headers=headers,
         )
@@ -77,7 +79,7 @@ class LocalTierClient:
 
     @staticmethod
     def _failed(answer: HttpAnswer, what: str) -> ActionOutcome:
-        detail: dict[str, Any] = {"http_status": answer.status, "attempts": answer.attempts}
+        detail: dict[str, Any] = {"http_status": answer.status}
         if answer.status == 409:
             # e.g. "no earlier good revision": the tier refused on purpose; retrying cannot help.
             return ActionOutcome(OutcomeStatus.FAILED, detail, f"{what} refused: {answer.server_message()}", False)
@@ -87,7 +89,6 @@ class LocalTierClient:
     def _answer_detail(answer: HttpAnswer) -> dict[str, Any]:
         detail: dict[str, Any] = dict(answer.body) if isinstance(answer.body, Mapping) else {}
         detail["replayed"] = bool(detail.get("replayed", False))
-        detail["attempts"] = answer.attempts
         return detail
 
     # -- reads --------------------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ Both implement `TrafficRouter.set_weight(service, version, weight)` the same way
    (no-op);
 2. compute the new weights (pure, `split_weights`): `version` gets `weight` percent, the other backends
    share the rest in proportion to their current weights (evenly when they are all 0), summing to 100;
-3. PUT it with its resourceVersion and the key; a 409 Conflict re-reads and recomputes (bounded);
+3. PUT it with its resourceVersion and the key; a 409 Conflict re-reads and recomputes (bounded); any
+   other failure is reported at once (`transient` for 5xx/timeouts: the dispatcher alone retries actions,
+   and its retry starts at step 1, where a write that landed is a replay);
 4. read it back and verify every backend's weight; a mismatch (a mutating webhook, another controller
    such as Flagger or Argo Rollouts fighting over the route) is a FAILED outcome that says what was found.
 
@@ -205,7 +207,6 @@ class _WeightedRouteRouter:
 
     def _apply(self, ref: RouteRef, where: str, service: str, version: str, weight: int, key: str) -> ActionOutcome:
         conflicts = 0
-        failed_writes = 0
         while True:
             found = self._read(ref)
             if isinstance(found, KubeError):
@@ -233,10 +234,8 @@ class _WeightedRouteRouter:
                     conflicts += 1
                     log.info("%s changed while tailguard wrote it (conflict %d); reading it again", where, conflicts)
                     continue
-                if written.transient and failed_writes + 1 < self.retry.attempts:
-                    failed_writes += 1
-                    self.clock.sleep(self.retry.delay(failed_writes))
-                    continue  # it may have landed: the fresh read then finds the key
+                # One attempt: a transient failure may have landed; the dispatcher's retry reads first and then
+                # finds the key (a replay, no second write).
                 return written.outcome({"conflicts": conflicts})
             # Read back: what the API server stores after admission is what the data plane gets.
             check = self._read(ref)

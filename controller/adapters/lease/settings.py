@@ -1,0 +1,41 @@
+"""The `leaderElection` section of the controller configuration (controller/app/settings.py).
+
+Apart from the elector (leader.py) because it imports no client library: the configuration loads without the
+cluster extra (kubernetes), which is needed only when the section is present (`LeaderElector.from_settings`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from controller.core.policy import Duration
+
+
+class LeaderElectionSettings(BaseModel):
+    """The `leaderElection` section of the controller configuration (controller/app/settings.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    leaseName: str = Field(default="tailguard", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    namespace: str = Field(min_length=1, description="namespace of the Lease (usually the controller's own)")
+    identity: str | None = Field(
+        default=None, min_length=1, description="this replica's name; default: $POD_NAME, else the host name"
+    )
+    leaseDuration: Duration = Field(default=15.0, description="a holder silent this long may be replaced")
+    renewDeadline: Duration = Field(default=10.0, description="a leader not renewed this long stops acting")
+    retryPeriod: Duration = Field(default=2.0, description="interval of acquire/renew rounds")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LeaderElectionSettings:
+        if not 0 < self.retryPeriod < self.renewDeadline <= self.leaseDuration:
+            raise ValueError(
+                "expected 0 < retryPeriod < renewDeadline <= leaseDuration, got "
+                f"{self.retryPeriod:g}s, {self.renewDeadline:g}s, {self.leaseDuration:g}s"
+            )
+        return self
+
+    def resolved_identity(self) -> str:
+        return self.identity or os.environ.get("POD_NAME") or socket.gethostname()

@@ -1,0 +1,106 @@
+"""The `kubernetes` section of the controller configuration (controller/app/settings.py); what `tailguard run`
+builds from it is in controller/app/cluster.py.
+
+```yaml
+kubernetes:
+  inCluster: true            # the pod's service account; false: the kubeconfig below (or $KUBECONFIG, ~/.kube/config)
+  kubeconfig: null
+  namespace: llm             # where HPAs and routes live unless a target names its own
+  events: true               # a core/v1 Event on every object tailguard changes
+  timeout: 5                 # seconds per API request
+  retries: 3                 # attempts in all, transient errors only
+  hpa:                       # scale actions move the HPA's minReplicas (controller/adapters/scale/hpa.py)
+    maxReplicas: 8
+    minReplicas: 1
+    allowBelowHumanFloor: false
+    targets: {chat: {namespace: llm, name: chat-stable}}   # default: the HPA named like the service
+  traffic:                   # shift_traffic actions set route weights (controller/adapters/traffic/routes.py)
+    kind: httproute          # or virtualservice
+    routes: {chat: {namespace: llm, name: chat}}          # default: the route named like the service
+    ramp: {steps: [50], hold: 60s}                        # absent: increases in one step
+```
+
+Both `hpa` and `traffic` are optional: without them scale and shift_traffic go to the local tier (if any).
+
+Apart from cluster.py because it imports no client library: the configuration loads without the cluster extra
+(kubernetes), which is needed only when the section is present.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from controller.core.policy import Duration
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ObjectRefSettings(_Strict):
+    """One Kubernetes object of a service: its namespace (default: `kubernetes.namespace`) and name."""
+
+    namespace: str | None = Field(default=None, min_length=1, description="default: kubernetes.namespace")
+    name: str = Field(min_length=1)
+
+
+class HpaSettings(_Strict):
+    maxReplicas: int = Field(ge=1, description="tailguard never sets minReplicas or maxReplicas above this")
+    minReplicas: int = Field(default=1, ge=1, description="tailguard never sets minReplicas below this")
+    allowBelowHumanFloor: bool = Field(
+        default=False, description="may scaling down go below the minReplicas a human set (recorded at first touch)"
+    )
+    targets: dict[str, ObjectRefSettings] = Field(
+        default_factory=dict, description="service -> its HPA; default: the HPA named like the service"
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> HpaSettings:
+        if self.minReplicas > self.maxReplicas:
+            raise ValueError(f"expected minReplicas <= maxReplicas, got {self.minReplicas} > {self.maxReplicas}")
+        return self
+
+
+class RampSettings(_Strict):
+    steps: list[int] = Field(default_factory=lambda: [50], description="intermediate weights on the way up")
+    hold: Duration = Field(default=60.0, description="time at each step before the next")
+
+    @model_validator(mode="after")
+    def _in_range(self) -> RampSettings:
+        outside = [step for step in self.steps if not 0 < step < 100]
+        if outside:
+            raise ValueError(f"ramp steps are intermediate weights: expected 1..99, got {outside}")
+        return self
+
+
+class TrafficSettings(_Strict):
+    kind: Literal["httproute", "virtualservice"] = Field(
+        default="httproute", description="Gateway API HTTPRoute backendRefs or Istio VirtualService routes"
+    )
+    routes: dict[str, ObjectRefSettings] = Field(
+        default_factory=dict, description="service -> its route; default: the route named like the service"
+    )
+    ramp: RampSettings | None = Field(default=None, description="step increases of a weight; absent: one step")
+
+
+class KubernetesSettings(_Strict):
+    """`kubernetes:` in the controller configuration."""
+
+    inCluster: bool = Field(default=True, description="use the pod's service account (false: a kubeconfig)")
+    kubeconfig: str | None = Field(
+        default=None, min_length=1, description="kubeconfig file when inCluster is false (default: $KUBECONFIG)"
+    )
+    namespace: str = Field(default="llm", min_length=1, description="namespace of the serving tier's objects")
+    events: bool = Field(default=True, description="record a core/v1 Event on every object changed")
+    timeout: float = Field(default=5.0, gt=0, description="seconds per API request")
+    retries: int = Field(default=3, ge=1, le=10, description="attempts in all, transient errors only")
+    hpa: HpaSettings | None = Field(default=None, description="scale actions through HorizontalPodAutoscalers")
+    traffic: TrafficSettings | None = Field(default=None, description="shift_traffic actions through route weights")
+
+    @model_validator(mode="after")
+    def _kubeconfig_only_outside(self) -> KubernetesSettings:
+        if self.inCluster and self.kubeconfig is not None:
+            raise ValueError("kubeconfig is only read when inCluster is false: set inCluster: false or drop it")
+        return self
