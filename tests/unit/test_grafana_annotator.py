@@ -16,8 +16,8 @@ from controller.adapters.annotations.grafana import (
     decision_text,
     key_tag,
 )
-from controller.adapters.annotations.settings import GrafanaSettings, GrafanaTokenError
 from controller.adapters.annotations.jsonl import FanoutAnnotator, JsonlAnnotator
+from controller.adapters.annotations.settings import GrafanaSettings, GrafanaTokenError
 from controller.adapters.stores.outbox import Backoff, Outbox, OutboxStatus
 from controller.core.ports import Annotation, OutcomeStatus
 from controller.kit.clock import ManualClock
