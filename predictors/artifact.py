@@ -26,7 +26,7 @@ import sklearn
 import skops.io as sio
 from threadpoolctl import ThreadpoolController
 
-from controller.core.errors import ConfigError
+from controller.kit.errors import ConfigError
 from predictors.features import feature_hash
 
 DIMENSIONS = ("cpu", "gpu", "network")

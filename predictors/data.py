@@ -23,12 +23,12 @@ import numpy.typing as npt
 from sklearn.metrics import brier_score_loss, roc_auc_score
 from tqdm import tqdm
 
-from controller.core.errors import InputError
 from controller.core.model import TargetKey
 from controller.core.policy import Policy
 from controller.core.ports import MetricsSource
 from controller.core.signals import range_chunks
 from controller.kit.durations import parse_duration
+from controller.kit.errors import InputError
 from predictors.artifact import DIMENSIONS
 from predictors.features import DEFAULT_SLI_THRESHOLDS, feature_queries, sli_queries
 

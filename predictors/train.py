@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 import sklearn
 
-from controller.core.errors import InputError
 from controller.core.policy_files import load_policies
 from controller.core.ports import MetricsSource
 from controller.kit.cli_args import UsageError, parse_command, time_window
 from controller.kit.durations import parse_duration
+from controller.kit.errors import InputError
 from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact, single_threaded
 from predictors.data import DataError, OpenSource, Rows, build_rows, policy_thresholds, time_split
 from predictors.evaluate import evaluate_rows, public_report, render_markdown

@@ -36,7 +36,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from controller.core.errors import InputError
+from controller.kit.errors import InputError
 from serving.profiles import EngineProfile
 
 

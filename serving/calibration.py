@@ -38,7 +38,7 @@ import numpy as np
 import yaml
 from scipy.optimize import nnls
 
-from controller.core.errors import InputError
+from controller.kit.errors import InputError
 from serving import fidelity
 from serving.profiles import (
     CALIBRATIONS_DIR,

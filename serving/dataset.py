@@ -39,7 +39,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter
 from tqdm import tqdm
 
-from controller.core.errors import ConfigError
+from controller.kit.errors import ConfigError
 from serving.batching import BatchingModel, RequestRejected, SimRequest
 from serving.engine_args_metric import EngineArgCollector, ListedReplica
 from serving.load import BUILTIN_TRACES, TraceRequest, read_trace

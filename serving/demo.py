@@ -32,7 +32,7 @@ import requests
 import yaml
 
 from controller.adapters.stores.journal import Journal
-from controller.core.errors import LabError
+from controller.kit.errors import LabError
 from controller.tools.incident_report import IncidentTimeline, write_report
 from serving.profiles import resolve_profile
 from serving.promstack import (

@@ -46,9 +46,9 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.core.engine import PolicyState, transition
-from controller.core.errors import LabError
 from controller.core.model import DecisionKind, SignalResult, target_key
 from controller.core.policy_files import load_policies
+from controller.kit.errors import LabError
 from serving.batching import BatchingModel, SimRequest
 from serving.load import BUILTIN_TRACES, PlannedRequest, plan, quantile, read_trace, replay
 from serving.profiles import EngineProfile, resolve_any_profile

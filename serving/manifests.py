@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from controller.core.errors import LabError
+from controller.kit.errors import LabError
 from serving.profiles import PROFILES_DIR, EngineProfile, builtin_profile_names, load_profile
 from serving.yamlfile import ConfigFileError
 

@@ -31,7 +31,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from controller.core.errors import InputError, LabError
+from controller.kit.errors import InputError, LabError
 from serving.batching import BatchingModel, RequestRejected, SimRequest
 from serving.profiles import EngineProfile
 from serving.vllm_metrics import DcgmCollector, HbmModel, VllmMetrics

@@ -47,7 +47,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.core.errors import InputError
+from controller.kit.errors import InputError
 from serving.engine_args_metric import EngineArgCollector, ListedReplica
 from serving.profiles import EngineArgs, EngineProfile, profile_diff, profile_from_dict, resolve_profile
 from serving.router import ReplicaTarget, Router, VersionTarget

@@ -21,7 +21,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from controller.core.errors import LabError
+from controller.kit.errors import LabError
 
 DEFAULT_MODEL_DIR = Path(".tailguard") / "models" / "tiny-llama"
 SERVED_MODEL_NAME = "tiny-llama"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controller.core.errors import ConfigError
+from controller.kit.errors import ConfigError
 from serving.profiles import EngineProfile
 
 # Booleans whose vLLM default is on: False must be spelled out as --no-<flag>.

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from controller.core.errors import ConfigError
+from controller.kit.errors import ConfigError
 from controller.kit.located_yaml import DuplicateKey, Located, construct, field_path, line_for
 
 ModelT = TypeVar("ModelT", bound=BaseModel)

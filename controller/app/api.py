@@ -37,9 +37,9 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from controller.core.errors import InputError
 from controller.core.policy import Policy
 from controller.core.ports import TRIGGER_ALERT, ControllerPort
+from controller.kit.errors import InputError
 from controller.loop.metrics import EXPOSITION_CONTENT_TYPE
 
 logger = logging.getLogger("tailguard.api")

@@ -30,11 +30,11 @@ from controller.adapters.tier.local_tier import LocalTierClient
 from controller.app.api import ControllerAPI
 from controller.app.extras import CLUSTER, ML, require
 from controller.app.settings import ControllerSettings
-from controller.core.errors import ConfigError
 from controller.core.policy_files import PolicyError, load_policies
 from controller.core.ports import Annotator, Notifier, RollbackPort, ScalePort, TrafficRouter
 from controller.core.unconfigured import ROLLBACK_MISSING, SCALE_MISSING, UnconfiguredRollback, UnconfiguredScale
 from controller.kit.clock import SystemClock
+from controller.kit.errors import ConfigError
 from controller.loop.dispatcher import Actuators, Dispatcher
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller

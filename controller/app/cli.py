@@ -20,9 +20,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from types import FrameType
 
-from controller.core.errors import ConfigError
 from controller.core.policy import policy_json_schema
 from controller.core.policy_files import load_policies, policy_paths
+from controller.kit.errors import ConfigError
 
 EXIT_OK = 0
 EXIT_INVALID = 1

@@ -26,8 +26,8 @@ from controller.adapters.scale.hpa import (
 )
 from controller.adapters.traffic.routes import HttpRouteRouter, Ramp, RouteRef, VirtualServiceRouter
 from controller.app.cluster_settings import KubernetesSettings
-from controller.core.errors import ConfigError
 from controller.core.ports import Clock
+from controller.kit.errors import ConfigError
 from controller.kit.http import RetryPolicy
 
 

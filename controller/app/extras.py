@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from controller.core.errors import ConfigError
+from controller.kit.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ from controller.adapters.metrics.prometheus import PrometheusSettings
 from controller.adapters.notify.webhook import LinkSettings, WebhookReceiver
 from controller.adapters.rollback.argocd import ArgoCDSettings
 from controller.app.cluster_settings import KubernetesSettings
-from controller.core.errors import ConfigError
 from controller.core.policy import Duration
 from controller.core.policy_files import PolicyError, _message
+from controller.kit.errors import ConfigError
 from controller.kit.located_yaml import DuplicateKey, construct, field_path, line_for
 from controller.loop.dispatcher import GlobalLimits
 from predictors.serving import ModelSpec, PredictorSettings, model_specs

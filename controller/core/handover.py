@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from controller.core.engine import union_times
-from controller.core.errors import InputError
 from controller.core.model import TargetKey
+from controller.kit.errors import InputError
 
 HANDOVER_ANNOTATION = "tailguard.io/action-times"
 # All annotations of one object share 256 KiB; the action times get half of it at most.

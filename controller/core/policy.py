@@ -26,8 +26,8 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
 from controller.core.actions import Action
-from controller.core.errors import ConfigError
 from controller.kit.durations import format_duration, parse_duration
+from controller.kit.errors import ConfigError
 from controller.kit.templating import LABEL_NAME, QUERY_BUILTINS, variables_in
 
 API_VERSION = "tailguard.io/v1alpha1"

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from controller.core.actions import ActionType
-from controller.core.errors import ActuatorError
 from controller.core.ports import ActionOutcome, Annotation, OutcomeStatus
+from controller.kit.errors import ActuatorError
 
 ROLLBACK_MISSING = "no actuator configured for rollback: add argocd (or tier)"
 SCALE_MISSING = "no actuator configured for scale: add kubernetes.hpa (or tier)"

@@ -43,7 +43,6 @@ from controller.core.actions import (
     RenderedScale,
     ShiftTrafficAction,
 )
-from controller.core.errors import ConfigError
 from controller.core.model import Decision
 from controller.core.policy import Duration
 from controller.core.ports import (
@@ -65,6 +64,7 @@ from controller.core.unconfigured import (
     UnconfiguredRouter,
     UnconfiguredScale,
 )
+from controller.kit.errors import ConfigError
 from controller.kit.http import backoff_delay
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,6 @@ from controller.core.engine import (
     transition,
     with_action_times,
 )
-from controller.core.errors import ConfigError
 from controller.core.handover import ActionTimes, merge_action_times
 from controller.core.limits import BUDGET_WINDOW_SECONDS
 from controller.core.model import Decision, SignalResult, TargetKey, format_target
@@ -52,6 +51,7 @@ from controller.core.ports import (
     RolloutAnnotatorPort,
 )
 from controller.kit.clock import ShutdownInterrupt
+from controller.kit.errors import ConfigError
 from controller.loop.metrics import ControllerMetrics
 
 logger = logging.getLogger("tailguard.controller")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from controller.core.errors import ConfigError
+from controller.kit.errors import ConfigError
 
 
 class GrafanaTokenError(ConfigError):

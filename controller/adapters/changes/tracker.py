@@ -33,9 +33,9 @@ from controller.adapters.rollback.argocd import (
     read_token,
 )
 from controller.core.attribution import ChangeFeed, Rollout
-from controller.core.errors import SourceError
 from controller.core.policy import Duration
 from controller.core.ports import ChangeSource, Clock, TierReader
+from controller.kit.errors import SourceError
 
 log = logging.getLogger(__name__)
 

@@ -33,10 +33,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from controller.core.errors import ConfigError
 from controller.core.model import SignalResult, TargetKey, target_key
 from controller.core.ports import Clock, RangeResult
 from controller.kit.durations import format_duration
+from controller.kit.errors import ConfigError
 from controller.kit.http import RetryPolicy, retrying
 
 log = logging.getLogger(__name__)

@@ -26,8 +26,8 @@ from urllib.parse import urlencode
 import requests
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from controller.core.errors import ConfigError
 from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
+from controller.kit.errors import ConfigError
 from controller.kit.http import RetryPolicy, redact_url, request_with_retry
 
 log = logging.getLogger(__name__)

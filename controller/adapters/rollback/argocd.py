@@ -34,8 +34,8 @@ from urllib.parse import quote
 import requests
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from controller.core.errors import ActuatorError
 from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
+from controller.kit.errors import ActuatorError
 from controller.kit.http import HttpAnswer, RetryPolicy, redact_url, request_with_retry
 
 log = logging.getLogger(__name__)

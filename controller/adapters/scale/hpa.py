@@ -34,8 +34,8 @@ from typing import Any, TypeVar
 import urllib3
 from kubernetes import client as k8s
 
-from controller.core.errors import ActuatorError
 from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
+from controller.kit.errors import ActuatorError
 from controller.kit.http import RetryPolicy, retrying
 
 log = logging.getLogger(__name__)

@@ -29,8 +29,8 @@ from controller.core.actions import (
     ActionType,
 )
 from controller.core.engine import PolicyState
-from controller.core.errors import StoreError
 from controller.core.model import Decision, target_labels
+from controller.kit.errors import StoreError
 from controller.kit.sqlite_store import immediate_transaction, make_durable, open_durable
 
 SCHEMA_VERSION = 1

@@ -28,9 +28,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Self
 
-from controller.core.errors import StoreError
 from controller.core.ports import Clock
 from controller.kit.clock import ShutdownInterrupt
+from controller.kit.errors import StoreError
 from controller.kit.http import backoff_delay
 from controller.kit.sqlite_store import immediate_transaction, make_durable, open_durable
 

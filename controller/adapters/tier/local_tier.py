@@ -15,8 +15,8 @@ from urllib.parse import quote
 
 import requests
 
-from controller.core.errors import ActuatorError
 from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
+from controller.kit.errors import ActuatorError
 from controller.kit.http import HttpAnswer, RetryPolicy, redact_url, request_with_retry
 
 log = logging.getLogger(__name__)

@@ -40,8 +40,8 @@ from controller.adapters.scale.hpa import (
     recorded_keys,
     with_key,
 )
-from controller.core.errors import ActuatorError
 from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
+from controller.kit.errors import ActuatorError
 from controller.kit.http import RetryPolicy
 
 log = logging.getLogger(__name__)
