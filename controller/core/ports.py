@@ -2,7 +2,9 @@
 data those interfaces carry that is not the core's own.
 
 Each port has real implementations (controller/adapters/, one folder per port), a "not configured" one
-(controller/adapters/unconfigured.py) and a public fake (controller/testing). Implementations never raise for
+(controller/core/unconfigured.py) where the controller runs without it, and a public fake (controller/testing).
+The kit's Clock protocol is the one Protocol defined below the core (the kit's HTTP call waits through it); it is
+re-exported here. Implementations never raise for
 expected failures: they return data (SignalResult with an error, ActionOutcome with status "failed").
 
 The top of the core: it may import the rest of the core and the kit, nothing above.
@@ -24,6 +26,7 @@ from controller.core.policy import Policy
 
 # The kit's clock protocol (the kit's HTTP call waits through it too), re-exported so every port is found here.
 from controller.kit.clock import Clock as Clock  # noqa: PLC0414 - the explicit re-export idiom
+from controller.kit.http import HttpAnswer
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,15 @@ class Annotator(Protocol):
 
 class Notifier(Protocol):
     def notify(self, receiver: str, payload: Mapping[str, Any], *, idempotency_key: str) -> ActionOutcome: ...
+
+
+class GrafanaPort(Protocol):
+    """The Grafana HTTP API as the annotation adapters need it (controller/adapters/annotations/grafana.py's
+    GrafanaHttp): one call, its answer as data; `retry` only for idempotent requests (GET, PATCH)."""
+
+    def call(
+        self, method: str, path: str, body: Mapping[str, Any] | None = None, *, retry: bool = False
+    ) -> HttpAnswer: ...
 
 
 # ----- the loop's collaborators ----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import quote
 
 from grafana_client.api import GrafanaApi
@@ -37,6 +37,7 @@ from controller.core.ports import (
     Clock,
     DecisionSink,
     DispatcherPort,
+    GrafanaPort,
     OutcomeStatus,
     RecentDecisions,
 )
@@ -89,12 +90,6 @@ class GrafanaHttp:
         except Exception as exc:  # noqa: BLE001 - connection refused/reset surface as the HTTP library's own errors
             return HttpAnswer(None, None, "", f"{shown}: connection failed ({type(exc).__name__})", True, attempt)
         return HttpAnswer(200, answer, "", None, False, attempt)
-
-
-class GrafanaPort(Protocol):
-    def call(
-        self, method: str, path: str, body: Mapping[str, Any] | None = None, *, retry: bool = False
-    ) -> HttpAnswer: ...
 
 
 def ms(seconds: float) -> int:
