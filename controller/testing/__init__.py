@@ -4,6 +4,11 @@ Action ports (FakeRollback, FakeScaler, FakeDeployer for both, FakeRouter, FakeA
 every call, deduplicate by idempotency key like the real ones, and fail on demand (`script(...)` queues outcomes:
 a transient or permanent failure, or a raise). FakeSource is a scripted MetricsSource. `make_decision` builds a
 decision as the engine would.
+
+The loop's collaborators: FakeDispatcher (DispatcherPort: records decisions and resumes), FakeJournal (JournalPort
+in memory: engine states and decisions; the dispatcher's ActionJournalPort is the real Journal on a temporary
+path), FakeLeader (LeaderPort: leading as told), FakeHandover (HandoverPort), FakeChangeTracker
+(ChangeTrackerPort: a fixed ChangeFeed) and FakePredictions (PredictionPort: fixed signals and warnings).
 """
 
 from __future__ import annotations
@@ -15,8 +20,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.core.actions import ActionRequest, ActionType
+from controller.core.attribution import ChangeFeed, Rollout
+from controller.core.engine import PolicyState
+from controller.core.handover import ActionTimes
 from controller.core.model import Decision, DecisionKind, SignalResult, decision_id, target_key
-from controller.core.ports import ActionOutcome, Annotation, OutcomeStatus, RangeResult
+from controller.core.policy import Policy
+from controller.core.ports import (
+    ActionOutcome,
+    Annotation,
+    HandoverPort,
+    MetricsSource,
+    OutcomeStatus,
+    RangeResult,
+)
 
 
 def transient_failure(message: str = "503 Service Unavailable") -> ActionOutcome:
@@ -267,3 +283,111 @@ def _next(script: Mapping[str, Any], query: str) -> Any:
             return None
         return answer.pop(0) if len(answer) > 1 else answer[0]
     return answer
+
+
+# ----- the loop's collaborators -----------------------------------------------------------------------------
+
+
+class FakeDispatcher:
+    """DispatcherPort: records every decision it is given (`dispatched`) and counts `resume()` calls; runs nothing."""
+
+    def __init__(self) -> None:
+        self.dispatched: list[Decision] = []
+        self.resumed = 0
+
+    def dispatch(self, decision: Decision) -> Sequence[Any]:
+        self.dispatched.append(decision)
+        return []
+
+    def resume(self) -> Sequence[Any]:
+        self.resumed += 1
+        return []
+
+
+class FakeJournal:
+    """JournalPort in memory: the last engine state per policy and the decisions committed, newest first in
+    `recent_decisions` (each decision's JSON plus `recorded_at`, without action records)."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, PolicyState] = {}
+        self.decisions: list[tuple[Decision, float]] = []
+        self.closed = False
+
+    def load_state(self, policy: str) -> PolicyState | None:
+        return self.states.get(policy)
+
+    def commit_evaluation(self, policy: str, state: PolicyState, decisions: Sequence[Decision], now: float) -> None:
+        self.states[policy] = state
+        known = {(d.id, d.kind) for d, _ in self.decisions}
+        self.decisions.extend((d, now) for d in decisions if (d.id, d.kind) not in known)
+
+    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]:
+        newest = list(reversed(self.decisions))[: max(0, limit)]
+        return [{**decision.to_json(), "recorded_at": at} for decision, at in newest]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeLeader:
+    """LeaderPort: leading or not as the test sets `leading`; remembers the attached handover and counts
+    `publish()` calls (which succeed only while leading)."""
+
+    def __init__(self, leading: bool = True) -> None:
+        self.leading = leading
+        self.handover: HandoverPort | None = None
+        self.published = 0
+
+    def is_leader(self) -> bool:
+        return self.leading
+
+    def attach_handover(self, handover: HandoverPort) -> None:
+        self.handover = handover
+
+    def publish(self) -> bool:
+        self.published += 1
+        return self.leading
+
+
+class FakeHandover:
+    """HandoverPort: hands out `times` as its snapshot and records what it is told to inherit."""
+
+    def __init__(self, times: ActionTimes | None = None) -> None:
+        self.times: ActionTimes = dict(times or {})
+        self.inherited: list[ActionTimes] = []
+
+    def handover_snapshot(self) -> ActionTimes:
+        return self.times
+
+    def inherit_handover(self, times: ActionTimes) -> None:
+        self.inherited.append(times)
+
+
+class FakeChangeTracker:
+    """ChangeTrackerPort: the rollouts (and source errors) it is given, those at or after `since`; records each
+    `since` asked for."""
+
+    def __init__(self, rollouts: Sequence[Rollout] = (), errors: Sequence[str] = ()) -> None:
+        self.rollouts_known = list(rollouts)
+        self.errors = tuple(errors)
+        self.asked: list[float] = []
+
+    def rollouts(self, since: float) -> ChangeFeed:
+        self.asked.append(since)
+        return ChangeFeed(tuple(r for r in self.rollouts_known if r.at >= since), self.errors)
+
+
+class FakePredictions:
+    """PredictionPort: the same signals (name -> SignalResult) for every policy, and fixed warnings."""
+
+    def __init__(self, signals: Mapping[str, SignalResult] | None = None, warnings: Sequence[str] = ()) -> None:
+        self.signals = dict(signals or {})
+        self._warnings = list(warnings)
+        self.asked: list[tuple[str, float | None]] = []
+
+    def predict(self, source: MetricsSource, policy: Policy, at: float | None = None) -> Mapping[str, SignalResult]:
+        self.asked.append((policy.name, at))
+        return dict(self.signals)
+
+    def warnings(self) -> list[str]:
+        return list(self._warnings)

@@ -14,11 +14,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controller.adapters.stores.journal import Journal
 from controller.app.api import ControllerAPI, PayloadError, parse_alertmanager_payload, policies_for_alert
-from controller.core.model import Decision, SignalResult, target_key
+from controller.core.model import SignalResult, target_key
 from controller.core.policy_files import load_policies
 from controller.kit.clock import ManualClock
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
+from controller.testing import FakeDispatcher
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "alertmanager"
 TIMEOUT = 10
@@ -46,14 +47,6 @@ conditions:
       - type: annotate
         text: "p99 {{{{ value }}}}"
 """
-
-
-class NullDispatcher:
-    def dispatch(self, decision: Decision) -> Sequence[Any]:
-        return []
-
-    def resume(self) -> Sequence[Any]:
-        return []
 
 
 class Served:
@@ -87,7 +80,7 @@ def served(tmp_path: Path) -> Iterator[Served]:
         policy_paths=[rules],
         source=_source(),
         journal=Journal(tmp_path / "journal.db"),
-        dispatcher=NullDispatcher(),
+        dispatcher=FakeDispatcher(),
         clock=ManualClock(),
         metrics=ControllerMetrics(registry),
         schedule=False,

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import requests
@@ -14,11 +13,11 @@ from prometheus_client import CollectorRegistry
 from controller.adapters.stores.journal import Journal
 from controller.app.api import ControllerAPI
 from controller.app.settings import WebhookTokenError, parse_settings_text
-from controller.core.model import Decision, SignalResult, target_key
+from controller.core.model import SignalResult, target_key
 from controller.kit.clock import ManualClock
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
-from controller.testing import FakeSource
+from controller.testing import FakeDispatcher, FakeSource
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "alertmanager"
 TOKEN = "s3cret-Token-that-must-not-leak"
@@ -46,14 +45,6 @@ conditions:
 """
 
 
-class NullDispatcher:
-    def dispatch(self, decision: Decision) -> Sequence[Any]:
-        return []
-
-    def resume(self) -> Sequence[Any]:
-        return []
-
-
 def controller_for(tmp_path: Path, registry: CollectorRegistry) -> Controller:
     rules = tmp_path / "rules"
     rules.mkdir()
@@ -62,7 +53,7 @@ def controller_for(tmp_path: Path, registry: CollectorRegistry) -> Controller:
         policy_paths=[rules],
         source=FakeSource(default=SignalResult({target_key({"service": "checkout"}): 0.95})),
         journal=Journal(tmp_path / "journal.db"),
-        dispatcher=NullDispatcher(),
+        dispatcher=FakeDispatcher(),
         clock=ManualClock(),
         metrics=ControllerMetrics(registry),
         schedule=False,

@@ -18,7 +18,7 @@ from controller.core.model import DecisionKind, SignalResult, target_key
 from controller.kit.clock import ManualClock
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
-from controller.testing import FakeSource
+from controller.testing import FakeDispatcher, FakeSource
 from tests.support.fake_kubernetes import FakeKubernetes
 
 POLICY = """\
@@ -43,26 +43,14 @@ conditions:
 """
 
 
-class CountingDispatcher:
-    def __init__(self) -> None:
-        self.resumed = 0
-
-    def dispatch(self, decision: Any) -> Sequence[Any]:
-        return []
-
-    def resume(self) -> Sequence[Any]:
-        self.resumed += 1
-        return []
-
-
 def replica(
     tmp_path: Path, name: str, fake: FakeKubernetes, clock: ManualClock
-) -> tuple[Controller, LeaderElector, CountingDispatcher]:
+) -> tuple[Controller, LeaderElector, FakeDispatcher]:
     rules = tmp_path / "rules"
     rules.mkdir(exist_ok=True)
     (rules / "lat.yaml").write_text(POLICY)
     elector = LeaderElector(k8s.CoordinationV1Api(fake.api_client()), "tailguard", "llm", name, 15, clock)
-    dispatcher = CountingDispatcher()
+    dispatcher = FakeDispatcher()
     controller = Controller(
         policy_paths=[rules],
         source=FakeSource(),

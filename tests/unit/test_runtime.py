@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +11,14 @@ from prometheus_client import CollectorRegistry
 
 from controller.adapters.stores.journal import Journal
 from controller.app.logging_setup import JsonLogFormatter
-from controller.core.model import Decision, DecisionKind, SignalResult, target_key
+from controller.core.model import DecisionKind, SignalResult, target_key
 from controller.core.policy_files import load_policies
 from controller.core.ports import TRIGGER_ALERT
 from controller.core.signals import render_signal_queries
 from controller.kit.clock import ManualClock
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller, PolicyLoadError
-from controller.testing import FakeSource
+from controller.testing import FakeDispatcher, FakeSource
 
 
 def policy_yaml(
@@ -49,20 +48,6 @@ conditions:
 """
 
 
-class RecordingDispatcher:
-    def __init__(self) -> None:
-        self.dispatched: list[Decision] = []
-        self.resumed = 0
-
-    def dispatch(self, decision: Decision) -> Sequence[Any]:
-        self.dispatched.append(decision)
-        return []
-
-    def resume(self) -> Sequence[Any]:
-        self.resumed += 1
-        return []
-
-
 def query_of(path: Path) -> str:
     loaded, errors = load_policies([path])
     assert not errors
@@ -89,8 +74,8 @@ def make_controller(
     clock: ManualClock,
     registry: CollectorRegistry | None = None,
     **kwargs: Any,
-) -> tuple[Controller, RecordingDispatcher]:
-    dispatcher = RecordingDispatcher()
+) -> tuple[Controller, FakeDispatcher]:
+    dispatcher = FakeDispatcher()
     controller = Controller(
         policy_paths=[rules],
         source=source,
@@ -298,7 +283,7 @@ def test_scheduler_evaluates_at_start_and_stop_waits_and_closes(rules: Path, tmp
         return SignalResult({})
 
     clock = ManualClock()
-    dispatcher = RecordingDispatcher()
+    dispatcher = FakeDispatcher()
     registry = CollectorRegistry()
     controller = Controller(
         policy_paths=[rules],
@@ -377,7 +362,7 @@ def test_the_reload_job_picks_up_edits_on_its_own(rules: Path, tmp_path: Path) -
         policy_paths=[rules],
         source=FakeSource(default=SignalResult({})),
         journal=Journal(tmp_path / "j.db"),
-        dispatcher=RecordingDispatcher(),
+        dispatcher=FakeDispatcher(),
         clock=ManualClock(),
         metrics=ControllerMetrics(CollectorRegistry()),
         schedule=True,
