@@ -22,6 +22,11 @@ needs `Authorization: Bearer <token>`: 401 without it, 403 with another token
 (compared in constant time, so the answer time does not leak how much of a guess
 was right). The token is never logged or echoed. /healthz, /readyz and /metrics
 stay open: probes and Prometheus have no token and expose nothing that acts.
+
+Standby: with leader election, only the leader evaluates. A replica that is not the leader answers
+`POST /api/v1/alerts` with 503, a `Retry-After` header and `{"standby": true, ...}` instead of accepting an alert
+it would drop: Alertmanager retries a 5xx (notify/util.go `Retrier.Check`: 5xx are retried, 4xx are not), and
+through the Service a retry reaches the leader. Nothing is evaluated on the standby, so nothing acts twice.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from urllib.parse import parse_qs, urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from controller.core.policy import Policy
-from controller.core.ports import TRIGGER_ALERT, ControllerPort
+from controller.core.ports import TRIGGER_ALERT, ControllerPort, LeaderPort
 from controller.kit.errors import InputError
 from controller.loop.metrics import EXPOSITION_CONTENT_TYPE
 
@@ -48,6 +53,7 @@ MAX_BODY_BYTES = 1 << 20  # Alertmanager batches alerts per group; a megabyte is
 POLICY_LABEL = "tailguard_policy"
 DEFAULT_DECISIONS = 50
 MAX_DECISIONS = 1000
+STANDBY_RETRY_AFTER_SECONDS = 2  # about one leader-election retry period: the Lease is settled by then
 
 
 class _Payload(BaseModel):
@@ -129,12 +135,17 @@ class ControllerAPI:
         port: int = 0,
         max_body_bytes: int = MAX_BODY_BYTES,
         webhook_token: str | None = None,
+        leader: LeaderPort | None = None,
+        standby_retry_after: int = STANDBY_RETRY_AFTER_SECONDS,
     ) -> None:
         if webhook_token is not None and not webhook_token:
             raise ValueError("webhook_token must not be empty (None leaves the webhook open)")
         self.controller = controller
         self.max_body_bytes = max_body_bytes
         self._webhook_token = webhook_token.encode() if webhook_token is not None else None
+        # With leader election: a standby refuses alerts with 503 so that Alertmanager retries on the leader.
+        self._leader = leader
+        self.standby_retry_after = max(1, int(standby_retry_after))
         self._server = ThreadingHTTPServer((host, port), _handler_for(self))
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -199,6 +210,21 @@ class ControllerAPI:
             logger.warning("rejected Alertmanager webhook: wrong bearer token (403)")  # never the token itself
             return 403, {"error": "the bearer token is not the one configured for this webhook"}
         return None
+
+    def refuse_if_standby(self) -> tuple[int, dict[str, Any], dict[str, str]] | None:
+        """None on the leader (or without leader election); on a standby the 503 that makes Alertmanager retry."""
+        if self._leader is None or self._leader.is_leader():
+            return None
+        logger.info("Alertmanager webhook refused on the standby (503): the leader evaluates alerts")
+        return (
+            503,
+            {
+                "error": "this replica is the standby: only the leader evaluates alerts; retry (the Service "
+                "routes retries to the leader)",
+                "standby": True,
+            },
+            {"Retry-After": str(self.standby_retry_after)},
+        )
 
     def alerts(self, body: bytes) -> tuple[int, dict[str, Any]]:
         try:
@@ -275,6 +301,11 @@ def _handler_for(api: ControllerAPI) -> type[BaseHTTPRequestHandler]:
                 self._drain()  # a small unread body would otherwise be parsed as the next request
                 status, error = refusal
                 self._json(status, error, {"WWW-Authenticate": 'Bearer realm="tailguard"'} if status == 401 else None)
+                return
+            standby = api.refuse_if_standby()
+            if standby is not None:
+                self._drain()
+                self._json(*standby)
                 return
             length_header = self.headers.get("Content-Length")
             if length_header is None:

@@ -10,11 +10,12 @@ HTTP API) is made here and nowhere else, and each one that holds a resource is r
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -30,7 +31,9 @@ from controller.adapters.tier.local_tier import LocalTierClient
 from controller.app.api import ControllerAPI
 from controller.app.extras import CLUSTER, ML, require
 from controller.app.settings import ControllerSettings
-from controller.core.policy_files import PolicyError, load_policies
+from controller.core.actions import ActionType
+from controller.core.policy import Condition
+from controller.core.policy_files import LoadedPolicy, PolicyError, load_policies
 from controller.core.ports import Annotator, Notifier, RollbackPort, ScalePort, TrafficRouter
 from controller.core.unconfigured import ROLLBACK_MISSING, SCALE_MISSING, UnconfiguredRollback, UnconfiguredScale
 from controller.kit.clock import SystemClock
@@ -106,11 +109,56 @@ def unknown_receivers(settings_receivers: Sequence[str], paths: Sequence[Path]) 
     return problems
 
 
+# What provides each action type that needs more than the always-present journal (notify: unknown_receivers).
+_ACTUATOR_SECTIONS = {
+    ActionType.ROLLBACK: "an `argocd` section (or `tier`)",
+    ActionType.SCALE: "a `kubernetes.hpa` section (or `tier`)",
+    ActionType.SHIFT_TRAFFIC: "a `kubernetes.traffic` section (or `tier`)",
+}
+
+
+def missing_actuators(settings: ControllerSettings, loaded: Sequence[LoadedPolicy]) -> list[PolicyError]:
+    """An action no configured actuator can run would only fail when the incident comes: refuse the policy now.
+
+    One error per policy and action type, naming the file, the type and the section that would provide it. A
+    policy in dry run (its own flag, or `dryRun` here) calls no actuator and needs none.
+    """
+    kubernetes = settings.kubernetes
+    tier = settings.tier is not None
+    provided = {
+        ActionType.ROLLBACK: settings.argocd is not None or tier,
+        ActionType.SCALE: (kubernetes is not None and kubernetes.hpa is not None) or tier,
+        ActionType.SHIFT_TRAFFIC: (kubernetes is not None and kubernetes.traffic is not None) or tier,
+    }
+    problems: list[PolicyError] = []
+    for entry in loaded:
+        policy = entry.policy
+        if (settings.dryRun if settings.dryRun is not None else policy.dryRun) is True:
+            continue
+        wanted = {ActionType(action.type) for condition in policy.conditions for action in _every_action(condition)}
+        for kind in sorted(wanted & {k for k, ok in provided.items() if not ok}):
+            problems.append(
+                PolicyError(
+                    entry.file,
+                    entry.line,
+                    "",
+                    f"policy {policy.name} has a {kind.value} action, but no actuator for {kind.value} is "
+                    f"configured: add {_ACTUATOR_SECTIONS[kind]} to the controller configuration",
+                )
+            )
+    return problems
+
+
+def _every_action(condition: Condition) -> list[Any]:
+    return [*condition.all_actions(), *condition.recovery.actions]
+
+
 def check_policies(settings: ControllerSettings) -> None:
-    """The policy files load and name only configured receivers (PolicyConfigError otherwise)."""
+    """The policy files load, name only configured receivers and have an actuator for every action type
+    (PolicyConfigError otherwise)."""
     paths = settings.policy_paths()
-    _loaded, errors = load_policies(paths)
-    errors = errors or unknown_receivers(list(settings.receivers), paths)
+    loaded, errors = load_policies(paths)
+    errors = errors or unknown_receivers(list(settings.receivers), paths) or missing_actuators(settings, loaded)
     if errors:
         raise PolicyConfigError(errors)
 
@@ -212,10 +260,20 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         rollout_annotator=grafana,
         predictions=PredictionProvider(settings.predictor_specs(), clock),
         leader=elector,
+        # A hot reload that brings in an action with no actuator is a reload error (the last good set runs on).
+        policy_check=lambda loaded: missing_actuators(settings, loaded),
     )
     stack.callback(controller.stop)
     try:
-        api = ControllerAPI(controller, settings.listen.host, settings.listen.port, webhook_token=webhook_token)
+        api = ControllerAPI(
+            controller,
+            settings.listen.host,
+            settings.listen.port,
+            webhook_token=webhook_token,
+            # A standby answers alerts with 503 (Alertmanager retries, through the Service, on the leader).
+            leader=elector,
+            standby_retry_after=math.ceil(settings.leaderElection.retryPeriod) if settings.leaderElection else 2,
+        )
     except OSError as unbound:
         where = f"{settings.listen.host}:{settings.listen.port}"
         raise ConfigError(f"cannot listen on {where}: {unbound.strerror}") from unbound

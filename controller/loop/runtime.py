@@ -142,8 +142,12 @@ class Controller:
         change_window: float = 0.0,
         leader: LeaderPort | None = None,
         rollout_annotator: RolloutAnnotatorPort | None = None,
+        policy_check: Callable[[Sequence[LoadedPolicy]], Sequence[PolicyError]] | None = None,
     ) -> None:
         self._paths = [Path(p) for p in policy_paths]
+        # What the configuration refuses in a loaded set (e.g. an action no actuator can run): on a reload, the
+        # same as a file error, so the last good set keeps running.
+        self._policy_check = policy_check
         # Rollouts for attribution: read once per evaluation of a policy that attributes
         # (controller.adapters.changes.tracker).
         self._change_tracker = change_tracker
@@ -194,6 +198,8 @@ class Controller:
                 return
             fingerprint = files_fingerprint(self._paths)
             loaded, errors = load_policies(self._paths)
+            if not errors and self._policy_check is not None:
+                errors = list(self._policy_check(loaded))
             if errors:
                 raise PolicyLoadError(errors)
             self._fingerprint = fingerprint
@@ -318,6 +324,8 @@ class Controller:
                 return ReloadOutcome(changed=False, applied=False, errors=tuple(self._reload_errors))
             self._fingerprint = fingerprint
             loaded, errors = load_policies(self._paths)
+            if not errors and self._policy_check is not None:
+                errors = list(self._policy_check(loaded))
             if errors:
                 self._reload_errors = list(errors)
                 self.metrics.reload_errors.inc()

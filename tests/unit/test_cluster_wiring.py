@@ -322,11 +322,12 @@ conditions:
     [
         ("kubernetes:\n  hpa: {maxReplicas: 4}\n", ": kubernetes: cannot use the in-cluster service account ("),
         (
-            "kubernetes: {inCluster: false, kubeconfig: nowhere.yaml}\n",
+            "kubernetes: {inCluster: false, kubeconfig: nowhere.yaml, hpa: {maxReplicas: 4}}\n",
             ": kubernetes.kubeconfig: cannot read {tmp}/nowhere.yaml: No such file or directory",
         ),
         (
-            "leaderElection: {namespace: tailguard}\n",
+            # The tier scales (a scale action needs an actuator), the Lease needs the cluster.
+            "tier: {url: http://127.0.0.1:9}\nleaderElection: {namespace: tailguard}\n",
             ": kubernetes: cannot use the in-cluster service account (",
         ),
     ],

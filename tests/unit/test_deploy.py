@@ -239,6 +239,8 @@ def test_controller_config_is_valid_and_in_cluster(base: list[dict[str, Any]], o
     secret_files.append(settings.annotations.grafana.tokenFile)
     assert settings.webhook is not None and settings.webhook.bearerTokenFile is not None
     secret_files.append(Path(settings.webhook.bearerTokenFile))
+    assert settings.argocd is not None and settings.argocd.tokenFile is not None
+    secret_files.append(Path(settings.argocd.tokenFile))
     for secret_file in secret_files:
         assert secret_file is not None and str(secret_file.parent) in secret_mounts, secret_file
     # The overlay's configuration is the base's plus dryRun: true, and its Lease in the overlay's namespace.
