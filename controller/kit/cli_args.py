@@ -1,8 +1,7 @@
 """CLI argument helpers shared by the commands (`tailguard backtest`, `train`, `evaluate`): parsing, times, windows.
 
-`UsageError` is a kit error: like `controller.kit.located_yaml.DuplicateKey` it stays outside the error tree of
-controller/core/errors.py (the kit imports nothing from the core); every command catches it and exits 2 with its
-message, as it does for a ConfigError.
+`UsageError` is a ConfigError of the error tree (controller/kit/errors.py) and a ValueError; every command catches
+it and exits 2 with its message.
 """
 
 from __future__ import annotations
@@ -11,10 +10,12 @@ import argparse
 from collections.abc import Sequence
 from datetime import datetime
 
+from controller.kit.errors import ConfigError
+
 EXIT_USAGE = 2
 
 
-class UsageError(ValueError):
+class UsageError(ConfigError, ValueError):
     """A command line argument is unusable; the message is one sentence naming the option."""
 
 

@@ -1,11 +1,17 @@
 """One error tree for the whole project, rooted in `TailguardError`.
 
+It lives in the kit, the bottom layer, because every layer raises these classes (the kit's own
+UsageError and DuplicateKey included); the core and everything above import it from here.
+
 Expected failures are data (a SignalResult with an error, an ActionOutcome with status "failed"), not
 exceptions; these classes are for what cannot go on:
 
     TailguardError
     ├── ConfigError     a configuration, a policy, a secret or a command line the controller cannot run with
-    │                   (exit 2 with one sentence)
+    │   │               (exit 2 with one sentence)
+    │   ├── UsageError      (controller.kit.cli_args) a command line argument; also a ValueError
+    │   └── DuplicateKey    (controller.kit.located_yaml) a YAML mapping repeats a key; the policy and settings
+    │                       loaders turn it into their own located errors
     ├── InputError      data from outside is not what it must be (a webhook payload, a handover annotation,
     │                   a trace or a history file, a request to the serving lab)
     ├── SourceError     a metrics or change source cannot be built or read (never counted as a breach)
@@ -16,11 +22,9 @@ exceptions; these classes are for what cannot go on:
 A class that is also a builtin error keeps that base too (`class SourceConfigError(ConfigError, ValueError)`), so
 every `except ValueError` written before the tree existed still catches it. `controller.kit.clock.ShutdownInterrupt`
 is deliberately NOT in the tree: it is a BaseException, like KeyboardInterrupt, so that no `except Exception` (nor an
-`except TailguardError`) swallows a shutdown. The kit's own two errors are not in it either, because the kit sits
-below the core and imports nothing from it: `controller.kit.located_yaml.DuplicateKey` (the policy and settings
-loaders turn it into their own ConfigErrors) and `controller.kit.cli_args.UsageError` (a ValueError).
+`except TailguardError`) swallows a shutdown.
 
-This module is the bottom of the core: it imports nothing from the controller.
+This module imports nothing from the project.
 """
 
 from __future__ import annotations

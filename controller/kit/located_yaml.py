@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from controller.kit.errors import ConfigError
+
 
 class Located:
     """A plain Python value with the YAML node it came from (for line lookups)."""
@@ -26,8 +28,11 @@ class Located:
         return int(self.node.start_mark.line) + 1
 
 
-class DuplicateKey(Exception):
-    """A mapping repeats a key; `key` is its full path (conditions[0].noData), `line` the repeat's line."""
+class DuplicateKey(ConfigError):
+    """A mapping repeats a key; `key` is its full path (conditions[0].noData), `line` the repeat's line.
+
+    The policy and settings loaders turn it into their own located ConfigErrors (file:line: field: message).
+    """
 
     def __init__(self, key: str, line: int):
         super().__init__(key)
