@@ -1,13 +1,14 @@
 """The long-running controller: schedules evaluations, reloads policies, serialises per policy.
 
-One evaluation is: query the policy's signals -> engine.transition -> journal
-commit (state + decisions + planned actions, one transaction) -> dispatch. It
-runs under the policy's lock, so a scheduled evaluation and one triggered by an
-Alertmanager webhook never interleave for the same policy (two evaluations
-interleaving could both decide on the same breach from the same old state).
+One evaluation is `evaluate(policy, state, now, ports)` (controller/loop/evaluation.py): query the
+policy's signals -> engine.transition -> journal commit (state + decisions + planned actions, one
+transaction) -> dispatch. It runs under the policy's lock, so a scheduled evaluation and one triggered by an
+Alertmanager webhook never interleave for the same policy (two evaluations interleaving could both decide on
+the same breach from the same old state).
 
-Policies are reloaded when their files change. A reload with any error keeps
-the last good set running: an SRE's typo must never switch the controller off.
+Policies are reloaded when their files change, as a diff of the policy sets (added, removed, updated:
+`diff_policies`). A reload with any error keeps the last good set running: an SRE's typo must never switch
+the controller off.
 """
 
 from __future__ import annotations
@@ -20,21 +21,14 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from controller.core.attribution import Rollout, lookback
-from controller.core.engine import (
-    Phase,
-    PolicyState,
-    action_retention,
-    transition,
-    with_action_times,
-)
+from controller.core.engine import PolicyState, action_retention, with_action_times
 from controller.core.handover import ActionTimes, merge_action_times
 from controller.core.limits import BUDGET_WINDOW_SECONDS
-from controller.core.model import Decision, SignalResult, TargetKey, format_target
+from controller.core.model import Decision, TargetKey
 from controller.core.policy import Policy
 from controller.core.policy_files import LoadedPolicy, PolicyError, load_policies, policy_paths
 from controller.core.ports import (
@@ -52,16 +46,20 @@ from controller.core.ports import (
 )
 from controller.kit.clock import ShutdownInterrupt
 from controller.kit.errors import ConfigError
+from controller.loop.evaluation import (
+    EvaluationOutcome,
+    EvaluationPorts,
+    QuerySignals,
+    UnconfiguredPredictions,
+    action_labels,
+    evaluate,
+)
 from controller.loop.metrics import ControllerMetrics
 
 logger = logging.getLogger("tailguard.controller")
 
 # A policy is "stale" for /readyz when it has not been evaluated for this many of its intervals.
 READY_INTERVALS = 3
-# Targets spelled out in the one-line evaluation log; the rest are counted.
-LOG_TARGETS = 10
-
-QuerySignals = Callable[[MetricsSource, Policy, "float | None"], Mapping[str, SignalResult]]
 
 
 class PolicyLoadError(ConfigError):
@@ -70,16 +68,6 @@ class PolicyLoadError(ConfigError):
     def __init__(self, errors: Sequence[PolicyError]):
         super().__init__("; ".join(str(error) for error in errors))
         self.errors = list(errors)
-
-
-@dataclass(frozen=True)
-class EvaluationOutcome:
-    policy: str
-    trigger: str
-    at: float
-    decisions: tuple[Decision, ...]
-    state: PolicyState
-    source_errors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,14 +80,20 @@ class ReloadOutcome:
     updated: tuple[str, ...] = ()
 
 
-def action_labels(record: Any) -> tuple[str, str]:
-    """(type, status) of a dispatcher ActionRecord, for tailguard_actions_total."""
-    action_type = getattr(record, "type", None)
-    if action_type is None:
-        request = getattr(record, "request", None) or getattr(record, "action", None)
-        action_type = getattr(request, "type", "unknown")
-    status = getattr(record, "status", "unknown")
-    return str(getattr(action_type, "value", action_type)), str(getattr(status, "value", status))
+class PolicyDiff(NamedTuple):
+    """How a new policy set differs from the running one, by policy name (each list sorted)."""
+
+    added: list[str]
+    removed: list[str]
+    updated: list[str]  # in both sets, the policy changed
+
+
+def diff_policies(old: Mapping[str, LoadedPolicy], new: Mapping[str, LoadedPolicy]) -> PolicyDiff:
+    return PolicyDiff(
+        added=sorted(set(new) - set(old)),
+        removed=sorted(set(old) - set(new)),
+        updated=sorted(name for name in set(new) & set(old) if new[name].policy != old[name].policy),
+    )
 
 
 def files_fingerprint(paths: Sequence[Path]) -> tuple[tuple[str, str], ...]:
@@ -111,13 +105,6 @@ def files_fingerprint(paths: Sequence[Path]) -> tuple[tuple[str, str], ...]:
         except OSError as unreadable:
             entries.append((str(path), f"unreadable: {unreadable.strerror or unreadable}"))
     return tuple(entries)
-
-
-def _default_query_signals() -> QuerySignals:
-    # Imported late: controller.core.signals renders queries and is only needed for live evaluations.
-    from controller.core.signals import query_signals
-
-    return query_signals
 
 
 class Controller:
@@ -166,8 +153,23 @@ class Controller:
         self._dispatcher = dispatcher
         self._clock = clock
         self.metrics = metrics if metrics is not None else ControllerMetrics()
-        self._query_signals = query_signals
-        self._predictions = predictions
+        # No prediction port wired (the app always wires one, predictors.serving.PredictionProvider): every
+        # prediction signal is no-data ("model not configured"), each model logged once.
+        self._predictions: PredictionPort = predictions if predictions is not None else UnconfiguredPredictions()
+        # What an evaluation reaches (controller/loop/evaluation.py); the Lease gates acting.
+        self._ports = EvaluationPorts(
+            source=source,
+            journal=journal,
+            dispatcher=dispatcher,
+            clock=clock,
+            metrics=self.metrics,
+            predictions=self._predictions,
+            **({"query_signals": query_signals} if query_signals is not None else {}),
+            change_tracker=change_tracker,
+            change_window=change_window,
+            rollout_annotator=rollout_annotator,
+            before_acting=self._publish_before_acting,
+        )
         self._dry_run = dry_run
         self._reload_interval = reload_interval
         self._schedule = schedule
@@ -280,9 +282,7 @@ class Controller:
     def _apply(self, new: dict[str, LoadedPolicy]) -> tuple[list[str], list[str], list[str]]:
         """Install a validated policy set (caller holds self._lock)."""
         old = self._policies
-        added = sorted(set(new) - set(old))
-        removed = sorted(set(old) - set(new))
-        updated = sorted(name for name in set(new) & set(old) if new[name].policy != old[name].policy)
+        added, removed, updated = diff_policies(old, new)
         now = self._clock.now()
         for name in added:
             self._states[name] = self._journal.load_state(name) or PolicyState()
@@ -444,30 +444,16 @@ class Controller:
             if resume:
                 self._resume_actions()
         now = self._clock.now()
-        observations, source_errors = self._query(policy)
-        rollouts, rollouts_error = self._rollouts(policy, now)
-        if rollouts_error is not None:
-            source_errors.append(f"change tracking: {rollouts_error}")
-        new_state, decisions = transition(policy, observations, state, now, rollouts, rollouts_error=rollouts_error)
-        self._journal.commit_evaluation(policy_name, new_state, decisions, now)
-        with self._lock:
-            if policy_name in self._policies:
-                self._states[policy_name] = new_state
-                self._last_evaluation[policy_name] = now
-                if inherited and self._inherited.get(policy_name) is inherited:
-                    del self._inherited[policy_name]  # in the state (and journal) now
-        self.metrics.record_evaluation(policy_name, trigger, now)
-        self.metrics.record_condition_states(policy_name, [c.name for c in policy.conditions], new_state)
-        _log_evaluation(policy, trigger, new_state, source_errors)
-        act = self._publish_before_acting(policy_name, decisions)
-        for decision in decisions:
-            self.metrics.record_decision(decision)
-            _log_decision(decision)
-            if not act:
-                continue
-            for record in self._dispatcher.dispatch(decision):
-                self.metrics.record_action(*action_labels(record))
-        return EvaluationOutcome(policy_name, trigger, now, tuple(decisions), new_state, tuple(source_errors))
+
+        def committed(new_state: PolicyState) -> None:
+            with self._lock:
+                if policy_name in self._policies:
+                    self._states[policy_name] = new_state
+                    self._last_evaluation[policy_name] = now
+                    if inherited and self._inherited.get(policy_name) is inherited:
+                        del self._inherited[policy_name]  # in the state (and journal) now
+
+        return evaluate(policy, state, now, self._ports, trigger=trigger, committed=committed)
 
     def _publish_before_acting(self, policy_name: str, decisions: Sequence[Decision]) -> bool:
         """With a leader elector and a mutating action to run: renew the Lease with the new action times first,
@@ -487,81 +473,6 @@ class Controller:
         with self._lock:
             self._resume_pending = True
         return False
-
-    def _rollouts(self, policy: Policy, now: float) -> tuple[tuple[Rollout, ...], str | None]:
-        """Rollouts within the policy's largest attribution window; an unreadable tracker is an error, as data."""
-        window = lookback(policy, self._change_window)
-        if window is None:
-            return (), None
-        if self._change_tracker is None:
-            return (), "no change tracking configured (changeTracking in the controller configuration)"
-        try:
-            feed = self._change_tracker.rollouts(now - window)
-        except Exception as failure:  # the tracker turns source errors into data; anything raised is one too
-            logger.exception("change tracking for %s raised", policy.name)
-            return (), f"change tracker raised {type(failure).__name__}: {failure}"
-        if self._rollout_annotator is not None:
-            for rollout in feed.rollouts:
-                self._rollout_annotator.annotate_rollout(rollout)
-        return feed.rollouts, feed.error
-
-    def _query(self, policy: Policy) -> tuple[dict[str, SignalResult], list[str]]:
-        """One request per signal, each timed and counted on its own (policy, signal) series."""
-        query_signals = self._query_signals or _default_query_signals()
-        results: dict[str, SignalResult] = {}
-        errors: list[str] = []
-        for signal in policy.signals:
-            if signal.predict is not None:
-                continue  # answered below, all of the policy's prediction signals from one feature fetch
-            single = policy.model_copy(update={"signals": [signal]})
-            started = self._clock.now()
-            try:
-                answer = query_signals(self._source, single, None)
-                result = answer.get(signal.name) or SignalResult.failed("the query returned no result")
-            except Exception as failure:  # sources return errors as data; anything raised is still an error
-                logger.exception("signal %s/%s: query raised", policy.name, signal.name)
-                result = SignalResult.failed(f"query raised {type(failure).__name__}: {failure}")
-            self.metrics.record_query(policy.name, signal.name, self._clock.now() - started, result.ok)
-            if result.error is not None:
-                errors.append(f"{signal.name}: {result.error}")
-            results[signal.name] = result
-        for name, result in self._predict(policy).items():
-            if result.error is not None:
-                errors.append(f"{name}: {result.error}")
-            results[name] = result
-        return results, errors
-
-    def _predict(self, policy: Policy) -> dict[str, SignalResult]:
-        """The policy's prediction signals; a missing or broken model is no-data (never a breach, never a crash)."""
-        signals = [signal for signal in policy.signals if signal.predict is not None]
-        if not signals:
-            return {}
-        started = self._clock.now()
-        try:
-            answer: Mapping[str, SignalResult] = self._prediction_port().predict(self._source, policy, None)
-        except Exception as failure:  # the provider returns data; anything raised is an error, not a breach
-            logger.exception("prediction signals of %s: provider raised", policy.name)
-            answer = {s.name: SignalResult.failed(f"prediction raised {type(failure).__name__}") for s in signals}
-        # The feature fetch is shared, so each prediction signal is timed with the whole batch.
-        elapsed = self._clock.now() - started
-        results: dict[str, SignalResult] = {}
-        probabilities: dict[tuple[str, str], Mapping[TargetKey, float]] = {}
-        for signal in signals:
-            assert signal.predict is not None
-            result = answer.get(signal.name) or SignalResult(values={})
-            self.metrics.record_query(policy.name, signal.name, elapsed, result.ok)
-            probabilities[(signal.predict.model, signal.predict.dimension.value)] = result.values
-            results[signal.name] = result
-        self.metrics.set_breach_probabilities(policy.name, probabilities)
-        return results
-
-    def _prediction_port(self) -> PredictionPort:
-        with self._lock:
-            if self._predictions is None:
-                # No prediction port wired (the app always wires one, predictors.serving.PredictionProvider):
-                # every prediction signal is no-data ("model not configured"), logged once.
-                self._predictions = UnconfiguredPredictions()
-            return self._predictions
 
     def _run_scheduled(self, name: str) -> None:
         try:
@@ -647,7 +558,7 @@ class Controller:
         # Likewise an unusable prediction model: its conditions are no-data (they hold, never act) while every
         # other policy keeps working; an unready controller would be restarted or cut off, which fixes no model
         # file and stops the policies that do work.
-        warnings = tuple(predictions.warnings()) if predictions is not None else ()
+        warnings = tuple(predictions.warnings())
         if following:
             warnings = (*warnings, "follower: another replica holds the leader lease; evaluations are skipped")
         return Readiness(not reasons, tuple(reasons), reload_errors, last, warnings)
@@ -664,86 +575,6 @@ def _log_interrupted(policy_name: str) -> None:
         "evaluation of policy %s interrupted by shutdown; its unfinished actions are in the journal and resume "
         "at the next start",
         policy_name,
-    )
-
-
-def _log_evaluation(policy: Policy, trigger: str, state: PolicyState, source_errors: Sequence[str]) -> None:
-    """One human-readable line per evaluation: every target's value and phase, per condition."""
-    parts: list[str] = []
-    for (condition, target), condition_state in sorted(state.conditions.items()):
-        value = "no-data" if condition_state.last_value is None else f"{condition_state.last_value:.4g}"
-        marks = (" stale" if condition_state.stale else "") + (" errored" if condition_state.errored else "")
-        parts.append(f"{condition} {format_target(target)}={value} {condition_state.phase.value}{marks}")
-    shown = parts[:LOG_TARGETS]
-    if len(parts) > LOG_TARGETS:
-        shown.append(f"... and {len(parts) - LOG_TARGETS} more")
-    firing = sum(1 for s in state.conditions.values() if s.phase is Phase.FIRING)
-    logger.info(
-        "evaluated %s (%s): %s%s",
-        policy.name,
-        trigger,
-        "; ".join(shown) or "no targets",
-        f" | source errors: {'; '.join(source_errors)}" if source_errors else "",
-        extra={
-            "fields": {
-                "event": "evaluation",
-                "policy": policy.name,
-                "trigger": trigger,
-                "targets": len(parts),
-                "firing": firing,
-                "source_errors": list(source_errors),
-            }
-        },
-    )
-
-
-class UnconfiguredPredictions:
-    """The prediction port when none is wired: every model is unconfigured, its signals no-data (as
-    predictors.serving.PredictionProvider answers with no models configured); each model is warned about once."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._models: set[str] = set()
-
-    def predict(self, source: MetricsSource, policy: Policy, at: float | None = None) -> dict[str, SignalResult]:
-        answer: dict[str, SignalResult] = {}
-        for signal in policy.signals:
-            if signal.predict is None:
-                continue
-            answer[signal.name] = SignalResult(values={})
-            with self._lock:
-                if signal.predict.model in self._models:
-                    continue
-                self._models.add(signal.predict.model)
-            logger.warning("prediction %s", self._describe(signal.predict.model))
-        return answer
-
-    def warnings(self) -> list[str]:
-        with self._lock:
-            return [self._describe(model) for model in sorted(self._models)]
-
-    @staticmethod
-    def _describe(model: str) -> str:
-        return (
-            f"model {model}: unconfigured: not in the configuration's predictors (none); "
-            "its prediction signals are no-data"
-        )
-
-
-def _log_decision(decision: Decision) -> None:
-    value = "no-data" if decision.value is None else f"{decision.value:.4g}"
-    logger.info(
-        "decision %s %s/%s %s value=%s threshold=%s%s: %s [%s]",
-        decision.kind.value,
-        decision.policy,
-        decision.condition,
-        format_target(decision.target),
-        value,
-        f"{decision.threshold:.4g}",
-        " (dry run)" if decision.dry_run else "",
-        decision.reason,
-        decision.id,
-        extra={"fields": {"event": "decision", **decision.to_json()}},
     )
 
 

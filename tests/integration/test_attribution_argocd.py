@@ -20,7 +20,8 @@ from controller.core.ports import MetricsSource
 from controller.core.signals import query_signals
 from controller.kit.clock import ManualClock
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.runtime import Controller, EvaluationOutcome
+from controller.loop.evaluation import EvaluationOutcome
+from controller.loop.runtime import Controller
 from controller.testing import FakeNotifier
 from tests.conftest import BackfilledPrometheus
 from tests.support.fake_argocd import FakeArgoCD, application

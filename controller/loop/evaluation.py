@@ -1,0 +1,274 @@
+"""One evaluation of one policy: `evaluate(policy, state, now, ports)`.
+
+query the policy's signals (one request per signal) -> its prediction signals (one feature fetch) -> the
+rollouts within its attribution window -> engine.transition -> journal commit (state + decisions + planned
+actions, one transaction) -> the controller keeps the new state -> metrics and logs -> dispatch.
+
+Everything the evaluation reaches outside itself comes in `ports` (EvaluationPorts); the Controller
+(controller/loop/runtime.py) keeps the scheduling, the per-policy lock, the reload, the leadership and the
+handover, and calls this function under the policy's lock. Expected failures are data here: a source or a
+tracker that raises becomes an errored signal or an attribution error, never a crash of the evaluation.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from controller.core.attribution import Rollout, lookback
+from controller.core.engine import Phase, PolicyState, transition
+from controller.core.model import Decision, SignalResult, TargetKey, format_target
+from controller.core.policy import Policy
+from controller.core.ports import (
+    TRIGGER_SCHEDULE,
+    ChangeTrackerPort,
+    Clock,
+    DispatcherPort,
+    JournalPort,
+    MetricsSource,
+    PredictionPort,
+    RolloutAnnotatorPort,
+)
+from controller.core.signals import query_signals as live_query_signals
+from controller.loop.metrics import ControllerMetrics
+
+logger = logging.getLogger("tailguard.controller")
+
+# Targets spelled out in the one-line evaluation log; the rest are counted.
+LOG_TARGETS = 10
+
+QuerySignals = Callable[[MetricsSource, Policy, "float | None"], Mapping[str, SignalResult]]
+
+
+@dataclass(frozen=True)
+class EvaluationOutcome:
+    policy: str
+    trigger: str
+    at: float
+    decisions: tuple[Decision, ...]
+    state: PolicyState
+    source_errors: tuple[str, ...] = ()
+
+
+def _always_act(_policy: str, _decisions: Sequence[Decision]) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class EvaluationPorts:
+    """What an evaluation reaches: the metrics source, the journal, the dispatcher, the prediction port, the
+    change tracker (and the annotator its rollouts go to), the clock that times the queries and the metrics.
+
+    `before_acting(policy, decisions)` runs after the decisions are committed and logged and before they are
+    dispatched; False leaves their actions planned in the journal (the leader's Lease gate).
+    """
+
+    source: MetricsSource
+    journal: JournalPort
+    dispatcher: DispatcherPort
+    clock: Clock
+    metrics: ControllerMetrics
+    predictions: PredictionPort
+    query_signals: QuerySignals = live_query_signals
+    change_tracker: ChangeTrackerPort | None = None
+    change_window: float = 0.0
+    rollout_annotator: RolloutAnnotatorPort | None = None
+    before_acting: Callable[[str, Sequence[Decision]], bool] = _always_act
+
+
+def _keep_nothing(_state: PolicyState) -> None:
+    return None
+
+
+def evaluate(
+    policy: Policy,
+    state: PolicyState,
+    now: float,
+    ports: EvaluationPorts,
+    *,
+    trigger: str = TRIGGER_SCHEDULE,
+    committed: Callable[[PolicyState], None] = _keep_nothing,
+) -> EvaluationOutcome:
+    """Evaluate `policy` from `state` at `now`: decide, commit, act. `committed(new_state)` is called right after
+    the journal commit, before anything is logged or acted on (the controller keeps its copy of the state there)."""
+    observations, source_errors = query(policy, ports)
+    rollouts, rollouts_error = recent_rollouts(policy, now, ports)
+    if rollouts_error is not None:
+        source_errors.append(f"change tracking: {rollouts_error}")
+    new_state, decisions = transition(policy, observations, state, now, rollouts, rollouts_error=rollouts_error)
+    ports.journal.commit_evaluation(policy.name, new_state, decisions, now)
+    committed(new_state)
+    ports.metrics.record_evaluation(policy.name, trigger, now)
+    ports.metrics.record_condition_states(policy.name, [c.name for c in policy.conditions], new_state)
+    _log_evaluation(policy, trigger, new_state, source_errors)
+    act = ports.before_acting(policy.name, decisions)
+    for decision in decisions:
+        ports.metrics.record_decision(decision)
+        _log_decision(decision)
+        if not act:
+            continue
+        for record in ports.dispatcher.dispatch(decision):
+            ports.metrics.record_action(*action_labels(record))
+    return EvaluationOutcome(policy.name, trigger, now, tuple(decisions), new_state, tuple(source_errors))
+
+
+def recent_rollouts(policy: Policy, now: float, ports: EvaluationPorts) -> tuple[tuple[Rollout, ...], str | None]:
+    """Rollouts within the policy's largest attribution window; an unreadable tracker is an error, as data."""
+    window = lookback(policy, ports.change_window)
+    if window is None:
+        return (), None
+    if ports.change_tracker is None:
+        return (), "no change tracking configured (changeTracking in the controller configuration)"
+    try:
+        feed = ports.change_tracker.rollouts(now - window)
+    except Exception as failure:  # the tracker turns source errors into data; anything raised is one too
+        logger.exception("change tracking for %s raised", policy.name)
+        return (), f"change tracker raised {type(failure).__name__}: {failure}"
+    if ports.rollout_annotator is not None:
+        for rollout in feed.rollouts:
+            ports.rollout_annotator.annotate_rollout(rollout)
+    return feed.rollouts, feed.error
+
+
+def query(policy: Policy, ports: EvaluationPorts) -> tuple[dict[str, SignalResult], list[str]]:
+    """One request per signal, each timed and counted on its own (policy, signal) series; then the predictions."""
+    results: dict[str, SignalResult] = {}
+    errors: list[str] = []
+    for signal in policy.signals:
+        if signal.predict is not None:
+            continue  # answered below, all of the policy's prediction signals from one feature fetch
+        single = policy.model_copy(update={"signals": [signal]})
+        started = ports.clock.now()
+        try:
+            answer = ports.query_signals(ports.source, single, None)
+            result = answer.get(signal.name) or SignalResult.failed("the query returned no result")
+        except Exception as failure:  # sources return errors as data; anything raised is still an error
+            logger.exception("signal %s/%s: query raised", policy.name, signal.name)
+            result = SignalResult.failed(f"query raised {type(failure).__name__}: {failure}")
+        ports.metrics.record_query(policy.name, signal.name, ports.clock.now() - started, result.ok)
+        if result.error is not None:
+            errors.append(f"{signal.name}: {result.error}")
+        results[signal.name] = result
+    for name, result in predict(policy, ports).items():
+        if result.error is not None:
+            errors.append(f"{name}: {result.error}")
+        results[name] = result
+    return results, errors
+
+
+def predict(policy: Policy, ports: EvaluationPorts) -> dict[str, SignalResult]:
+    """The policy's prediction signals; a missing or broken model is no-data (never a breach, never a crash)."""
+    signals = [signal for signal in policy.signals if signal.predict is not None]
+    if not signals:
+        return {}
+    started = ports.clock.now()
+    try:
+        answer: Mapping[str, SignalResult] = ports.predictions.predict(ports.source, policy, None)
+    except Exception as failure:  # the provider returns data; anything raised is an error, not a breach
+        logger.exception("prediction signals of %s: provider raised", policy.name)
+        answer = {s.name: SignalResult.failed(f"prediction raised {type(failure).__name__}") for s in signals}
+    # The feature fetch is shared, so each prediction signal is timed with the whole batch.
+    elapsed = ports.clock.now() - started
+    results: dict[str, SignalResult] = {}
+    probabilities: dict[tuple[str, str], Mapping[TargetKey, float]] = {}
+    for signal in signals:
+        assert signal.predict is not None
+        result = answer.get(signal.name) or SignalResult(values={})
+        ports.metrics.record_query(policy.name, signal.name, elapsed, result.ok)
+        probabilities[(signal.predict.model, signal.predict.dimension.value)] = result.values
+        results[signal.name] = result
+    ports.metrics.set_breach_probabilities(policy.name, probabilities)
+    return results
+
+
+def action_labels(record: Any) -> tuple[str, str]:
+    """(type, status) of a dispatcher ActionRecord, for tailguard_actions_total."""
+    action_type = getattr(record, "type", None)
+    if action_type is None:
+        request = getattr(record, "request", None) or getattr(record, "action", None)
+        action_type = getattr(request, "type", "unknown")
+    status = getattr(record, "status", "unknown")
+    return str(getattr(action_type, "value", action_type)), str(getattr(status, "value", status))
+
+
+class UnconfiguredPredictions:
+    """The prediction port when none is wired: every model is unconfigured, its signals no-data (as
+    predictors.serving.PredictionProvider answers with no models configured); each model is warned about once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._models: set[str] = set()
+
+    def predict(self, source: MetricsSource, policy: Policy, at: float | None = None) -> dict[str, SignalResult]:
+        answer: dict[str, SignalResult] = {}
+        for signal in policy.signals:
+            if signal.predict is None:
+                continue
+            answer[signal.name] = SignalResult(values={})
+            with self._lock:
+                if signal.predict.model in self._models:
+                    continue
+                self._models.add(signal.predict.model)
+            logger.warning("prediction %s", self._describe(signal.predict.model))
+        return answer
+
+    def warnings(self) -> list[str]:
+        with self._lock:
+            return [self._describe(model) for model in sorted(self._models)]
+
+    @staticmethod
+    def _describe(model: str) -> str:
+        return (
+            f"model {model}: unconfigured: not in the configuration's predictors (none); "
+            "its prediction signals are no-data"
+        )
+
+
+def _log_evaluation(policy: Policy, trigger: str, state: PolicyState, source_errors: Sequence[str]) -> None:
+    """One human-readable line per evaluation: every target's value and phase, per condition."""
+    parts: list[str] = []
+    for (condition, target), condition_state in sorted(state.conditions.items()):
+        value = "no-data" if condition_state.last_value is None else f"{condition_state.last_value:.4g}"
+        marks = (" stale" if condition_state.stale else "") + (" errored" if condition_state.errored else "")
+        parts.append(f"{condition} {format_target(target)}={value} {condition_state.phase.value}{marks}")
+    shown = parts[:LOG_TARGETS]
+    if len(parts) > LOG_TARGETS:
+        shown.append(f"... and {len(parts) - LOG_TARGETS} more")
+    firing = sum(1 for s in state.conditions.values() if s.phase is Phase.FIRING)
+    logger.info(
+        "evaluated %s (%s): %s%s",
+        policy.name,
+        trigger,
+        "; ".join(shown) or "no targets",
+        f" | source errors: {'; '.join(source_errors)}" if source_errors else "",
+        extra={
+            "fields": {
+                "event": "evaluation",
+                "policy": policy.name,
+                "trigger": trigger,
+                "targets": len(parts),
+                "firing": firing,
+                "source_errors": list(source_errors),
+            }
+        },
+    )
+
+
+def _log_decision(decision: Decision) -> None:
+    value = "no-data" if decision.value is None else f"{decision.value:.4g}"
+    logger.info(
+        "decision %s %s/%s %s value=%s threshold=%s%s: %s [%s]",
+        decision.kind.value,
+        decision.policy,
+        decision.condition,
+        format_target(decision.target),
+        value,
+        f"{decision.threshold:.4g}",
+        " (dry run)" if decision.dry_run else "",
+        decision.reason,
+        decision.id,
+        extra={"fields": {"event": "decision", **decision.to_json()}},
+    )
