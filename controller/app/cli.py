@@ -20,9 +20,13 @@ from contextlib import ExitStack
 from pathlib import Path
 from types import FrameType
 
+from controller.app.build import PolicyConfigError, build, check_policies
+from controller.app.logging_setup import configure_logging
+from controller.app.settings import SettingsError, WebhookTokenError, load_settings
 from controller.core.policy import policy_json_schema
 from controller.core.policy_files import load_policies, policy_paths
 from controller.kit.errors import ConfigError
+from controller.loop.runtime import PolicyLoadError
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -133,11 +137,6 @@ def run_controller(config: Path) -> int:
     One exit for an unusable configuration: everything raises `ConfigError` (one sentence, file and section),
     and the `ExitStack` closes what was opened, in reverse order, on every path.
     """
-    from controller.app.build import PolicyConfigError, build, check_policies
-    from controller.app.logging_setup import configure_logging
-    from controller.app.settings import SettingsError, WebhookTokenError, load_settings
-    from controller.loop.runtime import PolicyLoadError
-
     try:
         settings = load_settings(config)
     except SettingsError as invalid:

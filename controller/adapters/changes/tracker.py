@@ -357,6 +357,7 @@ def build_change_tracker(
             if settings.kubernetes is None:
                 raise ValueError("changeTracking.sources lists kubernetes, but changeTracking.kubernetes is missing")
             if apps_api is None:
+                # The cluster extra (kubernetes): imported only for a kubernetes source built here (no apps_api).
                 from kubernetes import client as k8s_client
                 from kubernetes import config as k8s_config
 
