@@ -36,14 +36,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 from prometheus_client import CollectorRegistry, Counter
 from tqdm import tqdm
 
 from controller.kit.errors import ConfigError
 from serving.batching import BatchingModel, RequestRejected, SimRequest
 from serving.engine_args_metric import EngineArgCollector, ListedReplica
-from serving.load import BUILTIN_TRACES, TraceRequest, read_trace
+from serving.load import BUILTIN_TRACES, TraceRequest, read_trace, run_replay
 from serving.profiles import PROFILES_DIR, EngineProfile, load_profile
+from serving.promstack import (
+    ManagedProcess,
+    ProcessNotReady,
+    PrometheusServer,
+    backfill_openmetrics,
+    http_sd_scrape_config,
+    static_scrape_config,
+    write_prometheus_config,
+)
 from serving.router import RouterMetrics
 from serving.vllm_metrics import ITL_BUCKETS, DcgmCollector, HbmModel, VllmMetrics
 
@@ -605,8 +615,6 @@ def write_dataset(dataset: GeneratedDataset, out: Path, *, backfill: bool) -> di
     }
     (out / "scenario.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     if backfill:
-        from serving.promstack import backfill_openmetrics
-
         result = backfill_openmetrics(out / "history.om", out / "data", expected_samples=dataset.samples)
         summary["blocks"] = result.blocks
     return summary
@@ -615,18 +623,6 @@ def write_dataset(dataset: GeneratedDataset, out: Path, *, backfill: bool) -> di
 def generate_live(out: Path, *, minutes: float, rate_scale: float, replicas: int, profile: str) -> dict[str, Any]:
     """Real time: the tier process (real replicas, router) replays the trace and a real Prometheus scrapes it
     every SCRAPE_INTERVAL_S. Its TSDB is left in OUT/data. Not reproducible byte for byte (real time)."""
-    import yaml
-
-    from serving.load import run_replay
-    from serving.promstack import (
-        ManagedProcess,
-        ProcessNotReady,
-        PrometheusServer,
-        http_sd_scrape_config,
-        static_scrape_config,
-        write_prometheus_config,
-    )
-
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     config = out / "tier.yaml"

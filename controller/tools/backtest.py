@@ -32,6 +32,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
+
+from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource, SourceConfigError
 from controller.core.actions import ActionRequest
 from controller.core.engine import PolicyState, transition
 from controller.core.model import Decision, DecisionKind, TargetKey, format_target, target_labels
@@ -318,11 +321,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def backtest_main(argv: Sequence[str], predictions: PredictionsFactory | None = None) -> int:
     """`tailguard backtest`; `predictions` builds the SLA model over history from the model options (the app's)."""
-    # Imported here: the pure backtest above does not need requests or the client library.
-    from pydantic import ValidationError
-
-    from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource, SourceConfigError
-
     parser = _parser()
     try:
         args = parser.parse_args(list(argv))
