@@ -10,6 +10,14 @@ Per (condition, target) the engine keeps a small state machine:
     ok --breach--> pending --`for` satisfied--> firing --recovery `for` satisfied--> ok
          pending --ok--> ok (streak broken)
 
+* `for: N` (count form) is satisfied by N breaching observations spanning at
+  least (N-1) x the policy's `interval`: now - onset >= (N-1) x interval, onset
+  being the streak's first breaching observation (times compared to the
+  millisecond). Scheduled evaluations, one interval apart, fire at the N-th
+  breach exactly; observations of triggered evaluations in between count but
+  never shorten the span. The same rule holds for a recovery's `for: N`.
+* `transition(..., targets=...)` limits an evaluation to the targets an alert
+  names: every other target's state is untouched.
 * no-data is mapped by the condition's `noData` policy: `breach`, `ok`, or
   `hold` (the streak neither advances nor resets). Held state older than
   `staleAfter` is dropped: stale data never completes a breach, and absence of
@@ -26,7 +34,7 @@ Per (condition, target) the engine keeps a small state machine:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -384,7 +392,7 @@ def _on_breach(
         state = replace(state, breach_count=state.breach_count + 1, evidence=_with_evidence(state, now, value))
     onset = state.onset
     assert onset is not None
-    if not condition.for_.satisfied(state.breach_count, onset, now):
+    if not condition.for_.satisfied(state.breach_count, onset, now, interval=step.policy.interval):
         return state
     incident = decision_id(step.policy.name, condition.name, target, onset)
     chosen_actions, attribution, branch = step.choose(condition, target, onset)
@@ -458,7 +466,9 @@ def _on_ok(
         recover_since=state.recover_since if state.recover_since is not None else now,
     )
     assert state.recover_since is not None
-    if not condition.recovery.for_.satisfied(state.recover_count, state.recover_since, now):
+    if not condition.recovery.for_.satisfied(
+        state.recover_count, state.recover_since, now, interval=step.policy.interval
+    ):
         return state
     assert state.decision_id is not None and state.onset is not None
     block = step.limits_block(target) if _needs_limits(condition.recovery.actions) else None
@@ -524,16 +534,24 @@ def transition(
     rollouts: Sequence[Rollout] = (),
     *,
     rollouts_error: str | None = None,
+    targets: Collection[TargetKey] | None = None,
 ) -> tuple[PolicyState, list[Decision]]:
     """`rollouts`: what the change tracker saw (data, fetched by the runtime); `rollouts_error`: it failed,
-    so attribution is "unknown" (never "attributed"), and nothing else changes."""
+    so attribution is "unknown" (never "attributed"), and nothing else changes.
+
+    `targets`: the only targets this evaluation may touch (an alert-triggered evaluation: the targets its alerts
+    name); every other target's state is left exactly as it was (no streak advance, no resolve, no error count).
+    None: every target (a scheduled evaluation)."""
     step = _Step(policy, state, now, observations, rollouts, rollouts_error)
+    allowed = None if targets is None else frozenset(targets)
     for condition in policy.conditions:
         result = observations.get(condition.signal)
-        targets = {target for (name, target) in state.conditions if name == condition.name}
+        seen = {target for (name, target) in state.conditions if name == condition.name}
         if result is not None and result.ok:
-            targets |= {target for target, value in result.values.items()}
-        for target in sorted(targets):
+            seen |= {target for target, value in result.values.items()}
+        for target in sorted(seen):
+            if allowed is not None and target not in allowed:
+                continue
             key = (condition.name, target)
             current = step.conditions.get(key, ConditionState())
             kind, value, error = classify(result, target, now)

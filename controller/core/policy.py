@@ -73,6 +73,11 @@ Duration = Annotated[
 ]
 
 
+# Streak times are compared at millisecond precision (as decision ids name onsets): nominal evaluation times
+# such as start + k x interval are exact only up to float rounding, which must not cost a whole interval.
+TIME_TOLERANCE = 1e-3
+
+
 @dataclass(frozen=True)
 class ForSpec:
     """How long a breach must last: N consecutive breaching evaluations, or a duration."""
@@ -80,11 +85,15 @@ class ForSpec:
     count: int | None = None
     seconds: float | None = None
 
-    def satisfied(self, streak_count: int, streak_started: float, now: float) -> bool:
+    def satisfied(self, streak_count: int, streak_started: float, now: float, *, interval: float = 0.0) -> bool:
+        """Count form: `streak_count` >= N observations spanning at least (N-1) x `interval` (the policy's
+        interval: evaluations triggered between scheduled ones add observations but never shorten the streak;
+        `interval` 0 counts observations only). Duration form: at least `seconds` since the streak started."""
         if self.count is not None:
-            return streak_count >= self.count
+            span = (self.count - 1) * interval
+            return streak_count >= self.count and now - streak_started >= span - TIME_TOLERANCE
         assert self.seconds is not None
-        return streak_count >= 1 and now - streak_started >= self.seconds - 1e-9
+        return streak_count >= 1 and now - streak_started >= self.seconds - TIME_TOLERANCE
 
     def describe(self) -> str:
         if self.count is not None:
