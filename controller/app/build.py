@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,12 +185,15 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
     )
     # Rollbacks go through Argo CD when it is configured (GitOps), else through the local serving tier.
     rollback: RollbackPort = tier if tier is not None else UnconfiguredRollback(ROLLBACK_MISSING)
+    notifier: Notifier | None = WebhookNotifier(settings.receivers, clock) if settings.receivers else None
     if settings.argocd is not None:
         rollback = ArgoCDRollback.from_settings(
             settings.argocd,
             clock=clock,
             record_path=settings.state_path() / "argocd-bad-revisions.json",
             base_dir=settings.base_dir,
+            # Auto-sync switched off to roll back: every receiver hears it, so a human turns it back on.
+            notice=_notify_receivers(notifier, list(settings.receivers), clock) if notifier is not None else None,
         )
     grafana = _grafana(settings, clock, stack)
     # The cluster (HPA scaling, route weights, the leader Lease): one ApiClient, built from `kubernetes`.
@@ -229,7 +232,6 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
     annotator: Annotator | None = (
         FanoutAnnotator(annotators) if len(annotators) > 1 else (annotators[0] if annotators else None)
     )
-    notifier: Notifier | None = WebhookNotifier(settings.receivers, clock) if settings.receivers else None
     # A port left out answers with its "not configured" failure (controller/core/unconfigured.py).
     unconfigured = Actuators()
     actuators = Actuators(
@@ -320,6 +322,19 @@ def _grafana(settings: ControllerSettings, clock: SystemClock, stack: ExitStack)
     # Closed after the elector released the Lease and before the journal (its outbox is its own file).
     stack.callback(grafana.close)
     return grafana
+
+
+def _notify_receivers(
+    notifier: Notifier, receivers: Sequence[str], clock: SystemClock
+) -> Callable[[str, Mapping[str, Any]], None]:
+    """The Argo CD rollback's notice (auto-sync disabled) as a notification to every configured receiver."""
+
+    def notice(text: str, detail: Mapping[str, Any]) -> None:
+        key = f"notice:auto-sync-disabled:{detail.get('application', '')}:{clock.now():.0f}"
+        for receiver in receivers:
+            notifier.notify(receiver, {"kind": "notice", "message": text, **detail}, idempotency_key=key)
+
+    return notice
 
 
 def _stop_if_running(elector: LeaderElector) -> None:

@@ -12,26 +12,24 @@ import json
 import math
 import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 import requests
 
 from controller.adapters.stores.journal import Journal
 from serving.promstack import PrometheusServer, free_port, static_scrape_config, write_prometheus_config
+from tests.support.controller_process import DEADLINE_SECONDS, annotations_tagged, poll, ready, start_controller, tail
 from tests.support.fake_argocd import FakeArgoCD, application
 from tests.support.fake_grafana import FakeGrafana
 from tests.support.latency_exporter import LatencyExporter
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
-REPO = Path(__file__).resolve().parents[2]
 POLICY_NAME = "cluster-loop"
 CONDITION = "p99-above-800ms"
 SERVICE = "regress"
@@ -41,7 +39,6 @@ GRAFANA_TOKEN = "grafana-e2e-token"
 HEALTHY_SECONDS = 0.08
 REGRESSED_SECONDS = 2.0
 THRESHOLD_SECONDS = 0.8
-DEADLINE_SECONDS = 90.0  # per wait; generous for a loaded 2-core machine, never reached when things work
 
 # The attributed-rollback example with a 1 s interval and a 10 s rate window, so the loop closes in seconds.
 POLICY = """apiVersion: tailguard.io/v1alpha1
@@ -82,10 +79,9 @@ conditions:
       - name: scale-out
         if: {signal: queue-per-replica, op: ">", value: 20}
         actions:
-          - type: scale
-            service: "{{ service }}"
-            delta: 2
-            max: 8
+          - type: notify
+            receiver: oncall
+            message: "P99 {{ value }}s on {{ service }}: saturated, and this test configures nothing to scale"
       - name: notify
         actions:
           - type: notify
@@ -112,26 +108,6 @@ class Loop:
     rollout_at: float
 
 
-def poll(what: str, probe: Callable[[], T | None], process: subprocess.Popen[bytes] | None, log: Path | None) -> T:
-    """The first non-None answer of `probe`; fails naming `what` (and the controller's log tail) at the deadline."""
-    deadline = time.monotonic() + DEADLINE_SECONDS
-    while True:
-        if process is not None and process.poll() is not None:
-            pytest.fail(f"tailguard exited with {process.returncode} while waiting for {what}:\n{tail(log)}")
-        answer = probe()
-        if answer is not None:
-            return answer
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}:\n{tail(log)}")
-        time.sleep(0.2)
-
-
-def tail(log: Path | None, limit: int = 4000) -> str:
-    if log is None or not log.exists():
-        return ""
-    return log.read_text(encoding="utf-8", errors="replace")[-limit:]
-
-
 def p99(prometheus: PrometheusServer) -> float | None:
     query = (
         "histogram_quantile(0.99, sum by (le, service) "
@@ -146,10 +122,6 @@ def p99(prometheus: PrometheusServer) -> float | None:
         return None
     value = float(result[0]["value"][1])
     return None if math.isnan(value) else value  # NaN: no requests in the window yet
-
-
-def annotations_tagged(grafana: FakeGrafana, *tags: str) -> list[dict[str, Any]]:
-    return [a for a in grafana.annotations() if all(tag in a.get("tags", []) for tag in tags)]
 
 
 @pytest.fixture
@@ -217,33 +189,6 @@ def write_config(loop: Loop, *, auto_sync: bool, port: int) -> Path:
     return path
 
 
-def start_controller(config: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "TAILGUARD_E2E_GRAFANA_TOKEN": GRAFANA_TOKEN,
-        "TAILGUARD_E2E_SECRET": "e2e-webhook-secret",
-    }
-    with log.open("wb") as output:
-        return subprocess.Popen(
-            [sys.executable, "-m", "controller", "run", "--config", str(config)],
-            cwd=config.parent,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # its own process group: the finally below can always take all of it down
-            env=env,
-        )
-
-
-def ready(port: int) -> bool | None:
-    try:
-        answer = requests.get(f"http://127.0.0.1:{port}/readyz", timeout=2)
-    except requests.RequestException:
-        return None
-    return True if answer.status_code == 200 and answer.json().get("ready") is True else None
-
-
 @pytest.mark.parametrize("auto_sync", [False, True], ids=["auto-sync-off", "auto-sync-on-disabled-first"])
 def test_regression_attributed_to_the_argocd_rollout_is_rolled_back_and_annotated(loop: Loop, auto_sync: bool) -> None:
     loop.argocd.add_app(
@@ -258,7 +203,9 @@ def test_regression_attributed_to_the_argocd_rollout_is_rolled_back_and_annotate
     config = write_config(loop, auto_sync=auto_sync, port=port)
     log = loop.tmp / "controller.log"
     loop.prometheus.wait_target_up("vllm", timeout=DEADLINE_SECONDS)
-    process = start_controller(config, log)
+    process = start_controller(
+        config, log, {"TAILGUARD_E2E_GRAFANA_TOKEN": GRAFANA_TOKEN, "TAILGUARD_E2E_SECRET": "e2e-webhook-secret"}
+    )
     try:
         # Healthy first: Prometheus has the latency, the controller evaluates and tracks the rollout already.
         healthy = poll("a healthy P99 in Prometheus", lambda: p99(loop.prometheus), process, log)

@@ -306,6 +306,16 @@ def test_only_the_leader_acts_and_the_standby_takes_over_after_sigterm(stack: St
         second = ControllerProcess(stack, "tailguard-b", leader_election=True)
         standby = second
         poll("tailguard-b ready as a follower", lambda: True if standby.following() else None, first, standby)
+        # An alert that reaches the standby is refused with 503 (Alertmanager retries a 5xx, through the Service,
+        # until the leader has it), not accepted and dropped.
+        alert = {
+            "version": "4",
+            "status": "firing",
+            "alerts": [{"status": "firing", "labels": {"tailguard_policy": "queue-scale", "service": SERVICE}}],
+        }
+        refused = requests.post(f"http://127.0.0.1:{standby.port}/api/v1/alerts", json=alert, timeout=5)
+        assert refused.status_code == 503 and refused.json()["standby"] is True
+        assert int(refused.headers["Retry-After"]) >= 1
 
         set_waiting(stack, 50.0)
         poll(

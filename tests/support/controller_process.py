@@ -1,0 +1,84 @@
+"""Driving `tailguard run` as a real process in end-to-end tests: start it in its own process group, poll with a
+deadline (failing with the log's tail, or at once when the process exited), read readiness, write a kubeconfig for
+the fake Kubernetes API, pick Grafana annotations by tag. Shared by tests/e2e and tests/integration."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import requests
+
+from tests.support.fake_grafana import FakeGrafana
+
+REPO = Path(__file__).resolve().parents[2]
+DEADLINE_SECONDS = 90.0  # per wait; generous for a loaded 2-core machine, never reached when things work
+
+T = TypeVar("T")
+
+
+def poll(what: str, probe: Callable[[], T | None], process: subprocess.Popen[bytes] | None, log: Path | None) -> T:
+    """The first non-None answer of `probe`; fails naming `what` (and the controller's log tail) at the deadline."""
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while True:
+        if process is not None and process.poll() is not None:
+            pytest.fail(f"tailguard exited with {process.returncode} while waiting for {what}:\n{tail(log)}")
+        answer = probe()
+        if answer is not None:
+            return answer
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}:\n{tail(log)}")
+        time.sleep(0.2)
+
+
+def tail(log: Path | None, limit: int = 4000) -> str:
+    if log is None or not log.exists():
+        return ""
+    return log.read_text(encoding="utf-8", errors="replace")[-limit:]
+
+
+def annotations_tagged(grafana: FakeGrafana, *tags: str) -> list[dict[str, Any]]:
+    return [a for a in grafana.annotations() if all(tag in a.get("tags", []) for tag in tags)]
+
+
+def start_controller(config: Path, log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """`python -m controller run --config CONFIG` in CONFIG's directory, its own process group, output in `log`."""
+    with log.open("wb") as output:
+        return subprocess.Popen(
+            [sys.executable, "-m", "controller", "run", "--config", str(config)],
+            cwd=config.parent,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: the caller can always take all of it down
+            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        )
+
+
+def ready(port: int) -> bool | None:
+    try:
+        answer = requests.get(f"http://127.0.0.1:{port}/readyz", timeout=2)
+    except requests.RequestException:
+        return None
+    return True if answer.status_code == 200 and answer.json().get("ready") is True else None
+
+
+def write_kubeconfig(path: Path, server: str, token: str) -> Path:
+    """A kubeconfig for the fake Kubernetes API at `server` (the controller's `kubernetes.kubeconfig`)."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "fake", "cluster": {"server": server}}],
+        "users": [{"name": "tailguard", "user": {"token": token}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tailguard"}}],
+        "current-context": "fake",
+    }
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return path
