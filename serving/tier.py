@@ -16,7 +16,8 @@ scale; TrafficRouter: weights). Semantics:
   requested revision, or the newest earlier good one, the only live version;
   409 when there is none.
 - `weights` sets one live version's share; the other live versions share the
-  rest in proportion to their current weights.
+  rest in proportion to their current weights. With `{"weights": {...}}` instead
+  it sets every live version's weight at once (they must sum to 100): a restore.
 - Every mutation carries an idempotency key. The first answer is stored with the
   new state in one atomic write of `state.json` in the state dir, so a replayed
   key returns that answer with "replayed": true, across restarts too. Failed
@@ -663,6 +664,8 @@ class Tier:
 
     def set_weight(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
         service = self._service(name)
+        if "weights" in body:
+            return self._set_weights(service, body["weights"])
         version, weight = body.get("version"), body.get("weight")
         if not isinstance(version, str) or version not in service.weights:
             raise ApiError(
@@ -672,6 +675,21 @@ class Tier:
         if isinstance(weight, bool) or not isinstance(weight, int) or not 0 <= weight <= 100:
             raise ApiError(400, f"'weight' must be an integer from 0 to 100, got {weight!r}")
         service.weights = split_weights(service.weights, version, weight)
+        return {"weights": dict(service.weights)}
+
+    @staticmethod
+    def _set_weights(service: ServiceState, weights: Any) -> dict[str, Any]:
+        """Every live version's weight at once (`{"weights": {version: percent}}`, summing to 100): a restore."""
+        if not isinstance(weights, dict) or set(weights) != set(service.weights):
+            raise ApiError(
+                409 if isinstance(weights, dict) else 400,
+                f"'weights' must give every live version {sorted(service.weights)} a weight, got {weights!r}",
+            )
+        if any(isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= 100 for w in weights.values()):
+            raise ApiError(400, f"'weights' must be integers from 0 to 100, got {weights!r}")
+        if sum(weights.values()) != 100:
+            raise ApiError(400, f"'weights' must sum to 100, got {sum(weights.values())}")
+        service.weights = {version: int(weights[version]) for version in service.weights}
         return {"weights": dict(service.weights)}
 
     # -- HTTP ---

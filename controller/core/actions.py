@@ -24,12 +24,15 @@ class ActionType(StrEnum):
     ROLLBACK = "rollback"
     SCALE = "scale"
     SHIFT_TRAFFIC = "shift_traffic"
+    RESTORE = "restore"  # recovery only: undo exactly what the incident's own actions changed
     ANNOTATE = "annotate"
     NOTIFY = "notify"
 
 
 # Actions that change the serving tier; these are what cooldown and budget limit.
-MUTATING_ACTIONS = frozenset({ActionType.ROLLBACK, ActionType.SCALE, ActionType.SHIFT_TRAFFIC})
+MUTATING_ACTIONS = frozenset({ActionType.ROLLBACK, ActionType.SCALE, ActionType.SHIFT_TRAFFIC, ActionType.RESTORE})
+# What a `restore` undoes: the actions that journal the state they replace (their plan's `before`).
+RESTORABLE_ACTIONS = frozenset({ActionType.SCALE, ActionType.SHIFT_TRAFFIC})
 
 
 # ----- the policy's action models ------------------------------------------------------------------------
@@ -73,6 +76,14 @@ class ShiftTrafficAction(_ActionBase):
     weight: int = Field(ge=0, le=100, description="percent of the service's traffic")
 
 
+class RestoreAction(_ActionBase):
+    """Recovery only: put back, per resource of `service` the incident changed (its route weights, its scale),
+    exactly the state journaled before the incident's first change; never more (see rules/README.md)."""
+
+    type: Literal["restore"]
+    service: str = Field(default="{{ service }}", description="the service whose pre-incident state is restored")
+
+
 class AnnotateAction(_ActionBase):
     type: Literal["annotate"]
     text: str = Field(min_length=1)
@@ -86,7 +97,7 @@ class NotifyAction(_ActionBase):
 
 
 Action = Annotated[
-    RollbackAction | ScaleAction | ShiftTrafficAction | AnnotateAction | NotifyAction,
+    RollbackAction | ScaleAction | ShiftTrafficAction | RestoreAction | AnnotateAction | NotifyAction,
     Field(discriminator="type"),
 ]
 
@@ -106,12 +117,13 @@ class RenderedScale(ScaleAction):
     observed: float | None = None
 
 
-RenderedAction = RenderedRollback | RenderedScale | ShiftTrafficAction | AnnotateAction | NotifyAction
+RenderedAction = RenderedRollback | RenderedScale | ShiftTrafficAction | RestoreAction | AnnotateAction | NotifyAction
 
 _RENDERED: dict[ActionType, type[RenderedAction]] = {
     ActionType.ROLLBACK: RenderedRollback,
     ActionType.SCALE: RenderedScale,
     ActionType.SHIFT_TRAFFIC: ShiftTrafficAction,
+    ActionType.RESTORE: RestoreAction,
     ActionType.ANNOTATE: AnnotateAction,
     ActionType.NOTIFY: NotifyAction,
 }

@@ -404,6 +404,12 @@ class Policy(StrictModel):
                 ),
             ]
             for where, action in located:
+                if getattr(action, "type", None) == "restore" and "recovery" not in where:
+                    # An undo has nothing to undo when the condition fires: it belongs to the recovery.
+                    raise PolicyReferenceError(
+                        "a `restore` action belongs in `recovery.actions`: it undoes what the firing actions changed",
+                        (*where, "type"),
+                    )
                 for field_loc, text in _template_fields(action):
                     unknown = sorted(set(variables_in(text)) - action_vars)
                     if unknown:

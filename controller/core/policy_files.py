@@ -49,7 +49,7 @@ def _message(error: dict[str, Any]) -> str:
     if kind == "union_tag_invalid":
         return f"unknown action type {error['ctx']['tag']!r}; expected one of {error['ctx']['expected_tags']}"
     if kind == "union_tag_not_found":
-        return "an action needs a 'type' (rollback, scale, shift_traffic, annotate or notify)"
+        return "an action needs a 'type' (rollback, scale, shift_traffic, restore, annotate or notify)"
     message = str(error["msg"])
     for prefix in ("Value error, ", "Assertion failed, "):
         message = message.removeprefix(prefix)

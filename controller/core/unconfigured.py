@@ -61,6 +61,19 @@ class UnconfiguredScale:
     def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome:
         return _failed({"service": service, "replicas": replicas}, self.message)
 
+    def scale_state(self, service: str) -> Mapping[str, Any]:
+        raise NoActuatorError(self.message)
+
+    def restore_scale(
+        self,
+        service: str,
+        state: Mapping[str, Any],
+        *,
+        expected: Mapping[str, Any] | None,
+        idempotency_key: str,
+    ) -> ActionOutcome:
+        return _failed({"service": service}, self.message)
+
 
 class UnconfiguredRouter:
     """`TrafficRouter` where no routes are configured."""
@@ -70,6 +83,19 @@ class UnconfiguredRouter:
 
     def set_weight(self, service: str, version: str, weight: int, *, idempotency_key: str) -> ActionOutcome:
         return _failed({"service": service, "version": version, "weight": weight}, self.message)
+
+    def weights(self, service: str) -> Mapping[str, int]:
+        raise NoActuatorError(self.message)
+
+    def set_weights(
+        self,
+        service: str,
+        weights: Mapping[str, int],
+        *,
+        expected: Mapping[str, int] | None,
+        idempotency_key: str,
+    ) -> ActionOutcome:
+        return _failed({"service": service, "weights": dict(weights)}, self.message)
 
 
 class UnconfiguredAnnotator:

@@ -75,8 +75,12 @@ LIMITED_STATUSES = frozenset({ActionStatus.STARTED, ActionStatus.SUCCEEDED})
 
 class GlobalLimits(BaseModel):
     """Cooldown and budget per service across ALL policies (the `limits` block of the controller config)."""
+from controller.loop import restore
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+# Action types planned (and the plan journaled) before their first start: the changes journal what they replace.
+_PLANNED = frozenset({ActionType.SCALE, ActionType.SHIFT_TRAFFIC, ActionType.RESTORE})
 
     cooldown: Duration = Field(default=0.0, description="minimum time between mutating actions on one service")
     maxActionsPerHour: int | None = Field(
@@ -226,19 +230,20 @@ class Dispatcher:
     def _execute(self, record: ActionRecord) -> ActionRecord:
         plan = dict(record.plan) if record.plan is not None else None
         outcome: ActionOutcome | None = None
+            ActionType.RESTORE: self._restore,
         attempt = 0
         called = False
         while True:
             attempt += 1
-            if record.type is ActionType.SCALE and plan is None:
-                # The target count is fixed once, before the first start, and journaled with it: a resume
-                # then asks for the same count even though the current count may have changed meanwhile.
-                planned = self._plan_scale(record)
+            if record.type in _PLANNED and plan is None:
+                # Fixed once, before the first start, and journaled with it (the state a change replaces; a
+                # scale's target count; a restore's target): a resume does the same though the world moved.
+                planned = self._plan(record)
                 if isinstance(planned, ActionOutcome):
                     outcome = planned
                 else:
                     plan = planned
-            if record.type is not ActionType.SCALE or plan is not None:
+            if record.type not in _PLANNED or plan is not None:
                 record = self.journal.mark_started(record.idempotency_key, self.clock.now(), plan)
                 self._hook("after-start", record)
                 outcome = self._call(record)
@@ -350,6 +355,8 @@ class Dispatcher:
 
     def _call(self, record: ActionRecord) -> ActionOutcome:
         """One attempt: the port of the action's type, with the typed action's fields as its arguments."""
+        if status is ActionStatus.SUCCEEDED and record.type in _PLANNED:
+            result["after"] = restore.after_state(record, self.actuators.router, self.actuators.scale)
         try:
             return self._ports[record.type](record, record.request())
         except AttributeError as exc:
@@ -414,6 +421,18 @@ class Dispatcher:
             end = float(decision.get("resolved_at") or at)
         labels = {str(k): str(v) for k, v in (decision.get("target") or {}).items()}
         tags = [str(tag) for tag in action.tags]
+    def _plan(self, record: ActionRecord) -> dict[str, Any] | ActionOutcome:
+        """A restore's plan (controller/loop/restore.py), or a change's: what it replaces, and a scale's count."""
+        if record.type is ActionType.RESTORE:
+            return restore.restore_plan(self.journal, record)
+        planned: dict[str, Any] | ActionOutcome = {}
+        if record.type is ActionType.SCALE:
+            planned = self._plan_scale(record)
+        if isinstance(planned, ActionOutcome):
+            return planned
+        router, scale = self.actuators.router, self.actuators.scale
+        return {**planned, **restore.change_plan(self.journal, record, router, scale, self.clock.now())}
+
         extra = [f"policy:{record.policy}", f"decision:{record.decision_kind}"]
         return Annotation(
             time=start,
@@ -438,3 +457,10 @@ class Dispatcher:
             "actions": actions,
             "links": dict(self.links_for(decision)) if self.links_for is not None else {},
         }
+    def _restore(self, record: ActionRecord, request: ActionRequest) -> ActionOutcome:
+        assert record.plan is not None
+        # The plan journaled before the first start: per state the incident changed, its target and expected state.
+        return restore.run_restore(
+            record.plan, self.actuators.router, self.actuators.scale, idempotency_key=request.idempotency_key
+        )
+

@@ -136,6 +136,30 @@ class FakeScaler(_Recorder):
 
         return self._handle("set_replicas", {"service": service, "replicas": replicas}, idempotency_key, act)
 
+    def scale_state(self, service: str) -> Mapping[str, Any]:
+        return {"replicas": self.replicas(service)}
+
+    def restore_scale(
+        self,
+        service: str,
+        state: Mapping[str, Any],
+        *,
+        expected: Mapping[str, Any] | None,
+        idempotency_key: str,
+    ) -> ActionOutcome:
+        def act() -> ActionOutcome:
+            current, wanted = self.replica_counts.get(service, 1), int(state["replicas"])
+            detail: dict[str, Any] = {"from": {"replicas": current}, "to": {"replicas": wanted}, "replayed": False}
+            if current == wanted:
+                return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": "already so"})
+            if expected is not None and int(expected["replicas"]) != current:
+                return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": "changed by someone else"})
+            self.replica_counts[service] = wanted
+            return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
+
+        args = {"service": service, "state": dict(state), "expected": dict(expected) if expected else None}
+        return self._handle("restore_scale", args, idempotency_key, act)
+
 
 class FakeDeployer(FakeRollback, FakeScaler):
     """Both RollbackPort and ScalePort, with one call record (the local tier's shape)."""
@@ -146,18 +170,55 @@ class FakeDeployer(FakeRollback, FakeScaler):
 
 
 class FakeRouter(_Recorder):
-    def __init__(self) -> None:
+    """TrafficRouter: each service's route as version -> weight (`routes`). `set_weight` gives the other versions
+    the rest in proportion to their weights (evenly when all 0); a version the route lacks is added."""
+
+    def __init__(self, routes: Mapping[str, Mapping[str, int]] | None = None) -> None:
         super().__init__()
-        self.weights: dict[tuple[str, str], int] = {}
+        self.routes: dict[str, dict[str, int]] = {name: dict(route) for name, route in (routes or {}).items()}
+
+    def weights(self, service: str) -> Mapping[str, int]:
+        return dict(self.routes.get(service, {}))
 
     def set_weight(self, service: str, version: str, weight: int, *, idempotency_key: str) -> ActionOutcome:
         def act() -> ActionOutcome:
-            self.weights[(service, version)] = weight
-            return ActionOutcome(OutcomeStatus.SUCCEEDED, {"weight": weight, "verified": True, "replayed": False})
+            route = self.routes.setdefault(service, {})
+            others = [name for name in route if name != version]
+            total = sum(route[name] for name in others)
+            shares = {
+                name: (route[name] * (100 - weight) // total if total else (100 - weight) // len(others))
+                for name in others
+            }
+            if others:  # integer shares: the first other version takes what rounding left over
+                shares[others[0]] += 100 - weight - sum(shares.values())
+            route.update({version: weight, **shares})
+            detail = {"weight": weight, "weights": dict(route), "verified": True, "replayed": False}
+            return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
 
         return self._handle(
             "set_weight", {"service": service, "version": version, "weight": weight}, idempotency_key, act
         )
+
+    def set_weights(
+        self,
+        service: str,
+        weights: Mapping[str, int],
+        *,
+        expected: Mapping[str, int] | None,
+        idempotency_key: str,
+    ) -> ActionOutcome:
+        def act() -> ActionOutcome:
+            current, wanted = dict(self.routes.get(service, {})), dict(weights)
+            detail: dict[str, Any] = {"from": current, "to": wanted, "replayed": False}
+            if current == wanted:
+                return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": "already so"})
+            if expected is not None and current != dict(expected):
+                return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": "changed by someone else"})
+            self.routes[service] = wanted
+            return ActionOutcome(OutcomeStatus.SUCCEEDED, {**detail, "weights": wanted, "verified": True})
+
+        args = {"service": service, "weights": dict(weights), "expected": dict(expected) if expected else None}
+        return self._handle("set_weights", args, idempotency_key, act)
 
 
 class FakeAnnotator(_Recorder):
@@ -289,11 +350,14 @@ def _next(script: Mapping[str, Any], query: str) -> Any:
 
 
 class FakeDispatcher:
-    """DispatcherPort: records every decision it is given (`dispatched`) and counts `resume()` calls; runs nothing."""
+    """DispatcherPort: records every decision it is given (`dispatched`), counts `resume()` calls and records each
+    `retry_deferred(policy, state)` (`retried`); runs nothing. `deferred` is what `deferred_policies()` answers."""
 
     def __init__(self) -> None:
         self.dispatched: list[Decision] = []
         self.resumed = 0
+        self.retried: list[tuple[str, PolicyState | None]] = []
+        self.deferred: set[str] = set()
 
     def dispatch(self, decision: Decision) -> Sequence[Any]:
         self.dispatched.append(decision)
@@ -302,6 +366,13 @@ class FakeDispatcher:
     def resume(self) -> Sequence[Any]:
         self.resumed += 1
         return []
+
+    def retry_deferred(self, policy: str, state: PolicyState | None) -> Sequence[Any]:
+        self.retried.append((policy, state))
+        return []
+
+    def deferred_policies(self) -> set[str]:
+        return set(self.deferred)
 
 
 class FakeJournal:

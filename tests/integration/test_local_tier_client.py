@@ -93,3 +93,26 @@ def test_unknown_service(client: LocalTierClient) -> None:
         client.replicas("nope")
     outcome = client.rollback("nope", idempotency_key="it-nope")
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is False
+
+
+def test_restore_calls_set_every_weight_and_the_replicas_exactly(tier_url: str, client: LocalTierClient) -> None:
+    # Issue 12 (undo is exact): the tier's additive {"weights": {...}} form and the restore ports over it.
+    canary = f"r{_roll_out(tier_url, 'it-restore-canary', canary_weight=10)}"
+    before = dict(client.weights("chat"))
+    assert before[canary] == 10
+    assert client.set_weight("chat", canary, 0, idempotency_key="it-restore-shift").status is OutcomeStatus.SUCCEEDED
+    shifted = dict(client.weights("chat"))
+    changed = client.set_weights("chat", {v: 0 for v in before}, expected=shifted, idempotency_key="it-restore-bad")
+    assert changed.status is OutcomeStatus.FAILED and changed.transient is False  # must sum to 100
+    someone = client.set_weights("chat", before, expected=before, idempotency_key="it-restore-0")
+    assert someone.status is OutcomeStatus.SKIPPED and "changed by someone else" in someone.detail["reason"]
+    assert client.weights("chat") == shifted  # not overwritten
+    restored = client.set_weights("chat", before, expected=shifted, idempotency_key="it-restore-1")
+    assert restored.status is OutcomeStatus.SUCCEEDED and restored.detail["verified"] is True
+    assert client.weights("chat") == before
+    replicas = client.scale_state("chat")["replicas"]
+    client.set_replicas("chat", replicas + 2, idempotency_key="it-restore-scale")
+    back = client.restore_scale(
+        "chat", {"replicas": replicas}, expected={"replicas": replicas + 2}, idempotency_key="it-restore-2"
+    )
+    assert back.status is OutcomeStatus.SUCCEEDED and client.replicas("chat") == replicas

@@ -86,6 +86,9 @@ class RecordedRequest:
     resource: str
     namespace: str
     name: str | None = None
+    body: Any = field(
+        default=None, compare=False
+    )  # the JSON body as sent (None: none or not JSON), e.g. the weights of each route write
 
 
 @dataclass
@@ -247,8 +250,12 @@ class FakeKubernetes:
         verb = _verb(method, name)
         if verb is None:
             return _status(405, "MethodNotAllowed", f"{method} is not supported on {parts.path}")
+        try:
+            sent = json.loads(body) if body else None
+        except ValueError:
+            sent = None
         with self._lock:
-            self.requests.append(RecordedRequest(verb, rtype.group, rtype.resource, namespace, name))
+            self.requests.append(RecordedRequest(verb, rtype.group, rtype.resource, namespace, name, sent))
         injection = self._injection_for(verb, rtype.resource)
         if injection is not None:
             if injection.hook is not None:

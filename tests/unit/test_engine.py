@@ -380,7 +380,9 @@ def test_error_rate_example_has_hysteresis() -> None:
         )
     fire, resolve = run.decisions or []
     assert [a.params["weight"] for a in fire.actions if a.type is ActionType.SHIFT_TRAFFIC] == [10]
-    assert [a.params["weight"] for a in resolve.actions if a.type is ActionType.SHIFT_TRAFFIC] == [100]
+    # The recovery restores the journaled pre-incident weights (issue 12), no longer a fixed 100%.
+    assert [a.type for a in resolve.actions] == [ActionType.RESTORE, ActionType.ANNOTATE]
+    assert resolve.actions[0].params == {"service": "chat"}
     assert resolve.id == fire.id and resolve.fired_at == 60 and resolve.resolved_at == 165
 
 

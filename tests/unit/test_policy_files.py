@@ -12,7 +12,7 @@ from controller.core.policy_files import PolicyError, load_policies, parse_polic
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "policies"
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "rules" / "examples"
 
-ACTION_TYPES = "'rollback', 'scale', 'shift_traffic', 'annotate', 'notify'"
+ACTION_TYPES = "'rollback', 'scale', 'shift_traffic', 'restore', 'annotate', 'notify'"
 ACTION_VARS = "condition, decision_id, onset, policy, service, target, threshold, value"
 
 # file name -> (line, field, message)
@@ -159,7 +159,7 @@ conditions:
             "      - service: x\n",
             16,
             "conditions[0].actions[0]",
-            "an action needs a 'type' (rollback, scale, shift_traffic, annotate or notify)",
+            "an action needs a 'type' (rollback, scale, shift_traffic, restore, annotate or notify)",
         ),
         (
             "      - type: shift_traffic\n        weight: 150\n",

@@ -325,6 +325,62 @@ class HpaScaler:
 
         return self._update(service, idempotency_key, change, reason="TailguardScale")
 
+    def scale_state(self, service: str) -> dict[str, Any]:
+        """minReplicas, maxReplicas, the AverageValue target of every Pods/External metric, and the current
+        replica count (for the record: the HPA moves it, a restore never sets it)."""
+        found = self._read(self.target(service))
+        if isinstance(found, KubeError):
+            raise KubernetesActuatorError(found)
+        status = found.status
+        current = status.current_replicas if status is not None else None
+        return {
+            "minReplicas": int(found.spec.min_replicas or 1),
+            "maxReplicas": int(found.spec.max_replicas),
+            "metrics": _metric_targets(found.spec.metrics or []),
+            "replicas": int(current) if current is not None else None,
+        }
+
+    def restore_scale(
+        self,
+        service: str,
+        state: Mapping[str, Any],
+        *,
+        expected: Mapping[str, Any] | None,
+        idempotency_key: str,
+    ) -> ActionOutcome:
+        """Set minReplicas, maxReplicas and the metric targets of `state` exactly (a restore), never below the
+        human floor; SKIPPED without a write when the HPA does not show `expected` (changed by someone else)."""
+        bounds = self.bounds
+
+        def change(hpa: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+            current = _settable(hpa["min_replicas"], hpa["max_replicas"], _metric_targets(hpa["metrics"]))
+            wanted = _settable(state["minReplicas"], state["maxReplicas"], state.get("metrics") or {})
+            detail: dict[str, Any] = {"from": current, "to": wanted}
+            if wanted == current:
+                return None
+            if expected is not None:
+                seen = _settable(expected["minReplicas"], expected["maxReplicas"], expected.get("metrics") or {})
+                if seen != current:
+                    reason = f"changed by someone else since tailguard set {seen}: found {current}; not overwritten"
+                    return {}, {**detail, "reason": reason}
+            floor = human_floor(hpa)
+            if wanted["minReplicas"] < floor and not bounds.allow_below_human_floor:
+                detail["clamped"] = f"{wanted['minReplicas']} is below the human floor {floor}; kept at {floor}"
+                wanted = {**wanted, "minReplicas": floor, "maxReplicas": max(wanted["maxReplicas"], floor)}
+                detail["to"] = wanted
+            if wanted == current:
+                return None
+            metrics = list(hpa["metrics"])
+            for spec in metrics:
+                source = spec.pods or spec.external
+                if source is not None and source.metric.name in wanted["metrics"]:
+                    source.target.type = "AverageValue"
+                    source.target.average_value = wanted["metrics"][source.metric.name]
+            fields = {"min_replicas": wanted["minReplicas"], "max_replicas": wanted["maxReplicas"], "metrics": metrics}
+            return fields, detail
+
+        return self._update(service, idempotency_key, change, reason="TailguardScaleRestore")
+
     def set_metric_target(
         self, service: str, metric: str, average_value: str, *, idempotency_key: str
     ) -> ActionOutcome:
@@ -422,6 +478,25 @@ class HpaScaler:
             clock=self.clock,
             retry=RetryPolicy(attempts=1),
         )
+
+
+def _metric_targets(metrics: Sequence[Any]) -> dict[str, str]:
+    """The AverageValue target of every Pods/External metric, by metric name (as the API writes quantities)."""
+    targets: dict[str, str] = {}
+    for spec in metrics:
+        source = spec.pods or spec.external
+        if source is not None and source.target is not None and source.target.average_value is not None:
+            targets[str(source.metric.name)] = str(source.target.average_value)
+    return targets
+
+
+def _settable(min_replicas: Any, max_replicas: Any, metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """What a restore sets and compares: the floor, the ceiling and the metric targets."""
+    return {
+        "minReplicas": int(min_replicas),
+        "maxReplicas": int(max_replicas),
+        "metrics": {str(name): str(value) for name, value in metrics.items()},
+    }
 
 
 def hpa_names(services: Sequence[str], namespace: str) -> dict[str, HpaTarget]:

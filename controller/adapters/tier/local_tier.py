@@ -156,7 +156,74 @@ class LocalTierClient:
             return self._failed(answer, f"scale of {service!r} to {replicas}")
         return ActionOutcome(OutcomeStatus.SUCCEEDED, self._answer_detail(answer))
 
+    def scale_state(self, service: str) -> dict[str, Any]:
+        """What a scale changes on the tier: the primary version's replica count."""
+        return {"replicas": self.replicas(service)}
+
+    def restore_scale(
+        self,
+        service: str,
+        state: Mapping[str, Any],
+        *,
+        expected: Mapping[str, Any] | None,
+        idempotency_key: str,
+    ) -> ActionOutcome:
+        """Set the replica count of `state`; SKIPPED without a write when the tier does not show `expected`."""
+        wanted = int(state["replicas"])
+        try:
+            current = self.replicas(service)
+        except TierError as exc:
+            return ActionOutcome(OutcomeStatus.FAILED, {}, f"reading the replicas of {service!r}: {exc}", exc.transient)
+        detail: dict[str, Any] = {"from": {"replicas": current}, "to": {"replicas": wanted}}
+        if current == wanted:
+            return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": "already so"})
+        if expected is not None and int(expected["replicas"]) != current:
+            seen = int(expected["replicas"])
+            reason = f"changed by someone else since tailguard set {seen} replicas: found {current}; not overwritten"
+            return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": reason})
+        outcome = self.set_replicas(service, wanted, idempotency_key=idempotency_key)
+        return ActionOutcome(outcome.status, {**detail, **outcome.detail}, outcome.error, outcome.transient)
+
     # -- TrafficRouter ------------------------------------------------------------------------------------
+
+    def set_weights(
+        self,
+        service: str,
+        weights: Mapping[str, int],
+        *,
+        expected: Mapping[str, int] | None,
+        idempotency_key: str,
+    ) -> ActionOutcome:
+        """Every version's weight at once (the tier's `{"weights": ...}` form), then verified; SKIPPED without a
+        write when the tier does not show `expected` (changed by someone else) or already shows `weights`."""
+        wanted = {str(version): int(weight) for version, weight in weights.items()}
+        try:
+            current = self.weights(service)
+        except TierError as exc:
+            return ActionOutcome(OutcomeStatus.FAILED, {}, f"reading the weights of {service!r}: {exc}", exc.transient)
+        detail: dict[str, Any] = {"from": current, "to": wanted}
+        if current == wanted:
+            return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": "already so"})
+        if expected is not None and current != dict(expected):
+            reason = f"changed by someone else since tailguard set {dict(expected)}: found {current}; not overwritten"
+            return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": reason})
+        body = {"weights": wanted, "idempotency_key": idempotency_key}
+        answer = self._call("POST", self._url("services", service, "weights"), body, idempotency_key)
+        if not answer.ok:
+            return self._failed(answer, f"weights of {service!r} to {wanted}")
+        detail.update(self._answer_detail(answer))
+        try:
+            verified = self.weights(service)
+        except TierError as exc:
+            return ActionOutcome(
+                OutcomeStatus.FAILED, detail, f"weights of {service!r} set but not verified: {exc}", exc.transient
+            )
+        detail["verified"] = verified == wanted
+        if verified != wanted and not detail["replayed"]:
+            return ActionOutcome(
+                OutcomeStatus.FAILED, detail, f"weights of {service!r}: asked for {wanted}, the tier reports {verified}"
+            )
+        return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
 
     def set_weight(self, service: str, version: str, weight: int, *, idempotency_key: str) -> ActionOutcome:
         body = {"version": version, "weight": weight, "idempotency_key": idempotency_key}

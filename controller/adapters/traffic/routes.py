@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from kubernetes import client as k8s
@@ -35,6 +36,7 @@ from kubernetes import client as k8s
 from controller.adapters.scale.hpa import (
     EventRecorder,
     KubeError,
+    KubernetesActuatorError,
     ObjectRef,
     kube_call,
     recorded_keys,
@@ -49,6 +51,10 @@ log = logging.getLogger(__name__)
 
 class WeightError(ActuatorError, ValueError):
     """The requested weights cannot be applied to this route (the message says why)."""
+
+
+class ChangedError(WeightError):
+    """A restore found the route's weights changed by someone else: it must not overwrite them."""
 
 
 def split_weights(current: Mapping[str, int], version: str, weight: int) -> dict[str, int]:
@@ -71,6 +77,10 @@ def split_weights(current: Mapping[str, int], version: str, weight: int) -> dict
     for name in sorted(others, key=lambda n: (-(shares[n] - result[n]), others.index(n)))[:missing]:
         result[name] += 1
     return {version: weight, **result}
+
+
+def _split_to(current: dict[str, int], *, version: str, weight: int) -> dict[str, int]:
+    return split_weights(current, version, weight)
 
 
 @dataclass(frozen=True)
@@ -134,11 +144,18 @@ class _WeightedRouteRouter:
     def route(self, service: str) -> RouteRef:
         return self.routes.get(service) or RouteRef(self.namespace, service)
 
-    def weights(self, service: str) -> dict[str, int] | KubeError:
+    def read_weights(self, service: str) -> dict[str, int] | KubeError:
         found = self._read(self.route(service))
         if isinstance(found, KubeError):
             return found
         return self._weights_of(found, service)
+
+    def weights(self, service: str) -> dict[str, int]:
+        """Every version's weight (TrafficRouter); raises KubernetesActuatorError when the route is unreadable."""
+        found = self.read_weights(service)
+        if isinstance(found, KubeError):
+            raise KubernetesActuatorError(found)
+        return found
 
     def set_weight(self, service: str, version: str, weight: int, *, idempotency_key: str) -> ActionOutcome:
         ref = self.route(service)
@@ -162,7 +179,7 @@ class _WeightedRouteRouter:
             if previous is not None and self.ramp is not None:
                 self.clock.sleep(self.ramp.hold_seconds)
                 try:
-                    now = self.weights(service)
+                    now = self.read_weights(service)
                 except WeightError as exc:
                     return ActionOutcome(OutcomeStatus.FAILED, {**detail, "reached": previous}, f"{where}: {exc}")
                 if isinstance(now, KubeError):
@@ -176,7 +193,7 @@ class _WeightedRouteRouter:
                     )
             key = idempotency_key if last else f"{idempotency_key}#step{index + 1}"
             try:
-                outcome = self._apply(ref, where, service, version, step, key)
+                outcome = self._apply(ref, where, service, key, partial(_split_to, version=version, weight=step))
             except WeightError as exc:  # the route was edited into a shape we cannot weigh
                 outcome = ActionOutcome(OutcomeStatus.FAILED, {}, f"{where}: {exc}", False)
             if outcome.status is not OutcomeStatus.SUCCEEDED:
@@ -203,9 +220,94 @@ class _WeightedRouteRouter:
             },
         )
 
+    def set_weights(
+        self,
+        service: str,
+        weights: Mapping[str, int],
+        *,
+        expected: Mapping[str, int] | None,
+        idempotency_key: str,
+    ) -> ActionOutcome:
+        """Every version's weight at once (a restore): SKIPPED without a write when the route does not show
+        `expected` (someone else changed it) or already shows `weights`. Ramped like `set_weight`: the version
+        whose weight rises most climbs through the ramp's steps (the others share the rest in proportion),
+        holding between steps; the last write sets `weights` exactly."""
+        ref = self.route(service)
+        where = f"{self.kind} {ref.namespace}/{ref.name}"
+        target = {str(name): int(weight) for name, weight in weights.items()}
+        found = self._read(ref)
+        if isinstance(found, KubeError):
+            return found.outcome({"route": where})
+        if idempotency_key in recorded_keys(found.get("metadata", {}).get("annotations")):
+            return ActionOutcome(OutcomeStatus.SUCCEEDED, {"route": where, "weights": target, "replayed": True})
+        try:
+            start = self._weights_of(found, service)
+        except WeightError as exc:
+            return ActionOutcome(OutcomeStatus.FAILED, {"route": where}, f"{where}: {exc}", False)
+        detail: dict[str, Any] = {"route": where, "from": start, "to": target}
+        if start == target:
+            return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": "already so"})
+        if expected is not None and start != dict(expected):
+            reason = f"changed by someone else since tailguard set {dict(expected)}: found {start}; not overwritten"
+            return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": reason})
+        if set(start) != set(target) or sum(target.values()) != 100 or min(target.values()) < 0:
+            return ActionOutcome(
+                OutcomeStatus.FAILED, detail, f"{where}: cannot set {target}: the route has versions {start}", False
+            )
+        path: list[dict[str, int]] = [target]
+        if self.ramp is not None:
+            rising = max(target, key=lambda name: (target[name] - start[name], name))
+            steps = self.ramp.path(start[rising], target[rising])[:-1]
+            path = [split_weights(start, rising, step) for step in steps] + [target]
+        detail["steps"] = path
+        previous = start
+        conflicts = 0
+        for index, step_weights in enumerate(path):
+            if index > 0 and self.ramp is not None:
+                self.clock.sleep(self.ramp.hold_seconds)
+            key = idempotency_key if index == len(path) - 1 else f"{idempotency_key}#step{index + 1}"
+
+            def compute(
+                current: dict[str, int], was: dict[str, int] = previous, to: dict[str, int] = step_weights
+            ) -> dict[str, int]:
+                if current != was:  # a fresh read (first write, a hold, a 409) shows someone else's change
+                    raise ChangedError(f"changed by someone else: expected {was}, found {current}; not overwritten")
+                return dict(to)
+
+            outcome = self._apply(ref, where, service, key, compute)
+            if outcome.status is not OutcomeStatus.SUCCEEDED:
+                if index == 0:
+                    return ActionOutcome(outcome.status, {**detail, **outcome.detail}, outcome.error, outcome.transient)
+                # Changed by someone else during the ramp: part of it was written, so it is not a clean skip.
+                error = outcome.error or f"{where}: the restore was interrupted: {outcome.detail.get('reason')}"
+                return ActionOutcome(
+                    OutcomeStatus.FAILED, {**detail, "reached": previous, **outcome.detail}, error, outcome.transient
+                )
+            previous = dict(outcome.detail["weights"])
+            conflicts += int(outcome.detail.get("conflicts", 0))
+        if self.events is not None:
+            self.events.record(
+                ObjectRef(f"{self.group}/{self.version}", self.kind, ref.namespace, ref.name),
+                "TailguardTrafficRestore",
+                f"tailguard: {service} weights {start} -> {previous} via {path} ({idempotency_key})",
+                key=idempotency_key,
+            )
+        return ActionOutcome(
+            OutcomeStatus.SUCCEEDED,
+            {**detail, "weights": previous, "verified": True, "conflicts": conflicts, "replayed": False},
+        )
+
     # -- one write: read, compute, PUT (409 -> again), read back and verify ---------------------------
 
-    def _apply(self, ref: RouteRef, where: str, service: str, version: str, weight: int, key: str) -> ActionOutcome:
+    def _apply(
+        self,
+        ref: RouteRef,
+        where: str,
+        service: str,
+        key: str,
+        compute: Callable[[dict[str, int]], dict[str, int]],
+    ) -> ActionOutcome:
+        """One write of the weights `compute` derives from the route's current ones (fresh after a 409)."""
         conflicts = 0
         while True:
             found = self._read(ref)
@@ -215,7 +317,9 @@ class _WeightedRouteRouter:
             if key in recorded_keys(metadata.get("annotations")):
                 return ActionOutcome(OutcomeStatus.SUCCEEDED, {"weights": self._weights_of(found, service)})
             try:
-                wanted = split_weights(self._weights_of(found, service), version, weight)  # fresh: after a 409
+                wanted = compute(self._weights_of(found, service))  # fresh: after a 409
+            except ChangedError as exc:
+                return ActionOutcome(OutcomeStatus.SKIPPED, {"reason": str(exc), "conflicts": conflicts})
             except WeightError as exc:
                 return ActionOutcome(OutcomeStatus.FAILED, {}, f"{where}: {exc}", False)
             for name, entry in self._entries(found, service):
