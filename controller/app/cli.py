@@ -22,9 +22,10 @@ from types import FrameType
 
 from controller.app.build import PolicyConfigError, build, check_policies
 from controller.app.logging_setup import configure_logging
+from controller.app.query_check import ParserUnavailable, prometheus_errors, promtool_errors, promtool_path
 from controller.app.settings import SettingsError, WebhookTokenError, load_settings
 from controller.core.policy import policy_json_schema
-from controller.core.policy_files import load_policies, policy_paths
+from controller.core.policy_files import LoadedPolicy, PolicyError, load_policies, policy_paths
 from controller.kit.errors import ConfigError
 from controller.loop.runtime import PolicyLoadError
 
@@ -57,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     rules_commands = rules.add_subparsers(dest="rules_command", required=True, metavar="SUBCOMMAND")
     validate = rules_commands.add_parser("validate", help="check policy files; every error as file:line: field")
     validate.add_argument("paths", nargs="+", metavar="PATH", help="policy files or directories")
+    validate.add_argument(
+        "--prometheus",
+        metavar="URL",
+        default=None,
+        help="also parse every rendered query with this Prometheus (default: promtool when on PATH)",
+    )
     schema = rules_commands.add_parser("schema", help="print the policy JSON Schema")
     schema.add_argument("--output", "-o", type=Path, help="write it to this file instead of stdout")
 
@@ -74,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _delegate(args_list[0], args_list[1:])
     args = _parser().parse_args(args_list)
     if args.command == "rules" and args.rules_command == "validate":
-        return validate_rules(args.paths)
+        return validate_rules(args.paths, prometheus=args.prometheus)
     if args.command == "rules" and args.rules_command == "schema":
         return write_schema(args.output)
     if args.command == "run":
@@ -98,12 +105,21 @@ def _delegate(command: str, argv: list[str]) -> int:
     return int(entry(argv) or 0)
 
 
-def validate_rules(paths: Sequence[str]) -> int:
+def validate_rules(paths: Sequence[str], prometheus: str | None = None) -> int:
+    """Schema and references of every policy, then every rendered signal query through the real Prometheus
+    parser (`--prometheus URL`, else promtool on PATH, else skipped with a note on stderr)."""
     files = policy_paths(paths)
     if not files:
         print(f"no policy files (*.yaml, *.yml) under {', '.join(paths)}", file=sys.stderr)
         return EXIT_INVALID
     loaded, errors = load_policies(paths)
+    try:
+        errors = [*errors, *_parser_errors(loaded, prometheus)]
+    except ParserUnavailable as unavailable:
+        if prometheus is not None:  # asked for and not usable: the command line cannot be honoured
+            print(f"--prometheus {prometheus}: {unavailable}", file=sys.stderr)
+            return EXIT_CONFIG
+        print(f"skipped the PromQL parser check: {unavailable}", file=sys.stderr)
     for error in errors:
         print(error, file=sys.stderr)
     if errors:
@@ -114,6 +130,15 @@ def validate_rules(paths: Sequence[str]) -> int:
         return EXIT_INVALID
     print(f"ok: {len(loaded)} policies in {len(files)} file(s)")
     return EXIT_OK
+
+
+def _parser_errors(loaded: Sequence[LoadedPolicy], prometheus: str | None) -> list[PolicyError]:
+    if prometheus is not None:
+        return prometheus_errors(loaded, prometheus)
+    promtool = promtool_path()
+    if promtool is None:
+        raise ParserUnavailable("promtool is not on PATH and no --prometheus URL was given")
+    return promtool_errors(loaded, promtool)
 
 
 def write_schema(output: Path | None) -> int:

@@ -52,10 +52,18 @@ class SignalResult:
 
     values: Mapping[TargetKey, float] = field(default_factory=dict)
     error: str | None = None
+    # The error is the POLICY's, not an outage: Prometheus refused the query itself as bad data (HTTP 400,
+    # errorType bad_data: a PromQL syntax error). Retrying cannot help; the policy must be fixed.
+    policy_error: bool = False
 
     @staticmethod
     def failed(message: str) -> SignalResult:
         return SignalResult(values={}, error=message)
+
+    @staticmethod
+    def refused(message: str) -> SignalResult:
+        """A policy error: the source refuses the query itself (see `policy_error`)."""
+        return SignalResult(values={}, error=message, policy_error=True)
 
     @property
     def ok(self) -> bool:

@@ -36,6 +36,19 @@ class LoadedPolicy:
     policy: Policy
     file: str
     line: int
+    # (signal name, line of its `query` field) for each query signal: where a refused query is reported.
+    query_lines: tuple[tuple[str, int], ...] = ()
+
+    def query_line(self, signal: str) -> int:
+        """The line of `signal`'s query in `file` (the policy's own line when unknown)."""
+        return dict(self.query_lines).get(signal, self.line)
+
+    def query_field(self, signal: str) -> str:
+        """`signals[i].query` for `signal`, as the policy file spells the field."""
+        for index, candidate in enumerate(self.policy.signals):
+            if candidate.name == signal:
+                return f"signals[{index}].query"
+        return "signals"
 
 
 def _message(error: dict[str, Any]) -> str:
@@ -89,7 +102,12 @@ def parse_policy_text(text: str, file: str) -> tuple[list[LoadedPolicy], list[Po
                         PolicyError(file, line_for(located, loc), field_path(loc, located), _message(dict(error)))
                     )
                 continue
-            policies.append(LoadedPolicy(policy, file, located.line))
+            query_lines = tuple(
+                (signal.name, line_for(located, ("signals", index, "query")))
+                for index, signal in enumerate(policy.signals)
+                if signal.query is not None
+            )
+            policies.append(LoadedPolicy(policy, file, located.line, query_lines))
     except yaml.YAMLError as bad_yaml:
         mark = getattr(bad_yaml, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1

@@ -35,10 +35,11 @@ class RangeResult:
 
     series: Mapping[TargetKey, Mapping[float, float]] = field(default_factory=dict)
     error: str | None = None
+    policy_error: bool = False  # as SignalResult.policy_error: the source refused the query itself
 
     def at(self, timestamp: float) -> SignalResult:
         if self.error is not None:
-            return SignalResult.failed(self.error)
+            return SignalResult(values={}, error=self.error, policy_error=self.policy_error)
         return SignalResult(
             {target: samples[timestamp] for target, samples in self.series.items() if timestamp in samples}
         )
@@ -299,12 +300,16 @@ class Readiness:
     policies: Mapping[str, float | None] = field(default_factory=dict)
     # Listed on /readyz without making the controller unready (e.g. an unusable prediction model).
     warnings: tuple[str, ...] = ()
+    # Policy errors found at run time (a signal query Prometheus refuses as bad data): "policy P: signal S: ...".
+    # Listed without making the controller unready, like a rejected reload: every other policy still works.
+    policy_errors: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
             "ready": self.ready,
             "reasons": list(self.reasons),
             "reload_errors": list(self.reload_errors),
+            "policy_errors": list(self.policy_errors),
             "warnings": list(self.warnings),
             "policies": {name: {"last_evaluation": at} for name, at in sorted(self.policies.items())},
         }

@@ -50,6 +50,19 @@ def query_signals(source: MetricsSource, policy: Policy, at: float | None) -> di
     return results
 
 
+def refused_queries(source: MetricsSource, policy: Policy, at: float | None = None) -> dict[str, str]:
+    """The query signals whose query the source refuses as bad data (a policy error), by name, with why.
+
+    One instant query per signal. Any other failure (Prometheus down, a timeout) proves nothing about the
+    query and is not reported: only a refusal of the query itself is a policy error.
+    """
+    return {
+        name: str(result.error)
+        for name, result in query_signals(source, policy, at).items()
+        if result.policy_error and result.error is not None
+    }
+
+
 def range_chunks(
     start: float, end: float, step: float, max_points: int = MAX_POINTS_PER_QUERY
 ) -> list[tuple[float, float]]:

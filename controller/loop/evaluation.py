@@ -51,6 +51,8 @@ class EvaluationOutcome:
     decisions: tuple[Decision, ...]
     state: PolicyState
     source_errors: tuple[str, ...] = ()
+    # "signal: why" for each signal whose query the source refused as bad data: a policy error (/readyz, metrics)
+    policy_errors: tuple[str, ...] = ()
 
 
 def _always_act(_policy: str, _decisions: Sequence[Decision]) -> bool:
@@ -95,6 +97,10 @@ def evaluate(
     """Evaluate `policy` from `state` at `now`: decide, commit, act. `committed(new_state)` is called right after
     the journal commit, before anything is logged or acted on (the controller keeps its copy of the state there)."""
     observations, source_errors = query(policy, ports)
+    policy_errors = tuple(
+        f"{name}: {result.error}" for name, result in observations.items() if result.policy_error and result.error
+    )
+    ports.metrics.set_policy_errors(policy.name, len(policy_errors))
     rollouts, rollouts_error = recent_rollouts(policy, now, ports)
     if rollouts_error is not None:
         source_errors.append(f"change tracking: {rollouts_error}")
@@ -112,7 +118,9 @@ def evaluate(
             continue
         for record in ports.dispatcher.dispatch(decision):
             ports.metrics.record_action(*action_labels(record))
-    return EvaluationOutcome(policy.name, trigger, now, tuple(decisions), new_state, tuple(source_errors))
+    return EvaluationOutcome(
+        policy.name, trigger, now, tuple(decisions), new_state, tuple(source_errors), policy_errors
+    )
 
 
 def recent_rollouts(policy: Policy, now: float, ports: EvaluationPorts) -> tuple[tuple[Rollout, ...], str | None]:

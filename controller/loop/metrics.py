@@ -85,6 +85,13 @@ class ControllerMetrics:
             "Policy reloads rejected because a file had errors.",
             registry=self.registry,
         )
+        self.policy_errors = Gauge(
+            "tailguard_policy_errors",
+            "Signals of a policy whose query Prometheus refused as bad data at the policy's last evaluation "
+            "(a PromQL error: the policy must be fixed; never a breach, never retried as an outage).",
+            ["policy"],
+            registry=self.registry,
+        )
         self.breach_probability = Gauge(
             "tailguard_sla_breach_probability",
             "Predicted probability that the SLA of a dimension breaches within the model's horizon, per target.",
@@ -108,6 +115,9 @@ class ControllerMetrics:
         self.query_duration.labels(policy=policy, signal=signal).observe(max(0.0, seconds))
         if not ok:
             self.source_errors.labels(policy=policy, signal=signal).inc()
+
+    def set_policy_errors(self, policy: str, count: int) -> None:
+        self.policy_errors.labels(policy=policy).set(count)
 
     def set_breach_probabilities(
         self, policy: str, probabilities: Mapping[tuple[str, str], Mapping[TargetKey, float]]
@@ -154,10 +164,11 @@ class ControllerMetrics:
                     except KeyError:
                         pass  # never evaluated: no series to remove
             if policy not in policies:
-                try:
-                    self.last_evaluation.remove(policy)
-                except KeyError:
-                    pass
+                for gauge in (self.last_evaluation, self.policy_errors):
+                    try:
+                        gauge.remove(policy)
+                    except KeyError:
+                        pass
                 self._drop_probabilities(policy, self._probability_series.pop(policy, set()))
 
     def exposition(self) -> bytes:

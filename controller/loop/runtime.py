@@ -8,7 +8,12 @@ the same breach from the same old state).
 
 Policies are reloaded when their files change, as a diff of the policy sets (added, removed, updated:
 `diff_policies`). A reload with any error keeps the last good set running: an SRE's typo must never switch
-the controller off.
+the controller off. An empty policy set (every file removed, no policy left) is such an error too, never a
+silent stop. The signal queries of added and updated policies are checked once against the metrics source
+before they are applied: a query the source refuses as bad data (a PromQL error) is a reload error for that
+policy only, which keeps its last good version (or, for a new policy, is not loaded) while the rest applies.
+At run time a refused query is a policy error: listed on /readyz (`policy_errors`) and in
+tailguard_policy_errors{policy}.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -44,6 +49,7 @@ from controller.core.ports import (
     Readiness,
     RolloutAnnotatorPort,
 )
+from controller.core.signals import refused_queries
 from controller.kit.clock import ShutdownInterrupt
 from controller.kit.errors import ConfigError
 from controller.loop.evaluation import (
@@ -181,6 +187,10 @@ class Controller:
         self._last_evaluation: dict[str, float] = {}
         self._fingerprint: tuple[tuple[str, str], ...] = ()
         self._reload_errors: list[PolicyError] = []
+        # Run-time policy errors by policy (a query the source refused as bad data at its last evaluation).
+        self._policy_errors: dict[str, tuple[str, ...]] = {}
+        # One reload at a time; the query check of a reload talks to the source outside self._lock.
+        self._reload_lock = threading.Lock()
         self._pending_alerts: set[str] = set()
         self._futures: set[Future[EvaluationOutcome | None]] = set()
         self._started = False
@@ -276,7 +286,7 @@ class Controller:
             if self._dry_run is not None and policy.dryRun != self._dry_run:
                 # The controller-wide override (e.g. a dry-run deployment) wins over each policy's own flag.
                 policy = policy.model_copy(update={"dryRun": self._dry_run})
-            indexed[policy.name] = LoadedPolicy(policy, entry.file, entry.line)
+            indexed[policy.name] = replace(entry, policy=policy)
         return indexed
 
     def _apply(self, new: dict[str, LoadedPolicy]) -> tuple[list[str], list[str], list[str]]:
@@ -289,6 +299,7 @@ class Controller:
             self._loaded_at[name] = now
         for name in removed:
             self._states.pop(name, None)
+            self._policy_errors.pop(name, None)
             self._loaded_at.pop(name, None)
             self._last_evaluation.pop(name, None)
         gone_conditions: dict[str, list[str]] = {
@@ -315,7 +326,15 @@ class Controller:
         return added, removed, updated
 
     def reload(self) -> ReloadOutcome:
-        """Re-read the policy files if they changed; on any error keep the last good set and report it."""
+        """Re-read the policy files if they changed; on any error keep the last good set and report it.
+
+        A set without any policy is an error. Added and updated policies' queries are checked against the source
+        first: a refused query keeps that policy's last good version (a new one is not loaded) and is reported.
+        """
+        with self._reload_lock:
+            return self._reload()
+
+    def _reload(self) -> ReloadOutcome:
         fingerprint = files_fingerprint(self._paths)
         with self._lock:
             if self._stopped:
@@ -323,19 +342,34 @@ class Controller:
             if fingerprint == self._fingerprint:
                 return ReloadOutcome(changed=False, applied=False, errors=tuple(self._reload_errors))
             self._fingerprint = fingerprint
-            loaded, errors = load_policies(self._paths)
-            if not errors and self._policy_check is not None:
-                errors = list(self._policy_check(loaded))
+        # Parsing and validating happen outside self._lock (one reload at a time: self._reload_lock), so a large or
+        # hostile policy set never holds evaluations, alerts or /readyz; only installing the result takes the lock.
+        loaded, errors = load_policies(self._paths)
+        if not errors and self._policy_check is not None:
+            errors = list(self._policy_check(loaded))
+        if not errors and not loaded:
+            errors = [self._empty_set_error()]
+        with self._lock:
+            if self._stopped:
+                return ReloadOutcome(changed=False, applied=False)
             if errors:
-                self._reload_errors = list(errors)
-                self.metrics.reload_errors.inc()
-                for error in errors:
-                    logger.error("policy reload rejected, keeping the last good set: %s", error)
-                return ReloadOutcome(changed=True, applied=False, errors=tuple(errors))
-            new = self._index(loaded)
+                return self._reject(errors)
+            current = dict(self._policies)
+        # Outside self._lock: evaluations, alerts and /readyz go on while the source answers.
+        checked, refusals = self._check_queries(current, self._index(loaded))
+        with self._lock:
+            if self._stopped:
+                return ReloadOutcome(changed=False, applied=False)
+            if not checked:
+                return self._reject([*refusals, self._empty_set_error()])
+            new = checked
             old_intervals = {name: entry.policy.interval for name, entry in self._policies.items()}
             added, removed, updated = self._apply(new)
-            self._reload_errors = []
+            self._reload_errors = list(refusals)
+            if refusals:
+                self.metrics.reload_errors.inc()
+                for error in refusals:
+                    logger.error("policy reload: a refused query keeps that policy's last good version: %s", error)
             if self._scheduler is not None:
                 for name in removed:
                     self._unschedule_policy(name)
@@ -352,8 +386,56 @@ class Controller:
             ", ".join(updated) or "none",
         )
         return ReloadOutcome(
-            changed=True, applied=True, added=tuple(added), removed=tuple(removed), updated=tuple(updated)
+            changed=True,
+            applied=True,
+            errors=tuple(refusals),
+            added=tuple(added),
+            removed=tuple(removed),
+            updated=tuple(updated),
         )
+
+    def _reject(self, errors: Sequence[PolicyError]) -> ReloadOutcome:
+        """A reload refused as a whole (caller holds self._lock): the last good set keeps running."""
+        self._reload_errors = list(errors)
+        self.metrics.reload_errors.inc()
+        for error in errors:
+            logger.error("policy reload rejected, keeping the last good set: %s", error)
+        return ReloadOutcome(changed=True, applied=False, errors=tuple(errors))
+
+    def _empty_set_error(self) -> PolicyError:
+        where = ", ".join(str(path) for path in self._paths) or "(no policy paths)"
+        return PolicyError(
+            where, 1, "", "no policy left: an empty policy set is refused (the last good set keeps running)"
+        )
+
+    def _check_queries(
+        self, current: Mapping[str, LoadedPolicy], new: Mapping[str, LoadedPolicy]
+    ) -> tuple[dict[str, LoadedPolicy], list[PolicyError]]:
+        """`new` with every added or updated policy whose query the source refuses (bad data) replaced by its last
+        good version (dropped when it has none), and one error per refused query (file:line of the query)."""
+        diff = diff_policies(current, new)
+        checked = dict(new)
+        errors: list[PolicyError] = []
+        for name in [*diff.added, *diff.updated]:
+            refused = refused_queries(self._source, new[name].policy)
+            if not refused:
+                continue
+            kept = current.get(name)
+            outcome = "keeping its last good version" if kept is not None else "not loaded"
+            for signal, why in sorted(refused.items()):
+                errors.append(
+                    PolicyError(
+                        new[name].file,
+                        new[name].query_line(signal),
+                        new[name].query_field(signal),
+                        f"Prometheus refuses the query of signal {signal!r} ({why}); policy {name!r} {outcome}",
+                    )
+                )
+            if kept is not None:
+                checked[name] = kept
+            else:
+                del checked[name]
+        return checked, sorted(errors, key=lambda error: (error.file, error.line))
 
     def _run_reload(self) -> None:
         try:
@@ -453,7 +535,13 @@ class Controller:
                     if inherited and self._inherited.get(policy_name) is inherited:
                         del self._inherited[policy_name]  # in the state (and journal) now
 
-        return evaluate(policy, state, now, self._ports, trigger=trigger, committed=committed)
+        outcome = evaluate(policy, state, now, self._ports, trigger=trigger, committed=committed)
+        with self._lock:
+            if outcome.policy_errors and policy_name in self._policies:
+                self._policy_errors[policy_name] = outcome.policy_errors
+            else:
+                self._policy_errors.pop(policy_name, None)
+        return outcome
 
     def _publish_before_acting(self, policy_name: str, decisions: Sequence[Decision]) -> bool:
         """With a leader elector and a mutating action to run: renew the Lease with the new action times first,
@@ -553,6 +641,11 @@ class Controller:
                 elif now - at > limit:
                     reasons.append(f"policy {name}: last evaluation {now - at:.0f}s ago (limit {limit:.0f}s)")
             reload_errors = tuple(str(error) for error in self._reload_errors)
+            policy_errors = tuple(
+                f"policy {name}: signal {error}"
+                for name, errors in sorted(self._policy_errors.items())
+                for error in errors
+            )
             predictions = self._predictions
         # A rejected reload is reported but does not make the controller unready: the last good set still runs.
         # Likewise an unusable prediction model: its conditions are no-data (they hold, never act) while every
@@ -561,7 +654,7 @@ class Controller:
         warnings = tuple(predictions.warnings())
         if following:
             warnings = (*warnings, "follower: another replica holds the leader lease; evaluations are skipped")
-        return Readiness(not reasons, tuple(reasons), reload_errors, last, warnings)
+        return Readiness(not reasons, tuple(reasons), reload_errors, last, warnings, policy_errors)
 
     def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]:
         with self._lock:

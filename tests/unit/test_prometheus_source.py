@@ -128,6 +128,24 @@ def test_400_is_not_retried_and_carries_prometheus_message(prom: tuple[str, Scri
 
 
 @pytest.mark.integration
+def test_only_a_bad_data_refusal_is_a_policy_error(prom: tuple[str, Script]) -> None:
+    """Issue 12 item 5: 400 bad_data is the policy's error (the query is refused); 422, 503 are not."""
+    url, script = prom
+    source, _calls = _source(url, ManualClock(), retries=0)
+    script.responses = [(400, {}, _error(400, "bad_data", "parse error: unclosed left parenthesis"))]
+    refused = source.instant("sum(", ["service"])
+    assert refused.policy_error and refused.error is not None and "bad_data" in refused.error
+    ranged = source.range("sum(", ["service"], 1700000000.0, 1700000060.0, 15.0)
+    assert ranged.policy_error and ranged.error is not None
+    for status, kind in ((422, "execution"), (503, "unavailable"), (400, "bad_request")):
+        script.responses = [(status, {}, _error(status, kind, "no"))]
+        failed = source.instant("up", ["service"])
+        assert failed.error is not None and not failed.policy_error, (status, kind)
+    script.responses = [(200, {}, VECTOR_OK)]
+    assert not source.instant("up", ["service"]).policy_error
+
+
+@pytest.mark.integration
 def test_retries_are_bounded(prom: tuple[str, Script]) -> None:
     url, script = prom
     script.responses = [(502, {}, b"bad gateway")]

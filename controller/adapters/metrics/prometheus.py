@@ -4,7 +4,11 @@ One call is one logical PromQL request. Transient failures (connection errors,
 timeouts, 5xx, 429) are retried a bounded number of times with exponential
 backoff slept through the injected clock, honouring Retry-After; anything else
 (a bad query is a 400, an execution error a 422) is answered at once as
-`SignalResult.failed` carrying Prometheus' own error message. Nothing here
+`SignalResult.failed` carrying Prometheus' own error message. A query Prometheus
+refuses as bad data (HTTP 400, errorType `bad_data`: a PromQL syntax error) is a
+POLICY error, not an outage: the result says so (`SignalResult.refused`,
+`policy_error=True`) so the controller reports the policy instead of waiting for
+Prometheus to come back. Nothing here
 raises for an expected failure, and neither the bearer token nor the basic-auth
 password is ever logged or put into an error message.
 """
@@ -141,6 +145,7 @@ class _Attempt(threading.local):
 
     key: str | None = None
     response: requests.Response | None = None
+    bad_data: bool = False  # the last logical query was refused as bad data
 
 
 class _KeyedAdapter(HTTPAdapter):
@@ -168,6 +173,17 @@ class _Failure:
     message: str
     transient: bool
     retry_after: float | None = None
+    bad_data: bool = False  # HTTP 400 errorType bad_data: the query itself is refused (a policy error)
+
+
+def _is_bad_data(response: requests.Response) -> bool:
+    if response.status_code != 400:
+        return False
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("errorType") == "bad_data"
 
 
 def _retry_after(response: requests.Response, now: float) -> float | None:
@@ -260,7 +276,7 @@ class PrometheusSource:
         params: dict[str, Any] = {} if at is None else {"time": _format_time(at)}
         data, error = self._call(INSTANT, query, params, lambda: self._client.custom_query(query, params=params))
         if error is not None:
-            return SignalResult.failed(error)
+            return SignalResult.refused(error) if self._attempt.bad_data else SignalResult.failed(error)
         return vector_result(data, group_by)
 
     def range(self, query: str, group_by: Sequence[str], start: float, end: float, step: float) -> RangeResult:
@@ -280,7 +296,7 @@ class PrometheusSource:
             ),
         )
         if error is not None:
-            return RangeResult(error=error)
+            return RangeResult(error=error, policy_error=self._attempt.bad_data)
         return matrix_result(data, group_by)
 
     def probe(self) -> str | None:
@@ -327,6 +343,7 @@ class PrometheusSource:
         finally:
             self._attempt.key = None
         elapsed = self._timer() - started
+        self._attempt.bad_data = failure is not None and failure.bad_data
         if self._on_query is not None:
             self._on_query(kind, elapsed, failure is None)
         if failure is not None:
@@ -342,7 +359,7 @@ class PrometheusSource:
         message = f"HTTP {status}: {_prometheus_error(response)}"
         if status == 429 or status >= 500:
             return _Failure(message, transient=True, retry_after=_retry_after(response, self._clock.now()))
-        return _Failure(message, transient=False)
+        return _Failure(message, transient=False, bad_data=_is_bad_data(response))
 
 
 def _reason(error: requests.ConnectionError) -> str:
