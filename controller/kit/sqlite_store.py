@@ -27,8 +27,15 @@ def open_durable(path: Path, error: Callable[[str], Exception], what: str) -> sq
 
 
 def make_durable(db: sqlite3.Connection) -> None:
-    """WAL and an fsync per COMMIT. Raises sqlite3.DatabaseError when the file is not a database."""
+    """WAL and an fsync per COMMIT. Raises sqlite3.DatabaseError when the file is not a database.
+
+    A NEW file gets auto_vacuum=INCREMENTAL (it must be set before the first table): `PRAGMA incremental_vacuum`
+    then gives pages freed by a purge back to the file system. On an existing file the pragma changes nothing
+    (auto_vacuum=NONE stays NONE until a full `VACUUM`); such a file reuses its free pages but never shrinks.
+    The WAL file is truncated back to 64 MiB after a checkpoint that found it larger."""
+    db.execute("PRAGMA auto_vacuum=INCREMENTAL")
     db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA journal_size_limit=67108864")
     db.execute("PRAGMA synchronous=FULL")
 
 
@@ -43,3 +50,13 @@ def immediate_transaction(db: sqlite3.Connection, lock: threading.RLock) -> Iter
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+
+
+def incremental_vacuum(db: sqlite3.Connection) -> int:
+    """Give the free pages back to the file system (a file with auto_vacuum=INCREMENTAL; 0 for the others).
+    Returns the number of pages freed."""
+    if int(db.execute("PRAGMA auto_vacuum").fetchone()[0]) != 2:  # 2: INCREMENTAL
+        return 0
+    before = int(db.execute("PRAGMA freelist_count").fetchone()[0])
+    db.execute("PRAGMA incremental_vacuum").fetchall()
+    return before - int(db.execute("PRAGMA freelist_count").fetchone()[0])

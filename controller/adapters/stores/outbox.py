@@ -32,7 +32,7 @@ from controller.core.ports import Clock
 from controller.kit.clock import ShutdownInterrupt
 from controller.kit.errors import StoreError
 from controller.kit.http import backoff_delay
-from controller.kit.sqlite_store import immediate_transaction, make_durable, open_durable
+from controller.kit.sqlite_store import immediate_transaction, incremental_vacuum, make_durable, open_durable
 
 SCHEMA_VERSION = 1
 
@@ -213,6 +213,22 @@ class Outbox:
             )
             row = db.execute("SELECT * FROM outbox WHERE key = ?", (key,)).fetchone()
         return _item(row)
+
+    def purge(self, cutoff: float) -> dict[str, int | float]:
+        """Retention: remove delivered items delivered before `cutoff` and dead items declared dead before it
+        (a pending item is never removed), then give the freed pages back (incremental vacuum). `refs` stay (a
+        later update of a remote object still finds its id). An item removed can be enqueued again with its key
+        (and delivered again): the retention (journalRetention, >= 1 day) outlives every repeat the producers
+        send (a rollout is re-announced only within the change-tracking window)."""
+        with self._transaction() as db:
+            delivered = db.execute(
+                "DELETE FROM outbox WHERE status = ? AND delivered_at < ?", (OutboxStatus.DELIVERED.value, cutoff)
+            ).rowcount
+            dead = db.execute(
+                "DELETE FROM outbox WHERE status = ? AND next_attempt_at < ?", (OutboxStatus.DEAD.value, cutoff)
+            ).rowcount
+            freed = incremental_vacuum(db)
+        return {"cutoff": cutoff, "delivered": delivered, "dead": dead, "freed_pages": freed}
 
     def ref(self, name: str) -> int | None:
         with self._lock:

@@ -1,0 +1,224 @@
+"""The engine state in the journal, written per CHANGED target (controller/adapters/stores/journal.py).
+
+Two tables, written in the same transaction as the evaluation's decisions and actions:
+
+- `policy_meta`: one small row per policy (its `actions_at`, `evaluations`, `last_evaluated_at`), rewritten on
+  every evaluation;
+- `condition_state`: one row per (policy, condition, target) with that condition state's JSON, written only when
+  the state changed.
+
+What "changed" means: any field except the two that a healthy observation refreshes on every evaluation:
+`last_data_at` is stored symbolically (`fresh = 1`: "the policy's `last_evaluated_at`"), so a target observed at
+every evaluation keeps an unchanged row; `last_value` (shown in the evaluation log, never read by the engine) is
+the value of the row's last write. So a row is rewritten when the phase, streaks, evidence, errors, staleness...
+change, or when a target stops (or starts again) being observed, and a cycle of healthy targets writes the policy
+row alone. `load_state` reassembles a `PolicyState` whose `to_json()` is byte-identical to the committed one's,
+except `last_value` of a row not rewritten since (the value it had then; the next evaluation refreshes it).
+
+A journal written before this (one `policy_state` row holding the whole state JSON per policy) is migrated when it
+is opened: each whole state becomes these rows, and the old table is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
+from typing import Any
+
+from controller.core.engine import ConditionState, PolicyState, StateKey
+from controller.core.model import TargetKey
+
+STATE_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS policy_meta (
+        policy TEXT PRIMARY KEY,
+        actions_at TEXT NOT NULL,
+        evaluations INTEGER NOT NULL,
+        last_evaluated_at REAL,
+        updated_at REAL NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS condition_state (
+        policy TEXT NOT NULL,
+        condition TEXT NOT NULL,
+        target TEXT NOT NULL,
+        state TEXT NOT NULL,
+        fresh INTEGER NOT NULL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (policy, condition, target)) WITHOUT ROWID""",
+)
+
+# The fields whose change makes a row worth writing: all but the two a healthy observation refreshes.
+_REFRESHED = ("last_data_at", "last_value")
+_DURABLE = attrgetter(*(f.name for f in fields(ConditionState) if f.name not in _REFRESHED))
+_FRESH = "fresh"  # in a signature: last_data_at == the policy's last_evaluated_at
+
+Signature = tuple[Any, Any]
+
+
+def _signature(state: ConditionState, evaluated_at: float | None) -> Signature:
+    last = state.last_data_at
+    return _DURABLE(state), (_FRESH if last == evaluated_at else last)
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN/Infinity: null instead (as the whole-state row did)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(key): _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(_finite(value), sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)
+
+
+def _target_text(target: TargetKey) -> str:
+    return json.dumps([list(pair) for pair in target], separators=(",", ":"))
+
+
+def _target_key(text: str) -> TargetKey:
+    return tuple((str(name), str(value)) for name, value in json.loads(text))
+
+
+@dataclass
+class StateWrite:
+    """What one commit wrote (applied to the cache once the transaction committed)."""
+
+    policy: str
+    written: dict[StateKey, Signature] = field(default_factory=dict)
+    deleted: list[StateKey] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        """Rows written: the policy row plus each condition row upserted or deleted."""
+        return 1 + len(self.written) + len(self.deleted)
+
+
+class StateStore:
+    """The per-target state tables; remembers, per policy, the signature of each row it holds (not thread-safe:
+    the journal calls it under its lock)."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, dict[StateKey, Signature]] = {}
+
+    def forget(self) -> None:
+        self._rows.clear()
+
+    def load(self, db: sqlite3.Connection, policy: str) -> PolicyState | None:
+        meta = db.execute(
+            "SELECT actions_at, evaluations, last_evaluated_at FROM policy_meta WHERE policy = ?", (policy,)
+        ).fetchone()
+        if meta is None:
+            return None
+        evaluated_at = meta["last_evaluated_at"]
+        conditions: list[dict[str, Any]] = []
+        signatures: dict[StateKey, Signature] = {}
+        for row in db.execute(
+            "SELECT condition, target, state, fresh FROM condition_state WHERE policy = ?", (policy,)
+        ):
+            data = json.loads(row["state"])
+            if row["fresh"]:
+                data["last_data_at"] = evaluated_at
+            state = ConditionState.from_json(data)
+            target = _target_key(row["target"])
+            signatures[(row["condition"], target)] = _signature(state, evaluated_at)
+            conditions.append({"condition": row["condition"], "target": [list(p) for p in target], "state": data})
+        self._rows[policy] = signatures
+        return PolicyState.from_json(
+            {
+                "conditions": conditions,
+                "actions_at": json.loads(meta["actions_at"]),
+                "evaluations": meta["evaluations"],
+                "last_evaluated_at": evaluated_at,
+            }
+        )
+
+    def write(self, db: sqlite3.Connection, policy: str, state: PolicyState, now: float) -> StateWrite:
+        """Inside the caller's transaction: the policy row and every condition row whose state changed."""
+        if policy not in self._rows:
+            self.load(db, policy)
+            self._rows.setdefault(policy, {})
+        held = self._rows[policy]
+        evaluated_at = state.last_evaluated_at
+        out = StateWrite(policy)
+        upserts: list[tuple[str, str, str, str, int, float]] = []
+        new_keys = 0
+        for key, condition_state in state.conditions.items():
+            signature = _signature(condition_state, evaluated_at)
+            before = held.get(key)
+            if before == signature:
+                continue
+            if before is None:
+                new_keys += 1
+            data = condition_state.to_json()
+            fresh = signature[1] == _FRESH
+            if fresh:
+                data["last_data_at"] = None
+            upserts.append((policy, key[0], _target_text(key[1]), _dumps(data), int(fresh), now))
+            out.written[key] = signature
+        if len(held) > len(state.conditions) - new_keys:  # some held row is no longer in the state
+            out.deleted = [key for key in held if key not in state.conditions]
+        db.execute(
+            "INSERT INTO policy_meta (policy, actions_at, evaluations, last_evaluated_at, updated_at) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (policy) DO UPDATE SET actions_at = excluded.actions_at, "
+            "evaluations = excluded.evaluations, last_evaluated_at = excluded.last_evaluated_at, "
+            "updated_at = excluded.updated_at",
+            (policy, _dumps(_actions_at(state)), state.evaluations, _finite(evaluated_at), now),
+        )
+        if upserts:
+            db.executemany(
+                "INSERT INTO condition_state (policy, condition, target, state, fresh, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (policy, condition, target) DO UPDATE SET "
+                "state = excluded.state, fresh = excluded.fresh, updated_at = excluded.updated_at",
+                upserts,
+            )
+        if out.deleted:
+            db.executemany(
+                "DELETE FROM condition_state WHERE policy = ? AND condition = ? AND target = ?",
+                [(policy, name, _target_text(target)) for name, target in out.deleted],
+            )
+        return out
+
+    def committed(self, write: StateWrite) -> None:
+        """The transaction holding `write` committed: the rows it wrote are now the ones held."""
+        held = self._rows.setdefault(write.policy, {})
+        held.update(write.written)
+        for key in write.deleted:
+            held.pop(key, None)
+
+    def rolled_back(self, policy: str) -> None:
+        """The transaction failed: what is held for `policy` is read again on its next write."""
+        self._rows.pop(policy, None)
+
+
+def _actions_at(state: PolicyState) -> list[dict[str, Any]]:
+    """The same form (and order) as PolicyState.to_json()'s "actions_at"."""
+    return [
+        {"target": [list(pair) for pair in target], "times": list(times)}
+        for target, times in sorted(state.actions_at.items())
+    ]
+
+
+def migrate_whole_states(db: sqlite3.Connection, store: StateStore) -> int:
+    """A journal written before per-target state: each `policy_state` row (the whole state JSON) becomes the
+    per-target rows, then the old table is dropped. Returns the number of policies migrated."""
+    exists = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'policy_state'").fetchone()
+    if exists is None:
+        return 0
+    migrated = 0
+    for row in db.execute("SELECT policy, state, updated_at FROM policy_state").fetchall():
+        state = PolicyState.from_json(json.loads(row["state"]))
+        store.rolled_back(row["policy"])
+        db.execute("DELETE FROM condition_state WHERE policy = ?", (row["policy"],))
+        db.execute("DELETE FROM policy_meta WHERE policy = ?", (row["policy"],))
+        store.write(db, row["policy"], state, float(row["updated_at"]))
+        migrated += 1
+    db.execute("DROP TABLE policy_state")
+    store.forget()  # re-read from the rows on the next write (the migration's transaction may still fail)
+    return migrated
+
