@@ -18,8 +18,14 @@ for the whole backtest and the report says why (with the exit code of a signal e
 never imports predictors: the app (controller/app/ml_commands.py) passes `backtest_main` a factory
 for the SLA model over history (predictors.history.HistoricalPredictions, a HistoricalPredictionPort).
 
+Rollouts are fed to the engine as the live loop feeds them (controller/loop/evaluation.py recent_rollouts): at
+each evaluation, the rollouts within the policy's largest attribution window up to that time, from a recorded
+rollout list (`--rollouts FILE`: a JSON list of rollouts as the journal and annotations write them,
+{labels, revision, previous_revision, at, source, diff}), so an attributed rollback comes out as a rollback.
+
     tailguard backtest --prometheus URL --rules PATH --start T --end T [--step 15s] [--output json|markdown]
                        [--predictors NAME=DIR ...] [--trusted-type NAME=TYPE ...] [--allow-untrusted NAME ...]
+                       [--rollouts FILE]
 """
 
 from __future__ import annotations
@@ -30,12 +36,14 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource, SourceConfigError
 from controller.core.actions import ActionRequest
+from controller.core.attribution import Rollout, lookback
 from controller.core.engine import PolicyState, transition
 from controller.core.model import Decision, DecisionKind, TargetKey, format_target, target_labels
 from controller.core.policy import Policy
@@ -214,6 +222,47 @@ def no_models(options: ModelOptions, at: float) -> HistoricalPredictionPort:
     return NoModels()
 
 
+def load_rollouts(path: str) -> tuple[Rollout, ...]:
+    """A recorded rollout list (JSON: [{labels, revision, previous_revision, at, source, diff}, ...]), by time.
+
+    `at` is epoch seconds or RFC3339. UsageError for a file that is not such a list.
+    """
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as unreadable:
+        raise UsageError(f"--rollouts {path}: cannot read a JSON rollout list: {unreadable}") from None
+    if not isinstance(raw, list):
+        raise UsageError(f"--rollouts {path}: expected a JSON list of rollouts")
+    rollouts: list[Rollout] = []
+    for index, item in enumerate(raw):
+        try:
+            at = item["at"]
+            rollouts.append(
+                Rollout(
+                    labels={str(k): str(v) for k, v in dict(item["labels"]).items()},
+                    revision=str(item["revision"]),
+                    previous_revision=None if item.get("previous_revision") is None else str(item["previous_revision"]),
+                    at=float(at) if isinstance(at, (int, float)) else parse_time(str(at), f"--rollouts [{index}].at"),
+                    source=str(item.get("source", "recorded")),
+                    diff=dict(item.get("diff") or {}),
+                )
+            )
+        except (KeyError, TypeError, ValueError) as bad:
+            raise UsageError(f"--rollouts {path}: rollout [{index}]: {bad}") from None
+    return tuple(sorted(rollouts, key=lambda r: (r.at, r.source, r.revision)))
+
+
+def rollouts_at(
+    policy: Policy, rollouts: Sequence[Rollout], now: float, change_window: float = 0.0
+) -> tuple[Rollout, ...]:
+    """What the live loop's change tracker would answer at `now`: the rollouts within the policy's largest
+    attribution window (never later than `now`); none for a policy that attributes nothing."""
+    window = lookback(policy, change_window)
+    if window is None:
+        return ()
+    return tuple(r for r in rollouts if now - window <= r.at <= now)
+
+
 def backtest_policy(
     source: MetricsSource,
     policy: Policy,
@@ -221,6 +270,8 @@ def backtest_policy(
     end: float,
     step: float | None = None,
     predictions: HistoricalPredictionPort | None = None,
+    rollouts: Sequence[Rollout] = (),
+    change_window: float = 0.0,
 ) -> tuple[list[Decision], int, list[str]]:
     """All decisions the engine takes for `policy` over history, the number of evaluations and signal errors."""
     step = policy.interval if step is None else step
@@ -234,7 +285,7 @@ def backtest_policy(
     decisions: list[Decision] = []
     for now in times:
         observations = {name: result.at(now) for name, result in ranges.items()}
-        state, taken = transition(policy, observations, state, now)
+        state, taken = transition(policy, observations, state, now, rollouts_at(policy, rollouts, now, change_window))
         decisions.extend(taken)
     return decisions, len(times), errors
 
@@ -246,6 +297,8 @@ def run_backtest(
     end: float,
     step: float | None,
     predictions: HistoricalPredictionPort | None = None,
+    rollouts: Sequence[Rollout] = (),
+    change_window: float = 0.0,
 ) -> BacktestReport:
     """Replay every policy over [start, end]; `step` defaults to each policy's own interval.
 
@@ -256,7 +309,9 @@ def run_backtest(
     evaluations = 0
     errors: list[str] = []
     for policy in policies:
-        decisions, count, policy_errors = backtest_policy(source, policy, start, end, step, predictions)
+        decisions, count, policy_errors = backtest_policy(
+            source, policy, start, end, step, predictions, rollouts, change_window
+        )
         evaluations += count
         errors.extend(policy_errors)
         for decision in decisions:
@@ -291,6 +346,12 @@ def _parser() -> argparse.ArgumentParser:
         help="evaluation step such as 15s (default: each policy's interval)",
     )
     parser.add_argument("--output", choices=("json", "markdown"), default="json")
+    parser.add_argument(
+        "--rollouts",
+        default=None,
+        metavar="FILE",
+        help="recorded rollouts (JSON list) fed to attribution as the live change tracker would",
+    )
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per Prometheus request")
     parser.add_argument("--bearer-token-file", default=None, metavar="PATH")
     parser.add_argument("--ca-file", default=None, metavar="PATH")
@@ -341,6 +402,7 @@ def backtest_main(argv: Sequence[str], predictions: PredictionsFactory | None = 
                 raise UsageError("--step must be positive")
         options = ModelOptions(tuple(args.predictors), tuple(args.trusted_type), tuple(args.allow_untrusted))
         historical = (predictions or no_models)(options, end)
+        rollouts = load_rollouts(args.rollouts) if args.rollouts is not None else ()
     except UsageError as bad:
         print(f"tailguard backtest: error: {bad}", file=sys.stderr)
         return EXIT_USAGE
@@ -378,7 +440,7 @@ def backtest_main(argv: Sequence[str], predictions: PredictionsFactory | None = 
         if unreachable is not None:
             print(f"tailguard backtest: error: Prometheus is not usable: {unreachable}", file=sys.stderr)
             return EXIT_USAGE
-        report = run_backtest(source, [entry.policy for entry in loaded], start, end, step, historical)
+        report = run_backtest(source, [entry.policy for entry in loaded], start, end, step, historical, rollouts)
     if args.output == "json":
         print(json.dumps(report.to_json(), indent=2))
     else:
