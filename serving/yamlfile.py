@@ -13,7 +13,17 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from controller.kit.errors import ConfigError
-from controller.kit.located_yaml import DuplicateKey, Located, construct, field_path, line_for
+from controller.kit.located_yaml import (
+    BoundedLoader,
+    DuplicateKey,
+    FileTooLarge,
+    Located,
+    construct,
+    field_path,
+    line_for,
+    read_bounded,
+    yaml_problem,
+)
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -40,7 +50,7 @@ def _message(error: Any) -> str:
 
 
 def parse_yaml_text(text: str, file: str) -> tuple[Any, Located | None]:
-    loader = yaml.SafeLoader(text)
+    loader = BoundedLoader(text)  # aliases, nesting and text values bounded (controller/kit/located_yaml.py)
     try:
         node = loader.get_single_node()
         if node is None:
@@ -51,7 +61,7 @@ def parse_yaml_text(text: str, file: str) -> tuple[Any, Located | None]:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 1
-        raise ConfigFileError(file, line, "", f"invalid YAML: {exc.problem or exc}") from None
+        raise ConfigFileError(file, line, "", yaml_problem(exc)) from None
     except yaml.YAMLError as exc:
         raise ConfigFileError(file, 1, "", f"invalid YAML: {exc}") from None
     finally:
@@ -74,7 +84,9 @@ def validate(model: type[ModelT], data: Any, root: Located | None, file: str) ->
 def load_yaml_model(model: type[ModelT], path: str | Path) -> ModelT:
     file = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_bounded(path)
+    except FileTooLarge as too_large:
+        raise ConfigFileError(file, 1, "", str(too_large)) from None
     except OSError as exc:
         raise ConfigFileError(file, 0, "", f"cannot read file: {exc.strerror or exc}") from None
     data, root = parse_yaml_text(text, file)

@@ -23,11 +23,21 @@ from controller.adapters.lease.settings import LeaderElectionSettings
 from controller.adapters.metrics.prometheus import PrometheusSettings
 from controller.adapters.notify.webhook import LinkSettings, WebhookReceiver
 from controller.adapters.rollback.argocd import ArgoCDSettings
+from controller.adapters.stores.journal_retention import DEFAULT_RETENTION, MIN_RETENTION
 from controller.app.cluster_settings import KubernetesSettings
 from controller.core.policy import Duration
 from controller.core.policy_files import PolicyError, _message
 from controller.kit.errors import ConfigError
-from controller.kit.located_yaml import DuplicateKey, construct, field_path, line_for
+from controller.kit.located_yaml import (
+    BoundedLoader,
+    DuplicateKey,
+    FileTooLarge,
+    construct,
+    field_path,
+    line_for,
+    read_bounded,
+    yaml_problem,
+)
 from controller.loop.dispatcher import GlobalLimits
 from predictors.serving import ModelSpec, PredictorSettings, model_specs
 
@@ -87,6 +97,12 @@ class ControllerSettings(_Strict):
     prometheus: PrometheusSettings
     policies: list[str] = Field(min_length=1, description="policy files or directories (*.yaml, *.yml)")
     journal: str = Field(default="tailguard.db", min_length=1, description="SQLite journal path")
+    journalRetention: Duration = Field(
+        default=DEFAULT_RETENTION,
+        ge=MIN_RETENTION,
+        description="how long decisions and their actions are kept in the journal (and delivered Grafana outbox "
+        "entries in the outbox), at least 1d; an action not finished is never removed",
+    )
     stateDir: str = Field(default="state", min_length=1, description="directory for the controller's own state")
     listen: Annotated[Listen, BeforeValidator(_listen)] = Field(default_factory=Listen)
     tier: TierSettings | None = Field(default=None, description="local serving tier (rollback, scale, traffic)")
@@ -174,7 +190,7 @@ def _settings_message(error: dict[str, Any]) -> str:
 
 
 def parse_settings_text(text: str, file: str, base_dir: Path) -> ControllerSettings:
-    loader = yaml.SafeLoader(text)
+    loader = BoundedLoader(text)  # aliases, nesting and text values bounded (kit/located_yaml.py)
     try:
         node = loader.get_single_node()
         if node is None:
@@ -186,8 +202,7 @@ def parse_settings_text(text: str, file: str, base_dir: Path) -> ControllerSetti
     except yaml.YAMLError as bad_yaml:
         mark = getattr(bad_yaml, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
-        problem = getattr(bad_yaml, "problem", None) or str(bad_yaml)
-        raise SettingsError([PolicyError(file, line, "", f"invalid YAML: {problem}")]) from None
+        raise SettingsError([PolicyError(file, line, "", yaml_problem(bad_yaml))]) from None
     finally:
         loader.dispose()
     if not isinstance(located.value, dict):
@@ -213,7 +228,9 @@ def load_settings(path: str | Path) -> ControllerSettings:
     """Read and validate a controller configuration file; SettingsError with located errors otherwise."""
     config = Path(path)
     try:
-        text = config.read_text(encoding="utf-8")
+        text = read_bounded(config)
+    except FileTooLarge as too_large:
+        raise SettingsError([PolicyError(str(config), 1, "", str(too_large))]) from None
     except (OSError, UnicodeDecodeError) as unreadable:
         reason = getattr(unreadable, "strerror", None) or str(unreadable)
         raise SettingsError(

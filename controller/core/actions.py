@@ -184,7 +184,8 @@ class ActionStatus(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     SKIPPED = "skipped"  # nothing to do (e.g. already at the desired replica count)
-    SUPPRESSED = "suppressed"  # the global cooldown or budget forbade it
+    DEFERRED = "deferred"  # the global cooldown or budget refused it for now: retried while its condition holds
+    SUPPRESSED = "suppressed"  # never run: e.g. its condition resolved while it was deferred (the error says why)
     DRY_RUN = "dry_run"  # the policy is in dry-run: recorded, never executed
 
 
@@ -197,6 +198,8 @@ TERMINAL_STATUSES = frozenset(
         ActionStatus.DRY_RUN,
     }
 )
+# What resume() finishes at start-up. A deferred action is not among them: it runs only after an evaluation of its
+# policy finds its condition still holding (Dispatcher.retry_deferred).
 PENDING_STATUSES = frozenset({ActionStatus.PLANNED, ActionStatus.STARTED})
 
 

@@ -14,7 +14,17 @@ import yaml
 from pydantic import ValidationError
 
 from controller.core.policy import Policy, PolicyReferenceError
-from controller.kit.located_yaml import DuplicateKey, construct, field_path, line_for
+from controller.kit.located_yaml import (
+    MAX_FILE_BYTES,
+    BoundedLoader,
+    DuplicateKey,
+    FileTooLarge,
+    construct,
+    field_path,
+    line_for,
+    read_bounded,
+    yaml_problem,
+)
 
 POLICY_SUFFIXES = (".yaml", ".yml")
 
@@ -74,7 +84,10 @@ def _message(error: dict[str, Any]) -> str:
 def parse_policy_text(text: str, file: str) -> tuple[list[LoadedPolicy], list[PolicyError]]:
     policies: list[LoadedPolicy] = []
     errors: list[PolicyError] = []
-    loader = yaml.SafeLoader(text)
+    if len(text) > MAX_FILE_BYTES:
+        return [], [PolicyError(file, 1, "", f"refused: the file is larger than {MAX_FILE_BYTES:,} bytes")]
+    # Bounded: aliases count at their expanded size, nesting and text values are limited (kit/located_yaml.py).
+    loader = BoundedLoader(text)
     try:
         while loader.check_node():
             node = loader.get_node()
@@ -111,8 +124,7 @@ def parse_policy_text(text: str, file: str) -> tuple[list[LoadedPolicy], list[Po
     except yaml.YAMLError as bad_yaml:
         mark = getattr(bad_yaml, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
-        problem = getattr(bad_yaml, "problem", None) or str(bad_yaml)
-        errors.append(PolicyError(file, line, "", f"invalid YAML: {problem}"))
+        errors.append(PolicyError(file, line, "", yaml_problem(bad_yaml)))
     finally:
         loader.dispose()
     return policies, errors
@@ -147,7 +159,10 @@ def load_policies(paths: Iterable[str | Path]) -> tuple[list[LoadedPolicy], list
     errors: list[PolicyError] = []
     for path in policy_paths(paths):
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_bounded(path)
+        except FileTooLarge as too_large:
+            errors.append(PolicyError(str(path), 1, "", str(too_large)))
+            continue
         except (OSError, UnicodeDecodeError) as unreadable:
             errors.append(PolicyError(str(path), 1, "", f"cannot read policy file: {unreadable}"))
             continue

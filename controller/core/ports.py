@@ -94,7 +94,7 @@ class ScalePort(Protocol):
 
     def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome: ...
 
-
+    def scale_state(self, service: str) -> Mapping[str, Any]:
     def scale_state(self, service: str) -> Mapping[str, Any]:
         """Everything a scale may change, as JSON (an HPA: minReplicas, maxReplicas, metric targets; the local
         tier: replicas), plus the current `replicas` for the record. Raises (with `transient`) when unreadable."""
@@ -113,11 +113,44 @@ class ScalePort(Protocol):
         (someone else changed it since tailguard did) or already is `state`."""
         ...
 
+        """Everything a scale may change, as JSON (an HPA: minReplicas, maxReplicas, metric targets; the local
+        tier: replicas), plus the current `replicas` for the record. Raises (with `transient`) when unreadable."""
+        ...
+
+    def restore_scale(
+        self,
+    def weights(self, service: str) -> Mapping[str, int]:
+        """Every version's weight (percent); raises (with `transient`) when the route cannot be read."""
+        ...
+
+    def set_weights(
+        self,
+        service: str,
+        weights: Mapping[str, int],
+        *,
+        expected: Mapping[str, int] | None,
+        idempotency_key: str,
+    ) -> ActionOutcome:
+        """Set every version's weight at once (ramped where the router ramps), then verify. SKIPPED, writing
+        nothing, when the current weights are not `expected` (changed by someone else) or already `weights`."""
+        ...
+
+        service: str,
+        state: Mapping[str, Any],
+        *,
+        expected: Mapping[str, Any] | None,
+        idempotency_key: str,
+    ) -> ActionOutcome:
+        """Set exactly `state` (a `scale_state` answer; `replicas` of an HPA is not settable and ignored), never
+        below the floor the operator set. SKIPPED, writing nothing, when the current state is not `expected`
+        (someone else changed it since tailguard did) or already is `state`."""
+        ...
+
+
 class TrafficRouter(Protocol):
     def set_weight(self, service: str, version: str, weight: int, *, idempotency_key: str) -> ActionOutcome:
         """Set `version`'s share (percent) of `service`'s traffic, then read it back to verify."""
         ...
-
 
     def weights(self, service: str) -> Mapping[str, int]:
         """Every version's weight (percent); raises (with `transient`) when the route cannot be read."""
@@ -134,6 +167,7 @@ class TrafficRouter(Protocol):
         """Set every version's weight at once (ramped where the router ramps), then verify. SKIPPED, writing
         nothing, when the current weights are not `expected` (changed by someone else) or already `weights`."""
         ...
+
 
 @dataclass(frozen=True)
 class Annotation:

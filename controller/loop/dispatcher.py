@@ -4,8 +4,9 @@ For each action of a committed decision, in order and independently of the other
 
     terminal in the journal  -> returned as is (never run twice)
     dry-run decision         -> recorded `dry_run`, never executed
-    mutating and over limits -> recorded `suppressed` with the reason (limits counted from the journal,
-                                across all policies, per service, so they survive restarts)
+    mutating and over limits -> recorded `deferred` with the reason (limits counted from the journal,
+                                across all policies, per service, so they survive restarts; the cooldown
+                                counts only actions of equal or higher precedence: controller/core/limits.py)
     otherwise                -> `started` (attempts+1) is COMMITTED, then the port of its type is called
                                 (one attempt), then the result is recorded; the dispatcher alone retries
                                 transient failures, with backoff, and records the attempts in the
@@ -14,6 +15,11 @@ For each action of a committed decision, in order and independently of the other
 Each action type has its port (a table: rollback -> RollbackPort, scale -> ScalePort, ...), and the typed
 action the engine rendered (an `ActionRequest`) gives the port its arguments; a port nobody configured is a
 "not configured" implementation (controller/core/unconfigured.py) that answers a permanent failure.
+
+A deferred action is not final: after each evaluation of its policy, `retry_deferred` runs it again with the
+same key while its condition still holds (a fire: the condition is still firing with the action's decision id;
+a recovery: the condition is still recovered), and ends it `suppressed` ("condition resolved while deferred:
+<last refusal>") once it does not. Each refusal, the start and the final outcome are journaled as events.
 
 A process that dies between `started` and the result leaves the action `started`;
 `resume()` runs it again with the same idempotency key, and the actuator (the tier)
@@ -27,12 +33,14 @@ import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from controller.core import limits
 from controller.core.actions import (
+    MUTATING_ACTIONS,
     ActionRecord,
     ActionRequest,
     ActionStatus,
@@ -43,7 +51,8 @@ from controller.core.actions import (
     RenderedScale,
     ShiftTrafficAction,
 )
-from controller.core.model import Decision
+from controller.core.engine import Phase, PolicyState
+from controller.core.model import Decision, DecisionKind, TargetKey, target_key
 from controller.core.policy import Duration
 from controller.core.ports import (
     ActionJournalPort,
@@ -66,8 +75,12 @@ from controller.core.unconfigured import (
 )
 from controller.kit.errors import ConfigError
 from controller.kit.http import backoff_delay
+from controller.loop import restore
 
 log = logging.getLogger(__name__)
+
+# Action types planned (and the plan journaled) before their first start: the changes journal what they replace.
+_PLANNED = frozenset({ActionType.SCALE, ActionType.SHIFT_TRAFFIC, ActionType.RESTORE})
 
 # Statuses that count against the global limits: the change happened, or may have (outcome unknown).
 LIMITED_STATUSES = frozenset({ActionStatus.STARTED, ActionStatus.SUCCEEDED})
@@ -75,17 +88,28 @@ LIMITED_STATUSES = frozenset({ActionStatus.STARTED, ActionStatus.SUCCEEDED})
 
 class GlobalLimits(BaseModel):
     """Cooldown and budget per service across ALL policies (the `limits` block of the controller config)."""
-from controller.loop import restore
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-# Action types planned (and the plan journaled) before their first start: the changes journal what they replace.
-_PLANNED = frozenset({ActionType.SCALE, ActionType.SHIFT_TRAFFIC, ActionType.RESTORE})
 
     cooldown: Duration = Field(default=0.0, description="minimum time between mutating actions on one service")
     maxActionsPerHour: int | None = Field(
         default=None, ge=0, description="mutating actions per service in any hour, all policies together"
     )
+    precedence: tuple[ActionType, ...] = Field(
+        default=tuple(ActionType(name) for name in limits.DEFAULT_PRECEDENCE),
+        description="mutating action types, highest first: the cooldown holds an action back only for recent "
+        "actions of equal or higher precedence on the same service (a type not listed ranks last)",
+    )
+
+    @field_validator("precedence")
+    @classmethod
+    def _mutating_once(cls, value: tuple[ActionType, ...]) -> tuple[ActionType, ...]:
+        for action_type in value:
+            if action_type not in MUTATING_ACTIONS:
+                raise ValueError(f"{action_type.value!r} is not a mutating action type; the limits never hold it")
+        if len(set(value)) != len(value):
+            raise ValueError("precedence names an action type twice")
+        return value
 
 
 @dataclass(frozen=True)
@@ -97,6 +121,39 @@ class Actuators:
     router: TrafficRouter = field(default_factory=UnconfiguredRouter)
     annotator: Annotator = field(default_factory=UnconfiguredAnnotator)
     notifier: Notifier = field(default_factory=UnconfiguredNotifier)
+
+
+class Deferral(StrEnum):
+    RETRY = "retry"  # the condition still holds: run the action again (the limits are checked again)
+    WAIT = "wait"  # a recovery whose condition breaches again without firing: neither run nor end it yet
+    END = "end"  # the condition no longer holds: the action ends suppressed
+
+
+def deferred_verdict(state: PolicyState | None, decision: Mapping[str, Any] | None) -> tuple[Deferral, str]:
+    """What to do with a deferred action of `decision` (its journaled JSON) after an evaluation of its policy
+    committed `state` (None: the policy is no longer loaded); with END, the phrase that says why.
+
+    An action of a fire runs while its condition is FIRING for that target with the action's decision id (the
+    same incident); an action of a recovery (resolve) while the condition stays recovered (OK), waits while a
+    new breach is pending, and ends once the condition fires again.
+    """
+    if state is None:
+        return Deferral.END, "policy removed"
+    if decision is None:
+        return Deferral.END, "decision not in the journal"
+    key: tuple[str, TargetKey] = (str(decision.get("condition")), target_key(dict(decision.get("target") or {})))
+    condition = state.conditions.get(key)
+    if condition is None:
+        return Deferral.END, "condition no longer evaluated for the target"
+    if decision.get("kind") == DecisionKind.RESOLVE.value:
+        if condition.phase is Phase.OK:
+            return Deferral.RETRY, ""
+        if condition.phase is Phase.PENDING:
+            return Deferral.WAIT, ""
+        return Deferral.END, "condition fired again"
+    if condition.phase is Phase.FIRING and condition.decision_id == decision.get("id"):
+        return Deferral.RETRY, ""
+    return Deferral.END, "condition resolved"
 
 
 class ScaleError(ConfigError, ValueError):
@@ -173,6 +230,7 @@ class Dispatcher:
             ActionType.ROLLBACK: self._rollback,
             ActionType.SCALE: self._scale,
             ActionType.SHIFT_TRAFFIC: self._shift_traffic,
+            ActionType.RESTORE: self._restore,
             ActionType.ANNOTATE: self._annotate,
             ActionType.NOTIFY: self._notify,
         }
@@ -194,9 +252,33 @@ class Dispatcher:
             log.info("resuming %d unfinished action(s)", len(pending))
         return [self._run(record.idempotency_key) for record in pending]
 
+    def retry_deferred(self, policy: str, state: PolicyState | None) -> list[ActionRecord]:
+        """After an evaluation of `policy` committed `state` (None: the policy is no longer loaded): each of its
+        deferred actions runs again with its key when its condition still holds (the limits are checked again:
+        a refusal defers it once more), waits when a recovery's condition is breaching again without firing,
+        and ends `suppressed` with why otherwise."""
+        out: list[ActionRecord] = []
+        for record in self.journal.deferred_actions(policy):
+            decision = self.journal.decision(record.decision_id, record.decision_kind)
+            verdict, why = deferred_verdict(state, decision)
+            if verdict is Deferral.RETRY:
+                out.append(self._run(record.idempotency_key, retry=True))
+            elif verdict is Deferral.END:
+                with self._service_lock(record.resource):
+                    current = self.journal.get_action(record.idempotency_key)
+                    if current is None or current.status is not ActionStatus.DEFERRED:
+                        continue
+                    out.append(
+                        self._finish(current, ActionStatus.SUPPRESSED, None, f"{why} while deferred: {current.error}")
+                    )
+        return out
+
+    def deferred_policies(self) -> set[str]:
+        return {record.policy for record in self.journal.deferred_actions()}
+
     # -- one action ---------------------------------------------------------------------------------------
 
-    def _run(self, key: str) -> ActionRecord:
+    def _run(self, key: str, *, retry: bool = False) -> ActionRecord:
         record = self.journal.get_action(key)
         if record is None:
             raise KeyError(f"action {key!r} is not in the journal")
@@ -206,31 +288,34 @@ class Dispatcher:
             # Per service, not global: a slow change (a traffic ramp holding between steps) on one service
             # must not delay a rollback of another.
             with self._service_lock(record.resource):
-                return self._run_unlocked(key)
-        return self._run_unlocked(key)
+                return self._run_unlocked(key, retry)
+        return self._run_unlocked(key, retry)
 
     def _service_lock(self, resource: str) -> threading.Lock:
         with self._locks_guard:
             return self._service_locks.setdefault(resource, threading.Lock())
 
-    def _run_unlocked(self, key: str) -> ActionRecord:
+    def _run_unlocked(self, key: str, retry: bool = False) -> ActionRecord:
         record = self.journal.get_action(key)
         assert record is not None
         if record.terminal:
             return record
         if record.dry_run:
             return self._finish(record, ActionStatus.DRY_RUN, {"would": record.request().to_json()}, None)
-        if record.status is ActionStatus.PLANNED and record.mutating:
+        if record.status is ActionStatus.DEFERRED and not retry:
+            return record  # only retry_deferred runs it again, once its condition is known to still hold
+        if record.status in (ActionStatus.PLANNED, ActionStatus.DEFERRED) and record.mutating:
             block = self._limits_block(record)
             if block is not None:
-                log.warning("suppressed %s on %s (%s): %s", record.type.value, record.resource, key, block)
-                return self._finish(record, ActionStatus.SUPPRESSED, None, block)
+                log.warning("deferred %s on %s (%s): %s", record.type.value, record.resource, key, block)
+                deferred = self.journal.defer(key, self.clock.now(), block)
+                self._report(deferred)
+                return deferred
         return self._execute(record)
 
     def _execute(self, record: ActionRecord) -> ActionRecord:
         plan = dict(record.plan) if record.plan is not None else None
         outcome: ActionOutcome | None = None
-            ActionType.RESTORE: self._restore,
         attempt = 0
         called = False
         while True:
@@ -270,6 +355,8 @@ class Dispatcher:
             OutcomeStatus.FAILED: ActionStatus.FAILED,
         }[outcome.status]
         result = outcome.to_json()
+        if status is ActionStatus.SUCCEEDED and record.type in _PLANNED:
+            result["after"] = restore.after_state(record, self.actuators.router, self.actuators.scale)
         if called:
             # The port made one attempt per call; how many calls it took is the dispatcher's to say (the
             # journal's count, so an attempt before a crash counts too).
@@ -298,45 +385,53 @@ class Dispatcher:
             )
         else:
             log.info("%s %s on %s (%s)", record.type.value, status.value, record.resource, record.idempotency_key)
+        self._report(finished)
+        return finished
+
+    def _report(self, record: ActionRecord) -> None:
         if self.on_action is not None:
             try:
-                self.on_action(finished)
+                self.on_action(record)
             except Exception:
                 log.exception("on_action callback failed for %s", record.idempotency_key)
-        return finished
 
     # -- limits ---------------------------------------------------------------------------------------------
 
     def _limits_block(self, record: ActionRecord) -> str | None:
+        """The global limits' refusal of `record` now (controller/core/limits.py decides), or None."""
         now = self.clock.now()
         previous = [
-            other
+            limits.PastAction(
+                other.type.value, other.started_at or 0.0, other.policy, f"{other.decision_id}:{other.decision_kind}"
+            )
             for other in self.journal.actions_since(record.resource, now - limits.retention(self.limits.cooldown))
             if other.idempotency_key != record.idempotency_key and other.status in LIMITED_STATUSES
         ]
-        # Actions of one decision are one intervention (e.g. shift traffic and scale): no cooldown between.
-        others = [
-            other
-            for other in previous
-            if (other.decision_id, other.decision_kind) != (record.decision_id, record.decision_kind)
-        ]
-        cooldown = limits.cooling([other.started_at or 0.0 for other in others], now, self.limits.cooldown)
-        if cooldown is not None and self.limits.cooldown > 0:
-            latest = max(others, key=lambda other: other.started_at or 0.0)
-            return (
-                f"global cooldown: {latest.type.value} on {record.resource} by policy {latest.policy!r} "
-                f"{cooldown.since:.0f}s ago, {cooldown.left:.0f}s left (cooldown {self.limits.cooldown:.0f}s)"
-            )
-        budget = self.limits.maxActionsPerHour
-        used = limits.over_budget([other.started_at or 0.0 for other in previous], now, budget)
-        if used is not None:
-            return (
-                f"global budget: {used} mutating action(s) on {record.resource} in the last hour "
-                f"across all policies (max {budget})"
-            )
-        return None
+        refusal = limits.global_refusal(
+            record.type.value,
+            f"{record.decision_id}:{record.decision_kind}",
+            previous,
+            now,
+            service=record.resource,
+            cooldown=self.limits.cooldown,
+            max_actions=self.limits.maxActionsPerHour,
+            precedence=[action_type.value for action_type in self.limits.precedence],
+        )
+        return refusal.reason if refusal is not None else None
 
     # -- ports --------------------------------------------------------------------------------------------
+
+    def _plan(self, record: ActionRecord) -> dict[str, Any] | ActionOutcome:
+        """A restore's plan (controller/loop/restore.py), or a change's: what it replaces, and a scale's count."""
+        if record.type is ActionType.RESTORE:
+            return restore.restore_plan(self.journal, record)
+        planned: dict[str, Any] | ActionOutcome = {}
+        if record.type is ActionType.SCALE:
+            planned = self._plan_scale(record)
+        if isinstance(planned, ActionOutcome):
+            return planned
+        router, scale = self.actuators.router, self.actuators.scale
+        return {**planned, **restore.change_plan(self.journal, record, router, scale, self.clock.now())}
 
     def _plan_scale(self, record: ActionRecord) -> dict[str, Any] | ActionOutcome:
         service = str(record.params.get("service", record.resource))
@@ -355,8 +450,6 @@ class Dispatcher:
 
     def _call(self, record: ActionRecord) -> ActionOutcome:
         """One attempt: the port of the action's type, with the typed action's fields as its arguments."""
-        if status is ActionStatus.SUCCEEDED and record.type in _PLANNED:
-            result["after"] = restore.after_state(record, self.actuators.router, self.actuators.scale)
         try:
             return self._ports[record.type](record, record.request())
         except AttributeError as exc:
@@ -391,6 +484,13 @@ class Dispatcher:
             action.service, action.version, int(action.weight), idempotency_key=request.idempotency_key
         )
 
+    def _restore(self, record: ActionRecord, request: ActionRequest) -> ActionOutcome:
+        assert record.plan is not None
+        # The plan journaled before the first start: per state the incident changed, its target and expected state.
+        return restore.run_restore(
+            record.plan, self.actuators.router, self.actuators.scale, idempotency_key=request.idempotency_key
+        )
+
     def _annotate(self, record: ActionRecord, request: ActionRequest) -> ActionOutcome:
         assert isinstance(request.action, AnnotateAction)
         return self.actuators.annotator.annotate(
@@ -421,18 +521,6 @@ class Dispatcher:
             end = float(decision.get("resolved_at") or at)
         labels = {str(k): str(v) for k, v in (decision.get("target") or {}).items()}
         tags = [str(tag) for tag in action.tags]
-    def _plan(self, record: ActionRecord) -> dict[str, Any] | ActionOutcome:
-        """A restore's plan (controller/loop/restore.py), or a change's: what it replaces, and a scale's count."""
-        if record.type is ActionType.RESTORE:
-            return restore.restore_plan(self.journal, record)
-        planned: dict[str, Any] | ActionOutcome = {}
-        if record.type is ActionType.SCALE:
-            planned = self._plan_scale(record)
-        if isinstance(planned, ActionOutcome):
-            return planned
-        router, scale = self.actuators.router, self.actuators.scale
-        return {**planned, **restore.change_plan(self.journal, record, router, scale, self.clock.now())}
-
         extra = [f"policy:{record.policy}", f"decision:{record.decision_kind}"]
         return Annotation(
             time=start,
@@ -457,10 +545,3 @@ class Dispatcher:
             "actions": actions,
             "links": dict(self.links_for(decision)) if self.links_for is not None else {},
         }
-    def _restore(self, record: ActionRecord, request: ActionRequest) -> ActionOutcome:
-        assert record.plan is not None
-        # The plan journaled before the first start: per state the incident changed, its target and expected state.
-        return restore.run_restore(
-            record.plan, self.actuators.router, self.actuators.scale, idempotency_key=request.idempotency_key
-        )
-

@@ -2,7 +2,8 @@
 
 query the policy's signals (one request per signal) -> its prediction signals (one feature fetch) -> the
 rollouts within its attribution window -> engine.transition -> journal commit (state + decisions + planned
-actions, one transaction) -> the controller keeps the new state -> metrics and logs -> dispatch.
+actions, one transaction) -> the controller keeps the new state -> metrics and logs -> the policy's deferred
+actions retried (or ended) against the new state -> dispatch.
 
 Everything the evaluation reaches outside itself comes in `ports` (EvaluationPorts); the Controller
 (controller/loop/runtime.py) keeps the scheduling, the per-policy lock, the reload, the leadership and the

@@ -107,7 +107,8 @@ def files_fingerprint(paths: Sequence[Path]) -> tuple[tuple[str, str], ...]:
     entries: list[tuple[str, str]] = []
     for path in policy_paths(paths):
         try:
-            entries.append((str(path), hashlib.sha256(path.read_bytes()).hexdigest()))
+            with open(path, "rb") as handle:  # streamed: an oversized file is refused by the loader, not read here
+                entries.append((str(path), hashlib.file_digest(handle, "sha256").hexdigest()))
         except OSError as unreadable:
             entries.append((str(path), f"unreadable: {unreadable.strerror or unreadable}"))
     return tuple(entries)
@@ -208,12 +209,16 @@ class Controller:
         with self._lock:
             if self._started:
                 return
-            fingerprint = files_fingerprint(self._paths)
-            loaded, errors = load_policies(self._paths)
-            if not errors and self._policy_check is not None:
-                errors = list(self._policy_check(loaded))
-            if errors:
-                raise PolicyLoadError(errors)
+        # Parsed outside self._lock, like a reload: /readyz answers (not started) meanwhile.
+        fingerprint = files_fingerprint(self._paths)
+        loaded, errors = load_policies(self._paths)
+        if not errors and self._policy_check is not None:
+            errors = list(self._policy_check(loaded))
+        if errors:
+            raise PolicyLoadError(errors)
+        with self._lock:
+            if self._started:
+                return
             self._fingerprint = fingerprint
             self._apply(self._index(loaded))
             self._started = True
@@ -378,6 +383,7 @@ class Controller:
                 for name in updated:
                     if new[name].policy.interval != old_intervals[name]:
                         self._schedule_policy(name, new[name].policy.interval)
+        self._end_deferred(removed)
         logger.info(
             "policies reloaded: %d loaded; added %s; removed %s; updated %s",
             len(new),
@@ -505,6 +511,13 @@ class Controller:
         for record in self._dispatcher.resume():
             self.metrics.record_action(*action_labels(record))
             logger.info("resumed action %s -> %s", *action_labels(record))
+
+    def _end_deferred(self, policies: Iterable[str]) -> None:
+        """The deferred actions of policies no longer loaded end suppressed ("policy removed while deferred")."""
+        for name in policies:
+            with self._policy_lock(name):
+                for record in self._dispatcher.retry_deferred(name, None):
+                    self.metrics.record_action(*action_labels(record))
 
     def _evaluate_holding_lock(self, policy_name: str, trigger: str) -> EvaluationOutcome | None:
         with self._lock:

@@ -30,6 +30,7 @@ from grafana_client.client import GrafanaException, GrafanaTimeoutError
 
 from controller.adapters.annotations.settings import GrafanaSettings
 from controller.adapters.stores.outbox import Backoff, DeliveryResult, Outbox, OutboxItem, OutboxWorker, deliver_due
+from controller.core.engine import PolicyState
 from controller.core.model import Decision, format_target, target_key
 from controller.core.ports import (
     ActionOutcome,
@@ -410,6 +411,12 @@ class DecisionAnnotatingDispatcher:
             for entry in reversed(self.journal.recent_decisions(self.resume_window)):
                 self._annotate(entry)
         return self.inner.resume()
+
+    def retry_deferred(self, policy: str, state: PolicyState | None) -> Sequence[Any]:
+        return self.inner.retry_deferred(policy, state)  # no new decision: its region is already queued
+
+    def deferred_policies(self) -> set[str]:
+        return self.inner.deferred_policies()
 
 
 def _failure(answer: HttpAnswer, doing: str) -> DeliveryResult:

@@ -7,6 +7,10 @@ can open the same file and finish what the old one left `planned` or `started`.
 Idempotency rests on the actions table: its primary key is the action's
 idempotency key (`"{decision_id}:{kind}:{index}"`, deterministic), inserted with
 INSERT OR IGNORE, and an action whose status is terminal is never run again.
+
+An action the global limits refuse is `deferred` (not terminal): each refusal is a row of `action_events`
+(created with IF NOT EXISTS, so a journal written before it keeps working), and so are the start of a deferred
+action once allowed and its final outcome (e.g. `suppressed`: its condition resolved while it was deferred).
 """
 
 from __future__ import annotations
@@ -95,7 +99,17 @@ _SCHEMA = (
     """CREATE INDEX IF NOT EXISTS actions_by_status ON actions (status, seq)""",
     """CREATE INDEX IF NOT EXISTS actions_by_resource ON actions (resource, started_at)""",
     """CREATE INDEX IF NOT EXISTS actions_by_decision ON actions (decision_id, seq)""",
+    """CREATE TABLE IF NOT EXISTS action_events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        idempotency_key TEXT NOT NULL,
+        at REAL NOT NULL,
+        event TEXT NOT NULL,
+        detail TEXT)""",
+    """CREATE INDEX IF NOT EXISTS action_events_by_key ON action_events (idempotency_key, seq)""",
 )
+
+# The statuses an action can be started or finished from (a deferred one is retried with its key).
+_OPEN = (ActionStatus.PLANNED.value, ActionStatus.STARTED.value, ActionStatus.DEFERRED.value)
 
 
 def _json_value(value: float | None) -> float | None:
@@ -264,6 +278,42 @@ class Journal:
             ).fetchall()
         return [_record(row) for row in rows]
 
+    def deferred_actions(self, policy: str | None = None) -> list[ActionRecord]:
+        """Actions the global limits deferred (of `policy`, or of every policy), oldest first."""
+        query, args = "SELECT * FROM actions WHERE status = ?", [ActionStatus.DEFERRED.value]
+        if policy is not None:
+            query, args = query + " AND policy = ?", [*args, policy]
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY seq", args).fetchall()
+        return [_record(row) for row in rows]
+
+    def defer(self, idempotency_key: str, now: float, reason: str) -> ActionRecord:
+        """A refusal by the global limits: the action is (still) deferred, `reason` journaled as an event and kept
+        as the action's error (the latest refusal). Only a planned or deferred action can be deferred."""
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE actions SET status = ?, error = ?, updated_at = ? WHERE idempotency_key = ? "
+                "AND status IN (?, ?)",
+                (
+                    ActionStatus.DEFERRED.value,
+                    reason,
+                    now,
+                    idempotency_key,
+                    ActionStatus.PLANNED.value,
+                    ActionStatus.DEFERRED.value,
+                ),
+            )
+            if cursor.rowcount != 1:
+                raise JournalError(f"journal {self.path}: action {idempotency_key!r} is not planned or deferred")
+            _event(db, idempotency_key, now, ActionStatus.DEFERRED.value, reason)
+            row = db.execute("SELECT * FROM actions WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
+        return _record(row)
+
+    def action_events(self, idempotency_key: str) -> list[dict[str, Any]]:
+        """What happened to a deferred action, oldest first: {"at", "event", "detail"} (none for the others)."""
+        with self._lock:
+            return self._events(idempotency_key)
+
     def actions_for(self, decision_id: str) -> list[ActionRecord]:
         with self._lock:
             rows = self._db.execute(
@@ -288,24 +338,29 @@ class Journal:
         return [_record(row) for row in rows]
 
     def mark_started(self, idempotency_key: str, now: float, plan: Mapping[str, Any] | None = None) -> ActionRecord:
-        """Committed BEFORE the actuator is called: attempts+1, status started (first start time is kept)."""
+        """Committed BEFORE the actuator is called: attempts+1, status started (first start time is kept).
+        A deferred action starting (the limits allow it now) is journaled as an event too."""
         with self._transaction() as db:
+            was_deferred = _status(db, idempotency_key) == ActionStatus.DEFERRED.value
             cursor = db.execute(
                 "UPDATE actions SET status = ?, attempts = attempts + 1, "
                 "started_at = COALESCE(started_at, ?), "
-                "plan = COALESCE(?, plan), updated_at = ? WHERE idempotency_key = ? AND status IN (?, ?)",
+                "plan = COALESCE(?, plan), updated_at = ? WHERE idempotency_key = ? AND status IN (?, ?, ?)",
                 (
                     ActionStatus.STARTED.value,
                     now,
                     _dumps(dict(plan)) if plan is not None else None,
                     now,
                     idempotency_key,
-                    ActionStatus.PLANNED.value,
-                    ActionStatus.STARTED.value,
+                    *_OPEN,
                 ),
             )
             if cursor.rowcount != 1:
-                raise JournalError(f"journal {self.path}: action {idempotency_key!r} is not planned or started")
+                raise JournalError(
+                    f"journal {self.path}: action {idempotency_key!r} is not planned or started (or deferred)"
+                )
+            if was_deferred:
+                _event(db, idempotency_key, now, ActionStatus.STARTED.value, "the global limits allow it now")
             row = db.execute("SELECT * FROM actions WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
         return _record(row)
 
@@ -318,13 +373,14 @@ class Journal:
         result: Mapping[str, Any] | None = None,
         error: str | None = None,
     ) -> ActionRecord:
-        """Record a terminal status. A terminal action is never changed again (first result wins)."""
+        """Record a terminal status. A terminal action is never changed again (first result wins). The final
+        outcome of an action that was deferred is journaled as an event too."""
         if status not in TERMINAL_STATUSES:
             raise ValueError(f"finish() needs a terminal status, got {status.value!r}")
         with self._transaction() as db:
-            db.execute(
+            cursor = db.execute(
                 "UPDATE actions SET status = ?, result = ?, error = ?, finished_at = ?, updated_at = ? "
-                "WHERE idempotency_key = ? AND status IN (?, ?)",
+                "WHERE idempotency_key = ? AND status IN (?, ?, ?)",
                 (
                     status.value,
                     _dumps(dict(result)) if result is not None else None,
@@ -332,10 +388,11 @@ class Journal:
                     now,
                     now,
                     idempotency_key,
-                    ActionStatus.PLANNED.value,
-                    ActionStatus.STARTED.value,
+                    *_OPEN,
                 ),
             )
+            if cursor.rowcount == 1 and _has_events(db, idempotency_key):
+                _event(db, idempotency_key, now, status.value, error)
             row = db.execute("SELECT * FROM actions WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
         if row is None:
             raise JournalError(f"journal {self.path}: no action {idempotency_key!r}")
@@ -364,9 +421,18 @@ class Journal:
                     "SELECT * FROM actions WHERE decision_id = ? AND decision_kind = ? ORDER BY seq",
                     (body["id"], body["kind"]),
                 ).fetchall()
-                body["action_records"] = [_record(action).to_json() for action in actions]
+                body["action_records"] = [
+                    {**_record(action).to_json(), "events": self._events(action["idempotency_key"])}
+                    for action in actions
+                ]
                 out.append(body)
         return out
+
+    def _events(self, idempotency_key: str) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT at, event, detail FROM action_events WHERE idempotency_key = ? ORDER BY seq", (idempotency_key,)
+        ).fetchall()
+        return [{"at": row["at"], "event": row["event"], "detail": row["detail"]} for row in rows]
 
     def close(self) -> None:
         with self._lock:
@@ -377,6 +443,23 @@ class Journal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _status(db: sqlite3.Connection, idempotency_key: str) -> str | None:
+    row = db.execute("SELECT status FROM actions WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
+    return str(row["status"]) if row is not None else None
+
+
+def _has_events(db: sqlite3.Connection, idempotency_key: str) -> bool:
+    row = db.execute("SELECT 1 FROM action_events WHERE idempotency_key = ? LIMIT 1", (idempotency_key,)).fetchone()
+    return row is not None
+
+
+def _event(db: sqlite3.Connection, idempotency_key: str, at: float, event: str, detail: str | None) -> None:
+    db.execute(
+        "INSERT INTO action_events (idempotency_key, at, event, detail) VALUES (?, ?, ?, ?)",
+        (idempotency_key, at, event, detail),
+    )
 
 
 def _loads(text: str | None) -> Any:
