@@ -39,6 +39,7 @@ from controller.core.unconfigured import ROLLBACK_MISSING, SCALE_MISSING, Unconf
 from controller.kit.clock import SystemClock
 from controller.kit.errors import ConfigError
 from controller.loop.dispatcher import Actuators, Dispatcher
+from controller.loop.housekeeping import Housekeeper, Task
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
 from predictors.serving import PredictionProvider
@@ -68,6 +69,7 @@ class Application:
     api: ControllerAPI
     grafana: GrafanaAnnotator | None
     elector: LeaderElector | None
+    housekeeper: Housekeeper | None = None
 
     def start(self, stack: ExitStack) -> None:
         if self.grafana is not None:
@@ -79,6 +81,8 @@ class Application:
             self.elector.start(election.retryPeriod if election is not None else None)
         self.controller.start()  # PolicyLoadError when the files changed since they were checked
         self.api.start()
+        if self.housekeeper is not None:
+            self.housekeeper.start()  # its first pass a minute later: startup never waits on a purge
 
 
 def unknown_receivers(settings_receivers: Sequence[str], paths: Sequence[Path]) -> list[PolicyError]:
@@ -266,6 +270,10 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         policy_check=lambda loaded: missing_actuators(settings, loaded),
     )
     stack.callback(controller.stop)
+    # Hourly: journal retention (decisions and their finished actions older than journalRetention, then an
+    # incremental vacuum) and the Grafana outbox's delivered entries. Stopped before the outbox and journal close.
+    housekeeper = Housekeeper(_retention_tasks(settings, journal, grafana), clock)
+    stack.callback(housekeeper.stop)
     try:
         api = ControllerAPI(
             controller,
@@ -280,7 +288,16 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         where = f"{settings.listen.host}:{settings.listen.port}"
         raise ConfigError(f"cannot listen on {where}: {unbound.strerror}") from unbound
     stack.callback(api.stop)
-    return Application(settings, controller, api, grafana, elector)
+    return Application(settings, controller, api, grafana, elector, housekeeper)
+
+
+def _retention_tasks(settings: ControllerSettings, journal: Journal, grafana: GrafanaAnnotator | None) -> list[Task]:
+    retention = settings.journalRetention
+    tasks: list[Task] = [("journal retention", lambda now: journal.purge(now, retention).to_json())]
+    if grafana is not None:
+        outbox = grafana.outbox
+        tasks.append(("grafana outbox retention", lambda now: outbox.purge(now - retention)))
+    return tasks
 
 
 def _change_tracker(

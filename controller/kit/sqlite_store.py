@@ -54,9 +54,12 @@ def immediate_transaction(db: sqlite3.Connection, lock: threading.RLock) -> Iter
 
 def incremental_vacuum(db: sqlite3.Connection) -> int:
     """Give the free pages back to the file system (a file with auto_vacuum=INCREMENTAL; 0 for the others).
-    Returns the number of pages freed."""
+    Returns the number of pages freed. Call it under the store's lock with no transaction open: it runs as its
+    own transaction (executescript: `execute` would free one page per call, the pragma steps once per page)."""
+    if db.in_transaction:
+        raise RuntimeError("incremental_vacuum runs outside a transaction")
     if int(db.execute("PRAGMA auto_vacuum").fetchone()[0]) != 2:  # 2: INCREMENTAL
         return 0
     before = int(db.execute("PRAGMA freelist_count").fetchone()[0])
-    db.execute("PRAGMA incremental_vacuum").fetchall()
+    db.executescript("PRAGMA incremental_vacuum;")
     return before - int(db.execute("PRAGMA freelist_count").fetchone()[0])

@@ -152,12 +152,13 @@ def test_failed_transaction_leaves_nothing(tmp_path: Path) -> None:
     good = make_decision([("rollback", {"service": "chat"})])
     with Journal(tmp_path / "j.db") as journal:
 
-        class Broken:
+        class Broken(ConditionState):
             def to_json(self) -> dict[str, object]:
                 raise RuntimeError("unserialisable")
 
+        broken = PolicyState(conditions={("c", ()): Broken()})
         with pytest.raises(RuntimeError):
-            journal.commit_evaluation("p", Broken(), [good], NOW)  # type: ignore[arg-type]
+            journal.commit_evaluation("p", broken, [good], NOW)
         assert journal.load_state("p") is None
         assert journal.actions_for(good.id) == []
 
@@ -186,7 +187,8 @@ def test_newer_schema_is_a_clear_error(tmp_path: Path) -> None:
     db.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     db.commit()
     db.close()
-    with pytest.raises(JournalError, match=r"schema version 99 is newer than this tailguard supports \(1\)"):
+    newer = rf"schema version 99 is newer than this tailguard supports \({SCHEMA_VERSION}\)"
+    with pytest.raises(JournalError, match=newer):
         Journal(path)
 
 

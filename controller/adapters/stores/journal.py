@@ -21,9 +21,12 @@ import sqlite3
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Self
 
+from controller.adapters.stores.journal_retention import RETENTION_INDEXES, PurgeReport, purge
+from controller.adapters.stores.journal_state import STATE_SCHEMA, StateStore, StateWrite, migrate_whole_states
 from controller.core.actions import (
     MUTATING_ACTIONS,
     TERMINAL_STATUSES,
@@ -35,9 +38,11 @@ from controller.core.actions import (
 from controller.core.engine import PolicyState
 from controller.core.model import Decision, target_labels
 from controller.kit.errors import StoreError
-from controller.kit.sqlite_store import immediate_transaction, make_durable, open_durable
+from controller.kit.sqlite_store import immediate_transaction, incremental_vacuum, make_durable, open_durable
 
-SCHEMA_VERSION = 1
+# 2: the engine state per (policy, condition, target) (journal_state.py) instead of one whole-state row per
+# policy (`policy_state`, migrated when a version-1 file is opened); retention indexes (journal_retention.py).
+SCHEMA_VERSION = 2
 
 
 class JournalError(StoreError):
@@ -57,10 +62,6 @@ def action_resource(action: ActionRequest, decision: Decision) -> str:
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS policy_state (
-        policy TEXT PRIMARY KEY,
-        state TEXT NOT NULL,
-        updated_at REAL NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS decisions (
         seq INTEGER PRIMARY KEY AUTOINCREMENT,
         id TEXT NOT NULL,
@@ -147,6 +148,9 @@ class Journal:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock = threading.RLock()
+        self._states = StateStore()
+        # Rows written by the last commit_evaluation (the policy row + condition rows changed or removed).
+        self.last_state_rows = 0
         self._db = open_durable(self.path, JournalError, "journal")
         try:
             make_durable(self._db)
@@ -177,8 +181,9 @@ class Journal:
                         f"journal {self.path}: schema version {version} is newer than this tailguard "
                         f"supports ({SCHEMA_VERSION}); upgrade tailguard or use another journal path"
                     )
-            for statement in _SCHEMA[1:]:
+            for statement in (*_SCHEMA[1:], *STATE_SCHEMA, *RETENTION_INDEXES):
                 db.execute(statement)
+            migrate_whole_states(db, self._states)
             db.execute(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
                 (str(SCHEMA_VERSION),),
@@ -198,21 +203,37 @@ class Journal:
 
     def load_state(self, policy: str) -> PolicyState | None:
         with self._lock:
-            row = self._db.execute("SELECT state FROM policy_state WHERE policy = ?", (policy,)).fetchone()
-        if row is None:
-            return None
-        return PolicyState.from_json(json.loads(row["state"]))
+            return self._states.load(self._db, policy)
 
     def commit_evaluation(self, policy: str, state: PolicyState, decisions: Sequence[Decision], now: float) -> None:
-        """ONE transaction: the new engine state, the decisions and their actions as `planned`."""
+        """ONE transaction: the engine state's changed rows (journal_state.py), the decisions and their actions as
+        `planned`."""
+        with self._lock:
+            try:
+                with self._transaction() as db:
+                    write: StateWrite = self._states.write(db, policy, state, now)
+                    for decision in decisions:
+                        self._insert_decision(db, decision, now)
+            except BaseException:
+                self._states.rolled_back(policy)  # what it holds is read again from the file
+                raise
+            self._states.committed(write)
+            self.last_state_rows = write.rows
+
+    # -- retention (journal_retention.py) -----------------------------------------------------------------
+
+    def purge(self, now: float, retention: float) -> PurgeReport:
+        """Remove decisions (with their actions and events) older than `retention` seconds whose actions are all
+        terminal; then give the freed pages back (incremental vacuum). The report is kept in `meta` too."""
+        report = purge(self._transaction, now - retention)
+        with self._lock:
+            report = replace(report, freed_pages=incremental_vacuum(self._db))
         with self._transaction() as db:
             db.execute(
-                "INSERT INTO policy_state (policy, state, updated_at) VALUES (?, ?, ?) "
-                "ON CONFLICT (policy) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at",
-                (policy, _dumps(state.to_json()), now),
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('last_purge', ?)",
+                (_dumps({"at": now, "retention": retention, **report.to_json()}),),
             )
-            for decision in decisions:
-                self._insert_decision(db, decision, now)
+        return report
 
     def record_decision(self, decision: Decision, now: float) -> None:
         """Journal a decision and its actions without engine state (idempotent: existing rows are kept)."""

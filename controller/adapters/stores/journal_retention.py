@@ -58,14 +58,15 @@ Transaction = Callable[[], AbstractContextManager[sqlite3.Connection]]
 def purge(transaction: Transaction, cutoff: float, *, batch: int = BATCH) -> PurgeReport:
     """Remove what is older than `cutoff` (see the module docstring), `batch` decisions per transaction."""
     decisions = actions = events = kept = 0
-    after: tuple[float, int] = (float("-inf"), -1)
+    after: tuple[float, int] | None = None  # where the previous batch ended (the old decisions kept stay behind)
     while True:
         with transaction() as db:
             has_events = _has_table(db, "action_events")
             rows = db.execute(
                 "SELECT seq, id, kind, recorded_at FROM decisions WHERE recorded_at < ? "
-                "AND (recorded_at, seq) > (?, ?) ORDER BY recorded_at, seq LIMIT ?",
-                (cutoff, *after, batch),
+                + ("AND (recorded_at, seq) > (?, ?) " if after is not None else "")
+                + "ORDER BY recorded_at, seq LIMIT ?",
+                (cutoff, *(after or ()), batch),
             ).fetchall()
             if not rows:
                 break

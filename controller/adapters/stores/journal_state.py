@@ -221,4 +221,3 @@ def migrate_whole_states(db: sqlite3.Connection, store: StateStore) -> int:
     db.execute("DROP TABLE policy_state")
     store.forget()  # re-read from the rows on the next write (the migration's transaction may still fail)
     return migrated
-
