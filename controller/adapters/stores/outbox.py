@@ -227,7 +227,8 @@ class Outbox:
             dead = db.execute(
                 "DELETE FROM outbox WHERE status = ? AND next_attempt_at < ?", (OutboxStatus.DEAD.value, cutoff)
             ).rowcount
-            freed = incremental_vacuum(db)
+        with self._lock:
+            freed = incremental_vacuum(self._db)
         return {"cutoff": cutoff, "delivered": delivered, "dead": dead, "freed_pages": freed}
 
     def ref(self, name: str) -> int | None:
