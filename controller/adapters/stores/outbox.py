@@ -12,6 +12,13 @@ backoff, so a later item (a region's PATCH) never overtakes an earlier one (its
 POST). Each item is keyed by an idempotency key (INSERT OR IGNORE), so enqueuing
 the same thing twice delivers it once.
 
+Retry waits are short and never outlive their cause: the backoff is capped at
+MAX_RETRY_DELAY (30 s), so the first attempt after the remote comes back is at
+most 30 s later; it starts again from `initial` for the next item once one is
+delivered (each item counts its own attempts, and only the head is attempted);
+and a new process does not inherit the last one's wait (`OutboxWorker.start`
+makes every pending item due now: `Outbox.reset_backoff`).
+
 `refs` maps a logical name (e.g. `decision:<id>`) to what the remote system
 called it (Grafana's annotation id), so a later item can update it.
 """
@@ -19,6 +26,7 @@ called it (Grafana's annotation id), so a later item can update it.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -34,7 +42,11 @@ from controller.kit.errors import StoreError
 from controller.kit.http import backoff_delay
 from controller.kit.sqlite_store import immediate_transaction, incremental_vacuum, make_durable, open_durable
 
+log = logging.getLogger(__name__)
+
 SCHEMA_VERSION = 1
+# The longest wait between two attempts at an item: a remote that comes back is used again within this.
+MAX_RETRY_DELAY = 30.0
 
 
 class OutboxStatus(StrEnum):
@@ -214,6 +226,15 @@ class Outbox:
             row = db.execute("SELECT * FROM outbox WHERE key = ?", (key,)).fetchone()
         return _item(row)
 
+    def reset_backoff(self, now: float) -> int:
+        """Every pending item due at `now` at the latest (a new process does not wait out an old backoff);
+        returns how many waits were cut short."""
+        with self._transaction() as db:
+            return db.execute(
+                "UPDATE outbox SET next_attempt_at = ? WHERE status = ? AND next_attempt_at > ?",
+                (now, OutboxStatus.PENDING.value, now),
+            ).rowcount
+
     def purge(self, cutoff: float) -> dict[str, int | float]:
         """Retention: remove delivered items delivered before `cutoff` and dead items declared dead before it
         (a pending item is never removed), then give the freed pages back (incremental vacuum). `refs` stay (a
@@ -279,7 +300,7 @@ Sender = Callable[[OutboxItem], DeliveryResult]
 class Backoff:
     initial: float = 1.0
     factor: float = 2.0
-    max_delay: float = 300.0
+    max_delay: float = MAX_RETRY_DELAY
 
     def delay(self, attempts: int) -> float:
         return backoff_delay(attempts, backoff=self.initial, max_backoff=self.max_delay, factor=self.factor)
@@ -344,6 +365,14 @@ class OutboxWorker:
         self.last_report = PassReport()
 
     def start(self) -> None:
+        # A restart retries at once: the stored waits were the previous process's backoff, not this one's.
+        cut = self.outbox.reset_backoff(self.clock.now())
+        if cut:
+            log.info(
+                "outbox %s: %d pending item(s) due now (a stored backoff does not outlive a restart)",
+                self.outbox.path,
+                cut,
+            )
         self._thread.start()
 
     def wake(self) -> None:
