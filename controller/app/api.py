@@ -14,8 +14,14 @@ the schedule. Matching rule, alert -> policies (see `policies_for_alert`):
    else: a `service`-level policy is not woken by a node alert).
 
 Firing and resolved alerts both trigger: a resolved alert is news too (the
-engine may be about to recover). The evaluation is of the whole policy, against
-Prometheus, as a scheduled one would be; the alert only says "look now".
+engine may be about to recover). The evaluation queries the policy's signals
+against Prometheus, as a scheduled one would, but applies the observations only
+to the targets the alerts name (`alert_target`: the values of the policy's
+`groupBy` labels in the alert; alerts of one post naming several targets of a
+policy touch each of them): every other target's streak, recovery and error
+count stay as they were. The alert only says "look now at this target"; the
+observation counts toward `for` like any other, and never shortens it (a
+`for: N` streak must span (N-1) x interval, see rules/README.md).
 
 Authentication: with a webhook token (settings `webhook:`), `POST /api/v1/alerts`
 needs `Authorization: Bearer <token>`: 401 without it, 403 with another token
@@ -42,6 +48,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from controller.core.model import TargetKey, target_key
 from controller.core.policy import Policy
 from controller.core.ports import TRIGGER_ALERT, ControllerPort, LeaderPort
 from controller.kit.errors import InputError
@@ -123,6 +130,12 @@ def policy_matches_alert(policy: Policy, labels: Mapping[str, str]) -> bool:
 
 def policies_for_alert(policies: Mapping[str, Policy], labels: Mapping[str, str]) -> list[str]:
     return sorted(name for name, policy in policies.items() if policy_matches_alert(policy, labels))
+
+
+def alert_target(policy: Policy, labels: Mapping[str, str]) -> TargetKey:
+    """The one target of `policy` an alert that matches it names: its `targets.groupBy` labels (rule 3). A policy
+    without `groupBy` has one target, (), which every matching alert names."""
+    return target_key({name: labels[name] for name in policy.targets.groupBy})
 
 
 class ControllerAPI:
@@ -233,10 +246,11 @@ class ControllerAPI:
             logger.warning("rejected Alertmanager webhook: %s", bad)
             return 400, {"error": str(bad)}
         policies = self.controller.policies()
-        matched: set[str] = set()
+        named: dict[str, set[TargetKey]] = {}
         for alert in payload.alerts:
-            matched.update(policies_for_alert(policies, alert.labels))
-        triggered = self.controller.trigger(sorted(matched), TRIGGER_ALERT) if matched else []
+            for name in policies_for_alert(policies, alert.labels):
+                named.setdefault(name, set()).add(alert_target(policies[name], alert.labels))
+        triggered = self.controller.trigger(sorted(named), TRIGGER_ALERT, targets=named) if named else []
         logger.info(
             "Alertmanager webhook (%s, %d alerts, group %s): triggered %s",
             payload.status,

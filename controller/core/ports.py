@@ -12,7 +12,7 @@ The top of the core: it may import the rest of the core and the kit, nothing abo
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -363,6 +363,14 @@ class ControllerPort(Protocol):
 
     def readiness(self) -> Readiness: ...
 
-    def trigger(self, policy_names: Sequence[str], trigger: str = TRIGGER_ALERT) -> list[str]: ...
+    def trigger(
+        self,
+        policy_names: Sequence[str],
+        trigger: str = TRIGGER_ALERT,
+        *,
+        targets: Mapping[str, Collection[TargetKey]] | None = None,
+    ) -> list[str]:
+        """Queue evaluations of `policy_names`; `targets`: per policy, the only targets it may touch (an alert's)."""
+        ...
 
     def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]: ...

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,9 +94,11 @@ def evaluate(
     *,
     trigger: str = TRIGGER_SCHEDULE,
     committed: Callable[[PolicyState], None] = _keep_nothing,
+    targets: Collection[TargetKey] | None = None,
 ) -> EvaluationOutcome:
     """Evaluate `policy` from `state` at `now`: decide, commit, act. `committed(new_state)` is called right after
-    the journal commit, before anything is logged or acted on (the controller keeps its copy of the state there)."""
+    the journal commit, before anything is logged or acted on (the controller keeps its copy of the state there).
+    `targets`: the only targets the evaluation may touch (an alert's; engine.transition), None: all of them."""
     observations, source_errors = query(policy, ports)
     policy_errors = tuple(
         f"{name}: {result.error}" for name, result in observations.items() if result.policy_error and result.error
@@ -105,7 +107,9 @@ def evaluate(
     rollouts, rollouts_error = recent_rollouts(policy, now, ports)
     if rollouts_error is not None:
         source_errors.append(f"change tracking: {rollouts_error}")
-    new_state, decisions = transition(policy, observations, state, now, rollouts, rollouts_error=rollouts_error)
+    new_state, decisions = transition(
+        policy, observations, state, now, rollouts, rollouts_error=rollouts_error, targets=targets
+    )
     ports.journal.commit_evaluation(policy.name, new_state, decisions, now)
     committed(new_state)
     ports.metrics.record_evaluation(policy.name, trigger, now)

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -34,7 +35,7 @@ from controller.core.engine import PolicyState, action_retention, with_action_ti
 from controller.core.handover import ActionTimes, merge_action_times
 from controller.core.limits import BUDGET_WINDOW_SECONDS
 from controller.core.model import Decision, TargetKey
-from controller.core.policy import Policy
+from controller.core.policy import TIME_TOLERANCE, Policy
 from controller.core.policy_files import LoadedPolicy, PolicyError, load_policies, policy_paths
 from controller.core.ports import (
     TRIGGER_ALERT,
@@ -192,7 +193,10 @@ class Controller:
         self._policy_errors: dict[str, tuple[str, ...]] = {}
         # One reload at a time; the query check of a reload talks to the source outside self._lock.
         self._reload_lock = threading.Lock()
-        self._pending_alerts: set[str] = set()
+        # Queued alert-triggered evaluations: policy -> the targets its alerts named (None: every target).
+        self._pending_alerts: dict[str, set[TargetKey] | None] = {}
+        # The scheduled times of each policy: (first scheduled evaluation, interval); see scheduled_time().
+        self._anchors: dict[str, tuple[float, float]] = {}
         self._futures: set[Future[EvaluationOutcome | None]] = set()
         self._started = False
         self._stopped = False
@@ -302,8 +306,12 @@ class Controller:
         for name in added:
             self._states[name] = self._journal.load_state(name) or PolicyState()
             self._loaded_at[name] = now
+        for name in [*added, *updated]:
+            if name not in self._anchors or self._anchors[name][1] != new[name].policy.interval:
+                self._anchors[name] = (now, new[name].policy.interval)
         for name in removed:
             self._states.pop(name, None)
+            self._anchors.pop(name, None)
             self._policy_errors.pop(name, None)
             self._loaded_at.pop(name, None)
             self._last_evaluation.pop(name, None)
@@ -451,17 +459,24 @@ class Controller:
 
     def _schedule_policy(self, name: str, interval: float) -> None:
         assert self._scheduler is not None
+        # The job runs at start + k x interval, never before (the scheduler's time); scheduled_time() names those
+        # runs anchor + k x interval in the clock's time, read at the same moment (the same time for the system
+        # clock, up to microseconds: within the millisecond streak times are compared at).
+        start = datetime.now(UTC)
+        anchor = self._clock.now()
+        self._anchors[name] = (anchor, interval)
         self._scheduler.add_job(
             self._run_scheduled,
             "interval",
             args=[name],
             seconds=interval,
+            start_date=start,
             id=f"policy:{name}",
             replace_existing=True,
             max_instances=1,
             coalesce=True,
             # First evaluation right away: /readyz and a restarted controller should not wait an interval.
-            next_run_time=datetime.now(UTC),
+            next_run_time=start,
         )
 
     def _unschedule_policy(self, name: str) -> None:
@@ -483,6 +498,13 @@ class Controller:
         """Evaluate one policy now. None when the policy is not (or no longer) loaded or the controller stopped."""
         with self._policy_lock(policy_name):
             return self._evaluate_holding_lock(policy_name, trigger)
+
+    def evaluate_scheduled(self, policy_name: str) -> EvaluationOutcome | None:
+        """The scheduler's evaluation of one policy, at its nominal scheduled time (scheduled_time()): a run that
+        starts a few ms late is still exactly one interval after the previous one, so jitter never costs a `for`
+        streak a whole interval."""
+        with self._policy_lock(policy_name):
+            return self._evaluate_holding_lock(policy_name, TRIGGER_SCHEDULE, scheduled=True)
 
     # ----- handover between leaders (controller/core/handover.py) ---------------------------------------------
 
@@ -519,7 +541,14 @@ class Controller:
                 for record in self._dispatcher.retry_deferred(name, None):
                     self.metrics.record_action(*action_labels(record))
 
-    def _evaluate_holding_lock(self, policy_name: str, trigger: str) -> EvaluationOutcome | None:
+    def _evaluate_holding_lock(
+        self,
+        policy_name: str,
+        trigger: str,
+        *,
+        scheduled: bool = False,
+        targets: Collection[TargetKey] | None = None,
+    ) -> EvaluationOutcome | None:
         with self._lock:
             loaded = self._policies.get(policy_name)
             if loaded is None or self._stopped or not self._journal_open:
@@ -527,6 +556,7 @@ class Controller:
             policy = loaded.policy
             state = self._states.get(policy_name, PolicyState())
             inherited = self._inherited.get(policy_name)
+            anchor = self._anchors.get(policy_name) if scheduled else None
         if inherited:
             state = with_action_times(state, inherited)  # the previous leader's actions count for our limits
         if self._leader is not None:
@@ -539,6 +569,8 @@ class Controller:
             if resume:
                 self._resume_actions()
         now = self._clock.now()
+        if anchor is not None:
+            now = scheduled_time(*anchor, now, state.last_evaluated_at)
 
         def committed(new_state: PolicyState) -> None:
             with self._lock:
@@ -548,7 +580,7 @@ class Controller:
                     if inherited and self._inherited.get(policy_name) is inherited:
                         del self._inherited[policy_name]  # in the state (and journal) now
 
-        outcome = evaluate(policy, state, now, self._ports, trigger=trigger, committed=committed)
+        outcome = evaluate(policy, state, now, self._ports, trigger=trigger, committed=committed, targets=targets)
         with self._lock:
             if outcome.policy_errors and policy_name in self._policies:
                 self._policy_errors[policy_name] = outcome.policy_errors
@@ -577,14 +609,23 @@ class Controller:
 
     def _run_scheduled(self, name: str) -> None:
         try:
-            self.evaluate(name, TRIGGER_SCHEDULE)
+            self.evaluate_scheduled(name)
         except ShutdownInterrupt:
             _log_interrupted(name)
         except Exception:  # one failed evaluation must not stop the schedule of the others
             logger.exception("evaluation of policy %s failed", name)
 
-    def trigger(self, policy_names: Iterable[str], trigger: str = TRIGGER_ALERT) -> list[str]:
-        """Queue immediate evaluations; returns the policies queued (an evaluation already queued is reused)."""
+    def trigger(
+        self,
+        policy_names: Iterable[str],
+        trigger: str = TRIGGER_ALERT,
+        *,
+        targets: Mapping[str, Collection[TargetKey]] | None = None,
+    ) -> list[str]:
+        """Queue immediate evaluations; returns the policies queued (an evaluation already queued is reused).
+
+        `targets`: per policy, the only targets its evaluation may touch (those the alerts name; a policy not in
+        it, or no `targets` at all: every target). An evaluation already queued takes the union."""
         queued: list[str] = []
         with self._lock:
             if not self.running:
@@ -593,9 +634,15 @@ class Controller:
                 if name not in self._policies:
                     continue
                 queued.append(name)
+                scope = None if targets is None or name not in targets else set(targets[name])
                 if name in self._pending_alerts:
-                    continue  # an evaluation that has not started yet will see the newest data anyway
-                self._pending_alerts.add(name)
+                    # An evaluation that has not started yet will see the newest data anyway; it also looks at
+                    # these targets.
+                    pending = self._pending_alerts[name]
+                    if pending is not None:
+                        self._pending_alerts[name] = None if scope is None else pending | scope
+                    continue
+                self._pending_alerts[name] = scope
                 future = self._executor.submit(self._run_triggered, name, trigger)
                 self._futures.add(future)
                 future.add_done_callback(self._forget)
@@ -607,8 +654,8 @@ class Controller:
                 # Still "pending" while it waits for a running evaluation of the same policy, so alerts
                 # arriving meanwhile coalesce into this one instead of queueing another.
                 with self._lock:
-                    self._pending_alerts.discard(name)
-                return self._evaluate_holding_lock(name, trigger)
+                    scope = self._pending_alerts.pop(name, None)
+                return self._evaluate_holding_lock(name, trigger, targets=scope)
         except ShutdownInterrupt:
             _log_interrupted(name)
             return None
@@ -686,3 +733,14 @@ def _log_interrupted(policy_name: str) -> None:
 
 def _recent(by_target: Mapping[TargetKey, tuple[float, ...]], since: float) -> dict[TargetKey, tuple[float, ...]]:
     return {target: kept for target, stamps in by_target.items() if (kept := tuple(t for t in stamps if t > since))}
+
+def scheduled_time(anchor: float, interval: float, real: float, last: float | None = None) -> float:
+    """The time a scheduled evaluation stands for: the latest nominal run time anchor + k x interval at or before
+    `real` (to the millisecond), never before the policy's previous evaluation (`last`: monotonic per policy)
+    and never after `real`. The scheduler never starts a run early, so a run late by some ms still names its
+    own tick; a run that missed ticks (a slow evaluation) names the latest one."""
+    ticks = max(0, math.floor((real - anchor + TIME_TOLERANCE) / interval))
+    nominal = anchor + ticks * interval
+    if last is not None:
+        nominal = max(nominal, last)
+    return min(real, nominal)

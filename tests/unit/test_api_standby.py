@@ -4,7 +4,7 @@ election, accept them as before. Served for real on a loopback port with a fake 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from controller.app.api import ControllerAPI
+from controller.core.model import TargetKey
 from controller.core.policy import Policy
 from controller.core.policy_files import load_policies
 from controller.core.ports import TRIGGER_ALERT, HandoverPort, Readiness
@@ -53,7 +54,13 @@ class FakeController:
     def readiness(self) -> Readiness:
         return Readiness(True, (), ())
 
-    def trigger(self, policy_names: Sequence[str], trigger: str = TRIGGER_ALERT) -> list[str]:
+    def trigger(
+        self,
+        policy_names: Sequence[str],
+        trigger: str = TRIGGER_ALERT,
+        *,
+        targets: Mapping[str, Collection[TargetKey]] | None = None,
+    ) -> list[str]:
         self.triggered.append((list(policy_names), trigger))
         return list(policy_names)
 
