@@ -39,6 +39,7 @@ test: venv serving-env
 bench: venv
 	$(BIN)/python tests/bench/bench_batching.py
 	$(BIN)/python tests/bench/bench_prediction.py
+	$(BIN)/python tests/bench/bench_journal_soak.py
 
 schema: venv
 	$(BIN)/python scripts/generate_schema.py

@@ -16,6 +16,8 @@ from controller.adapters.stores.outbox import DeliveryResult, Outbox
 from controller.core.actions import ActionStatus
 from controller.core.engine import ConditionState, Phase, PolicyState
 from controller.core.model import TargetKey, target_key
+from controller.kit.clock import ManualClock
+from controller.loop.housekeeping import Housekeeper
 from controller.testing import make_decision
 
 NOW = 1_700_000_000.0
@@ -387,3 +389,19 @@ def test_nan_values_stay_null(tmp_path: Path) -> None:
         journal.commit_evaluation("p", state, [], NOW)
         loaded = journal.load_state("p")
     assert loaded is not None and loaded.condition(*key).last_value is None
+
+
+def test_housekeeping_runs_every_task_and_survives_a_failing_one(tmp_path: Path) -> None:
+    def broken(now: float) -> dict[str, int]:
+        raise sqlite3.OperationalError("database is locked")
+
+    with Journal(tmp_path / "j.db") as journal:
+        _decide(journal, 1.0, NOW - 40 * DAY, ActionStatus.SUCCEEDED)
+        keeper = Housekeeper(
+            [("broken", broken), ("journal retention", lambda now: journal.purge(now, 30 * DAY).to_json())],
+            ManualClock(NOW),
+        )
+        reports = keeper.run_once()
+    assert reports["broken"] == "OperationalError: database is locked"
+    assert reports["journal retention"]["decisions"] == 1  # type: ignore[index]
+    assert keeper.passes == 1

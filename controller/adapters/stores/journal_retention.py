@@ -5,7 +5,8 @@ before the cutoff AND every one of its actions is terminal and last changed befo
 is not terminal (planned, started, deferred) is never removed, nor is the decision it belongs to. Removal runs in
 small transactions (`BATCH` decisions each), so an evaluation waits for one batch at most; the pages freed are
 given back to the file system by an incremental vacuum when the file has auto_vacuum=INCREMENTAL (every journal
-created since; an older file reuses its free pages for new rows but does not shrink: see docs/operations.md).
+created since; an older file reuses its free pages for new rows but does not shrink: docs/deploy.md, "The journal
+over months").
 """
 
 from __future__ import annotations
