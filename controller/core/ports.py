@@ -95,46 +95,12 @@ class ScalePort(Protocol):
     def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome: ...
 
     def scale_state(self, service: str) -> Mapping[str, Any]:
-    def scale_state(self, service: str) -> Mapping[str, Any]:
         """Everything a scale may change, as JSON (an HPA: minReplicas, maxReplicas, metric targets; the local
         tier: replicas), plus the current `replicas` for the record. Raises (with `transient`) when unreadable."""
         ...
 
     def restore_scale(
         self,
-        service: str,
-        state: Mapping[str, Any],
-        *,
-        expected: Mapping[str, Any] | None,
-        idempotency_key: str,
-    ) -> ActionOutcome:
-        """Set exactly `state` (a `scale_state` answer; `replicas` of an HPA is not settable and ignored), never
-        below the floor the operator set. SKIPPED, writing nothing, when the current state is not `expected`
-        (someone else changed it since tailguard did) or already is `state`."""
-        ...
-
-        """Everything a scale may change, as JSON (an HPA: minReplicas, maxReplicas, metric targets; the local
-        tier: replicas), plus the current `replicas` for the record. Raises (with `transient`) when unreadable."""
-        ...
-
-    def restore_scale(
-        self,
-    def weights(self, service: str) -> Mapping[str, int]:
-        """Every version's weight (percent); raises (with `transient`) when the route cannot be read."""
-        ...
-
-    def set_weights(
-        self,
-        service: str,
-        weights: Mapping[str, int],
-        *,
-        expected: Mapping[str, int] | None,
-        idempotency_key: str,
-    ) -> ActionOutcome:
-        """Set every version's weight at once (ramped where the router ramps), then verify. SKIPPED, writing
-        nothing, when the current weights are not `expected` (changed by someone else) or already `weights`."""
-        ...
-
         service: str,
         state: Mapping[str, Any],
         *,
@@ -229,6 +195,10 @@ class ActionJournalPort(Protocol):
 
     def actions_since(self, resource: str, since: float) -> list[ActionRecord]: ...
 
+    def deferred_actions(self, policy: str | None = None) -> list[ActionRecord]: ...
+
+    def defer(self, idempotency_key: str, now: float, reason: str) -> ActionRecord: ...
+
     def mark_started(self, idempotency_key: str, now: float, plan: Mapping[str, Any] | None = None) -> ActionRecord: ...
 
     def finish(
@@ -250,6 +220,15 @@ class DispatcherPort(Protocol):
     def dispatch(self, decision: Decision) -> Sequence[Any]: ...
 
     def resume(self) -> Sequence[Any]: ...
+
+    def retry_deferred(self, policy: str, state: PolicyState | None) -> Sequence[Any]:
+        """After an evaluation of `policy` committed `state` (None: the policy is gone): run each of its deferred
+        actions again (same key) whose condition still holds; end the others suppressed, with why."""
+        ...
+
+    def deferred_policies(self) -> set[str]:
+        """The policies that have deferred actions in the journal."""
+        ...
 
 
 class DecisionSink(Protocol):

@@ -116,6 +116,11 @@ def evaluate(
     ports.metrics.record_condition_states(policy.name, [c.name for c in policy.conditions], new_state)
     _log_evaluation(policy, trigger, new_state, source_errors)
     act = ports.before_acting(policy.name, decisions)
+    if act:
+        # Actions the global limits deferred earlier: run again (same key) while their condition still holds in
+        # the state just committed, ended suppressed once it does not; before the new decisions (older first).
+        for record in ports.dispatcher.retry_deferred(policy.name, new_state):
+            ports.metrics.record_action(*action_labels(record))
     for decision in decisions:
         ports.metrics.record_decision(decision)
         _log_decision(decision)

@@ -533,6 +533,11 @@ class Controller:
         for record in self._dispatcher.resume():
             self.metrics.record_action(*action_labels(record))
             logger.info("resumed action %s -> %s", *action_labels(record))
+        # Deferred actions are not resumed: those of a loaded policy wait for its next evaluation (they run only
+        # if their condition still holds then); those of a policy no longer loaded end suppressed now.
+        with self._lock:
+            loaded = set(self._policies)
+        self._end_deferred(sorted(self._dispatcher.deferred_policies() - loaded))
 
     def _end_deferred(self, policies: Iterable[str]) -> None:
         """The deferred actions of policies no longer loaded end suppressed ("policy removed while deferred")."""
@@ -733,6 +738,7 @@ def _log_interrupted(policy_name: str) -> None:
 
 def _recent(by_target: Mapping[TargetKey, tuple[float, ...]], since: float) -> dict[TargetKey, tuple[float, ...]]:
     return {target: kept for target, stamps in by_target.items() if (kept := tuple(t for t in stamps if t > since))}
+
 
 def scheduled_time(anchor: float, interval: float, real: float, last: float | None = None) -> float:
     """The time a scheduled evaluation stands for: the latest nominal run time anchor + k x interval at or before

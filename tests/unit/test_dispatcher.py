@@ -382,7 +382,15 @@ def test_scale_reads_current_count_and_sets_the_desired_one(rig: Rig) -> None:
     )
     [record] = rig.dispatcher().dispatch(decision)
     assert record.status is ActionStatus.SUCCEEDED
-    assert record.plan == {"service": "chat", "current": 2, "desired": 5}
+    # With what it replaces (issue 12: a restore puts it back) and the episode it belongs to.
+    assert record.plan == {
+        "service": "chat",
+        "current": 2,
+        "desired": 5,
+        "before": {"replicas": 2},
+        "episode": rig.clock.now(),
+    }
+    assert record.result is not None and record.result["after"] == {"scale": {"replicas": 5}}
     assert rig.deployer.replica_counts["chat"] == 5
 
 
