@@ -28,13 +28,14 @@ from controller.adapters.metrics.prometheus import PrometheusSettings, Prometheu
 from controller.core.policy_files import LoadedPolicy, PolicyError
 from controller.core.signals import refused_queries, render_signal_queries
 from controller.kit.clock import SystemClock
+from controller.kit.errors import SourceError
 
 PROMTOOL_TIMEOUT_SECONDS = 60.0
 # promtool check rules: `FILE: L:C: group "q3", rule 1, "tailguard:q3": could not parse expression: 1:17: ...`
 _PROMTOOL_ERROR = re.compile(r'group "q(?P<index>\d+)", rule \d+, "[^"]*": (?P<message>.*)$')
 
 
-class ParserUnavailable(Exception):
+class ParserUnavailable(SourceError):
     """The parser check could not run (promtool broke, Prometheus unreachable): why, in one sentence."""
 
 
