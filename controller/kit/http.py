@@ -10,18 +10,27 @@ never shorter than a server's Retry-After) and `retrying` (the bounded loop thro
 client library is not `requests` (the Kubernetes client, grafana-client, prometheus-api-client) drive their one
 attempt through `retrying` too. Actions are not retried here: an action adapter makes one attempt and reports
 `transient`, and the dispatcher alone retries it (with the same `backoff_delay`).
+
+Deadlines are TOTAL, not per read: `timeout` bounds one attempt from connect to the body's last byte (a server
+that trickles its answer a byte at a time is cut there: `read_within`, `DeadlineAdapter`), and `retrying`'s
+`budget` bounds a whole call, every attempt and backoff included: a retry that cannot finish within it is not
+started. So one call costs at most `budget` (or attempts x timeout + backoffs without one), never "per read".
+A server that trickles its HEADERS is still bounded per read only (urllib3 reads them before the body is ours).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import requests
+import urllib3.exceptions
+from requests.adapters import HTTPAdapter
 
 from controller.kit.clock import Clock
 
@@ -30,6 +39,83 @@ log = logging.getLogger(__name__)
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 R = TypeVar("R")
+READ_CHUNK = 64 * 1024
+
+
+class DeadlineExceeded(requests.Timeout):
+    """An answer did not arrive whole within its total deadline (a hanging or trickling server)."""
+
+
+def total_seconds(timeout: Any) -> float:
+    """A requests timeout (seconds, or (connect, read)) as one total: the sum of a pair."""
+    if isinstance(timeout, tuple):
+        return float(sum(part for part in timeout if part is not None))
+    return float(timeout)
+
+
+def read_within(response: requests.Response, deadline: float, *, timer: Callable[[], float] = time.monotonic) -> bytes:
+    """The whole body of a `stream=True` response, or DeadlineExceeded once `timer()` passes `deadline`.
+
+    Each read waits at most what is left (the socket's timeout is lowered before each read), and a read returns
+    what has arrived (read1), so a trickle of one byte per second is cut at the deadline, not at the end."""
+    raw = response.raw
+    chunks: list[bytes] = []
+    try:
+        while True:
+            remaining = deadline - timer()
+            if remaining <= 0:
+                raise DeadlineExceeded(f"the answer did not arrive whole within its deadline ({len(chunks)} reads)")
+            sock = getattr(getattr(raw, "connection", None), "sock", None)
+            if sock is not None:
+                sock.settimeout(remaining)
+            chunk = raw.read1(READ_CHUNK, decode_content=True)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except urllib3.exceptions.ReadTimeoutError as slow:
+        response.close()
+        raise DeadlineExceeded("the answer did not arrive whole within its deadline") from slow
+    except urllib3.exceptions.HTTPError as broken:
+        response.close()
+        raise requests.ConnectionError(f"the answer broke off: {type(broken).__name__}") from broken
+    except DeadlineExceeded:
+        response.close()
+        raise
+    return b"".join(chunks)
+
+
+class DeadlineAdapter(HTTPAdapter):
+    """A transport adapter whose every request ends within its `timeout` IN TOTAL (connect, headers, the whole
+    body), for client libraries that only take a per-read timeout (grafana-client, prometheus-api-client).
+
+    `deadline()` may lower the end further (a call's overall budget); it returns a `time.monotonic()` instant."""
+
+    def __init__(self, *args: Any, deadline: Callable[[], float | None] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline = deadline
+
+    def send(  # type: ignore[override]
+        self, request: requests.PreparedRequest, stream: bool = False, timeout: Any = None, **kwargs: Any
+    ) -> requests.Response:
+        started = time.monotonic()
+        end = started + total_seconds(timeout) if timeout is not None else None
+        outer = self._deadline() if self._deadline is not None else None
+        if outer is not None:
+            end = outer if end is None else min(end, outer)
+        if end is not None:
+            left = end - started
+            if left <= 0:
+                raise DeadlineExceeded("no time left for the request")
+            timeout = left if timeout is None else min(total_seconds(timeout), left)
+        response = super().send(request, stream=True, timeout=timeout, **kwargs)
+        if not stream:
+            if end is None:
+                response._content = response.raw.read(decode_content=True)
+            else:
+                response._content = read_within(response, end)
+            response._content_consumed = True  # type: ignore[attr-defined]
+            response.close()
+        return response
 
 
 def backoff_delay(
@@ -69,18 +155,25 @@ def retrying(
     transient: Callable[[R], bool],
     what: str,
     retry_after: Callable[[R], float | None] | None = None,
+    budget: float | None = None,
+    timer: Callable[[], float] = time.monotonic,
 ) -> R:
     """Call `attempt(1)`, `attempt(2)`, ... until it succeeds (`failure` is None), fails for good (not
     `transient`) or `retry.attempts` are spent, sleeping `retry.delay` through the clock in between; the last
-    answer is returned as it is (answers are data: nothing here raises)."""
+    answer is returned as it is (answers are data: nothing here raises). With a `budget` (seconds, measured on
+    `timer`), no retry starts whose backoff would end past it: the call's total stays within the budget."""
     attempts = max(1, retry.attempts)
     number = 1
+    started = timer()
     while True:
         answer = attempt(number)
         error = failure(answer)
         if error is None or not transient(answer) or number >= attempts:
             return answer
         delay = retry.delay(number, retry_after(answer) if retry_after is not None else None)
+        if budget is not None and timer() - started + delay >= budget:
+            log.info("%s failed (%s), attempt %d of %d; no time left for a retry", what, error, number, attempts)
+            return answer
         log.info("%s failed (%s), attempt %d of %d; retrying in %.2fs", what, error, number, attempts, delay)
         clock.sleep(delay)
         number += 1
@@ -126,8 +219,12 @@ def request_with_retry(
     json_body: Any = None,
     data: bytes | None = None,
     headers: Mapping[str, str] | None = None,
+    budget: float | None = None,
 ) -> HttpAnswer:
+    """One call: each attempt ends within `timeout` in total (body included); with a `budget`, the whole call
+    (attempts and backoffs) ends within it too."""
     shown = f"{method} {redact_url(url)}"
+    ends = time.monotonic() + budget if budget is not None else None
     return retrying(
         lambda attempt: _once(
             session,
@@ -139,12 +236,14 @@ def request_with_retry(
             data=data,
             headers=headers,
             attempt=attempt,
+            ends=ends,
         ),
         retry=retry,
         clock=clock,
         failure=lambda answer: answer.error,
         transient=lambda answer: answer.transient,
         what=shown,
+        budget=budget,
     )
 
 
@@ -159,19 +258,28 @@ def _once(
     data: bytes | None,
     headers: Mapping[str, str] | None,
     attempt: int,
+    ends: float | None = None,
 ) -> HttpAnswer:
+    started = time.monotonic()
+    deadline = started + timeout if ends is None else min(started + timeout, ends)
+    limit = timeout if ends is None else max(0.001, deadline - started)
     try:
+        # Streamed, so that the body is read under the attempt's TOTAL deadline (a trickle is cut there).
         response = session.request(
             method,
             url,
             json=json_body,
             data=data,
             headers=dict(headers or {}),
-            timeout=timeout,
+            timeout=limit,
             allow_redirects=False,
+            stream=True,
         )
+        response._content = read_within(response, deadline)
+        response._content_consumed = True  # type: ignore[attr-defined]
+        response.close()
     except requests.Timeout:
-        return HttpAnswer(None, None, "", f"{shown}: timed out after {timeout:g}s", True, attempt)
+        return HttpAnswer(None, None, "", f"{shown}: timed out after {limit:g}s", True, attempt)
     except requests.ConnectionError as exc:
         return HttpAnswer(None, None, "", f"{shown}: connection failed ({type(exc).__name__})", True, attempt)
     except requests.RequestException as exc:

@@ -8,7 +8,11 @@ backoff slept through the injected clock, honouring Retry-After; anything else
 refuses as bad data (HTTP 400, errorType `bad_data`: a PromQL syntax error) is a
 POLICY error, not an outage: the result says so (`SignalResult.refused`,
 `policy_error=True`) so the controller reports the policy instead of waiting for
-Prometheus to come back. Nothing here
+Prometheus to come back. Deadlines are total, never per read: one attempt ends
+within `timeout` from connect to the last byte of the answer (a trickling server
+is cut there), and one logical query, every attempt and backoff included, within
+`deadline` (default timeout x attempts); a query cut by a deadline is an errored
+SignalResult (a source error, never a breach). Nothing here
 raises for an expected failure, and neither the bearer token nor the basic-auth
 password is ever logged or put into an error message.
 """
@@ -34,14 +38,13 @@ import requests
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from prometheus_api_client.prometheus_connect import PrometheusConnect
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from controller.core.model import SignalResult, TargetKey, target_key
 from controller.core.ports import Clock, RangeResult
 from controller.kit.durations import format_duration
 from controller.kit.errors import ConfigError
-from controller.kit.http import RetryPolicy, retrying
+from controller.kit.http import DeadlineAdapter, DeadlineExceeded, RetryPolicy, retrying
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +90,14 @@ class TLSSettings(_Strict):
 
 class PrometheusSettings(_Strict):
     url: str = Field(pattern=r"^https?://", description="base URL, e.g. http://127.0.0.1:9090")
-    timeout: float = Field(default=10.0, gt=0, description="seconds per HTTP request (connect and read)")
+    timeout: float = Field(
+        default=10.0, gt=0, description="seconds per HTTP request in total (connect, and the whole answer)"
+    )
+    deadline: float | None = Field(
+        default=None,
+        gt=0,
+        description="seconds for one query in total: every attempt and backoff (default: timeout x attempts)",
+    )
     retries: int = Field(default=3, ge=0, le=10, description="retries after the first attempt, transient errors only")
     backoff: float = Field(default=0.5, ge=0, description="first backoff in seconds; doubles per retry")
     max_backoff: float = Field(default=10.0, ge=0, description="cap on one backoff, Retry-After included")
@@ -145,19 +155,21 @@ class _Attempt(threading.local):
 
     key: str | None = None
     response: requests.Response | None = None
+    ends: float | None = None  # time.monotonic() by which the current logical query must be answered
     bad_data: bool = False  # the last logical query was refused as bad data
 
 
-class _KeyedAdapter(HTTPAdapter):
+class _KeyedAdapter(DeadlineAdapter):
     """Adds the idempotency key of the current logical query and remembers the response.
 
     The client library raises on non-200 with only the status and body in a string; the
     remembered response gives us the status code, Retry-After and the JSON error cleanly.
-    Its own urllib3 retries are disabled (Retry(0)): retrying is ours, through the clock.
+    Its own urllib3 retries are disabled (Retry(0)): retrying is ours, through the clock. Each request ends within
+    its timeout in total and by the logical query's deadline (DeadlineAdapter), however slowly the answer comes.
     """
 
     def __init__(self, attempt: _Attempt):
-        super().__init__(max_retries=Retry(total=0, redirect=0, raise_on_status=False))
+        super().__init__(max_retries=Retry(total=0, redirect=0, raise_on_status=False), deadline=lambda: attempt.ends)
         self._attempt = attempt
 
     def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:
@@ -245,6 +257,7 @@ class PrometheusSource:
         self._retry = RetryPolicy(
             attempts=settings.retries + 1, backoff=settings.backoff, max_backoff=settings.max_backoff
         )
+        self._budget = settings.deadline or settings.timeout * (settings.retries + 1)
         self._shown_url = redact_url(settings.url)
         session = build_session(settings)
         url = settings.url.rstrip("/")
@@ -319,6 +332,8 @@ class PrometheusSource:
                 return send(), None
             except PrometheusApiClientException:
                 return None, self._http_failure()
+            except DeadlineExceeded:
+                return None, _Failure(f"no whole answer within the deadline ({self._budget:g}s)", transient=True)
             except requests.Timeout:
                 return None, _Failure(f"timed out after {self._settings.timeout:g}s", transient=True)
             except requests.ConnectionError as refused:
@@ -330,6 +345,7 @@ class PrometheusSource:
 
         # The library's own urllib3 retries are off (Retry(0)); the kit's one retry rule applies, through the clock,
         # honouring Retry-After.
+        self._attempt.ends = time.monotonic() + self._budget
         try:
             data, failure = retrying(
                 once,
@@ -339,9 +355,11 @@ class PrometheusSource:
                 transient=lambda answer: answer[1] is not None and answer[1].transient,
                 retry_after=lambda answer: answer[1].retry_after if answer[1] is not None else None,
                 what=f"prometheus {kind}",
+                budget=self._budget,
             )
         finally:
             self._attempt.key = None
+            self._attempt.ends = None
         elapsed = self._timer() - started
         self._attempt.bad_data = failure is not None and failure.bad_data
         if self._on_query is not None:
