@@ -134,6 +134,12 @@ class LeaseReadingDispatcher:
     def resume(self) -> Sequence[Any]:
         return []
 
+    def retry_deferred(self, policy: str, state: Any) -> Sequence[Any]:
+        return []
+
+    def deferred_policies(self) -> set[str]:
+        return set()
+
 
 def scaling_replica(
     tmp_path: Path, name: str, fake: FakeKubernetes, clock: ManualClock

@@ -104,6 +104,12 @@ class Dispatched:
     def resume(self) -> Sequence[Any]:
         return []
 
+    def retry_deferred(self, policy: str, state: Any) -> Sequence[Any]:
+        return []
+
+    def deferred_policies(self) -> set[str]:
+        return set()
+
 
 def controller(
     tmp_path: Path, source: FakeSource, model_dir: Path, registry: CollectorRegistry
