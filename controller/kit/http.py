@@ -33,6 +33,7 @@ import urllib3.exceptions
 from requests.adapters import HTTPAdapter
 
 from controller.kit.clock import Clock
+from controller.kit.errors import TailguardError
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ R = TypeVar("R")
 READ_CHUNK = 64 * 1024
 
 
-class DeadlineExceeded(requests.Timeout):
+class DeadlineExceeded(requests.Timeout, TailguardError):
     """An answer did not arrive whole within its total deadline (a hanging or trickling server)."""
 
 

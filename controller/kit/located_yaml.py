@@ -28,7 +28,7 @@ MAX_DEPTH = 64  # nesting levels per document, after alias expansion (a policy n
 MAX_TEXT = 16_384  # characters in one scalar (a description, a query, a message template)
 
 
-class YamlLimitError(yaml.MarkedYAMLError):
+class YamlLimitError(yaml.MarkedYAMLError, ConfigError):
     """A YAML input passes one of the limits above; `problem_mark` is where (loaders report file:line:)."""
 
     def __init__(self, problem: str, mark: yaml.Mark | None):
