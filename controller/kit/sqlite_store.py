@@ -7,11 +7,14 @@ committed row survives a crash of the process or of the machine.
 
 from __future__ import annotations
 
+import json
+import math
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 def open_durable(path: Path, error: Callable[[str], Exception], what: str) -> sqlite3.Connection:
@@ -63,3 +66,19 @@ def incremental_vacuum(db: sqlite3.Connection) -> int:
     before = int(db.execute("PRAGMA freelist_count").fetchone()[0])
     db.executescript("PRAGMA incremental_vacuum;")
     return before - int(db.execute("PRAGMA freelist_count").fetchone()[0])
+
+
+def finite(value: Any) -> Any:
+    """JSON has no NaN/Infinity: store them as null rather than fail the whole transaction."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(key): finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(item) for item in value]
+    return value
+
+
+def json_column(value: Any) -> str:
+    """The one JSON text form of a stored column: sorted keys, compact, NaN as null."""
+    return json.dumps(finite(value), sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)

@@ -38,7 +38,13 @@ from controller.core.actions import (
 from controller.core.engine import PolicyState
 from controller.core.model import Decision, target_labels
 from controller.kit.errors import StoreError
-from controller.kit.sqlite_store import immediate_transaction, incremental_vacuum, make_durable, open_durable
+from controller.kit.sqlite_store import (
+    immediate_transaction,
+    incremental_vacuum,
+    json_column,
+    make_durable,
+    open_durable,
+)
 
 # 2: the engine state per (policy, condition, target) (journal_state.py) instead of one whole-state row per
 # policy (`policy_state`, migrated when a version-1 file is opened); retention indexes (journal_retention.py).
@@ -120,19 +126,6 @@ def _json_value(value: float | None) -> float | None:
     return value
 
 
-def _finite(value: Any) -> Any:
-    """JSON has no NaN/Infinity: store them as null rather than fail the whole transaction."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {str(key): _finite(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
-    return value
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(_finite(value), sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)
 
 
 def _decision_body(decision: Decision) -> dict[str, Any]:
@@ -231,7 +224,7 @@ class Journal:
         with self._transaction() as db:
             db.execute(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES ('last_purge', ?)",
-                (_dumps({"at": now, "retention": retention, **report.to_json()}),),
+                (json_column({"at": now, "retention": retention, **report.to_json()}),),
             )
         return report
 
@@ -249,14 +242,14 @@ class Journal:
                 decision.kind.value,
                 decision.policy,
                 decision.condition,
-                _dumps(target_labels(decision.target)),
+                json_column(target_labels(decision.target)),
                 decision.at,
                 _json_value(decision.value),
                 decision.threshold,
-                _dumps([[t, v] for t, v in decision.evidence if math.isfinite(v)]),
+                json_column([[t, v] for t, v in decision.evidence if math.isfinite(v)]),
                 decision.reason,
                 int(decision.dry_run),
-                _dumps(_decision_body(decision)),
+                json_column(_decision_body(decision)),
                 now,
             ),
         )
@@ -274,7 +267,7 @@ class Journal:
                     decision.policy,
                     action_resource(action, decision),
                     action.type.value,
-                    _dumps(dict(action.params)),
+                    json_column(dict(action.params)),
                     int(decision.dry_run),
                     ActionStatus.PLANNED.value,
                     now,
@@ -370,7 +363,7 @@ class Journal:
                 (
                     ActionStatus.STARTED.value,
                     now,
-                    _dumps(dict(plan)) if plan is not None else None,
+                    json_column(dict(plan)) if plan is not None else None,
                     now,
                     idempotency_key,
                     *_OPEN,
@@ -404,7 +397,7 @@ class Journal:
                 "WHERE idempotency_key = ? AND status IN (?, ?, ?)",
                 (
                     status.value,
-                    _dumps(dict(result)) if result is not None else None,
+                    json_column(dict(result)) if result is not None else None,
                     error,
                     now,
                     now,

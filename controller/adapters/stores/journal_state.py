@@ -22,15 +22,14 @@ is opened: each whole state becomes these rows, and the old table is dropped.
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
-from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any
 
 from controller.core.engine import ConditionState, PolicyState, StateKey
 from controller.core.model import TargetKey
+from controller.kit.sqlite_store import finite, json_column
 
 STATE_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS policy_meta (
@@ -62,19 +61,6 @@ def _signature(state: ConditionState, evaluated_at: float | None) -> Signature:
     return _DURABLE(state), (_FRESH if last == evaluated_at else last)
 
 
-def _finite(value: Any) -> Any:
-    """JSON has no NaN/Infinity: null instead (as the whole-state row did)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {str(key): _finite(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
-    return value
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(_finite(value), sort_keys=True, separators=(",", ":"), allow_nan=False, default=str)
 
 
 def _target_text(target: TargetKey) -> str:
@@ -159,7 +145,7 @@ class StateStore:
             fresh = signature[1] == _FRESH
             if fresh:
                 data["last_data_at"] = None
-            upserts.append((policy, key[0], _target_text(key[1]), _dumps(data), int(fresh), now))
+            upserts.append((policy, key[0], _target_text(key[1]), json_column(data), int(fresh), now))
             out.written[key] = signature
         if len(held) > len(state.conditions) - new_keys:  # some held row is no longer in the state
             out.deleted = [key for key in held if key not in state.conditions]
@@ -168,7 +154,7 @@ class StateStore:
             "VALUES (?, ?, ?, ?, ?) ON CONFLICT (policy) DO UPDATE SET actions_at = excluded.actions_at, "
             "evaluations = excluded.evaluations, last_evaluated_at = excluded.last_evaluated_at, "
             "updated_at = excluded.updated_at",
-            (policy, _dumps(_actions_at(state)), state.evaluations, _finite(evaluated_at), now),
+            (policy, json_column(_actions_at(state)), state.evaluations, finite(evaluated_at), now),
         )
         if upserts:
             db.executemany(
