@@ -1,6 +1,7 @@
 """The controller's HTTP API: health, readiness, metrics, the Alertmanager webhook, recent decisions.
 
-stdlib ThreadingHTTPServer: a handful of small JSON endpoints need no framework.
+Served by aiohttp's low-level server on its own thread and event loop (`ControllerAPI`): idle/header and body
+timeouts, a connection cap, body and JSON-nesting limits, TCP_NODELAY; see the class for each limit.
 
 Alertmanager webhooks (payload version "4") are a second, push trigger next to
 the schedule. Matching rule, alert -> policies (see `policies_for_alert`):
@@ -26,8 +27,14 @@ observation counts toward `for` like any other, and never shortens it (a
 Authentication: with a webhook token (settings `webhook:`), `POST /api/v1/alerts`
 needs `Authorization: Bearer <token>`: 401 without it, 403 with another token
 (compared in constant time, so the answer time does not leak how much of a guess
-was right). The token is never logged or echoed. /healthz, /readyz and /metrics
-stay open: probes and Prometheus have no token and expose nothing that acts.
+was right). The token is never logged or echoed. The same token guards every
+non-health endpoint: `GET /api/v1/decisions` (decisions carry evidence and action
+parameters) answers 401/403 the same way. /healthz, /readyz and /metrics stay
+open: probes and Prometheus have no token, they expose nothing that acts, and
+/metrics carries counts and policy names only (no URLs, parameters or evidence);
+the NetworkPolicy in deploy/base admits the API port from Prometheus and
+Alertmanager only. Receiver URLs and credential-bearing values in decisions are
+cut to scheme+host (`controller.kit.redact`).
 
 Standby: with leader election, only the leader evaluates. A replica that is not the leader answers
 `POST /api/v1/alerts` with 503, a `Retry-After` header and `{"standby": true, ...}` instead of accepting an alert
@@ -37,21 +44,26 @@ through the Service a retry reaches the leader. Nothing is evaluated on the stan
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
+import socket
 import threading
-from collections.abc import Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Literal
-from urllib.parse import parse_qs, urlsplit
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal, TypeVar
+from urllib.parse import parse_qs
 
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from controller.core.model import TargetKey, target_key
 from controller.core.policy import Policy
 from controller.core.ports import TRIGGER_ALERT, ControllerPort, LeaderPort
 from controller.kit.errors import InputError
+from controller.kit.redact import redact_value
 from controller.loop.metrics import EXPOSITION_CONTENT_TYPE
 
 logger = logging.getLogger("tailguard.api")
@@ -61,6 +73,16 @@ POLICY_LABEL = "tailguard_policy"
 DEFAULT_DECISIONS = 50
 MAX_DECISIONS = 1000
 STANDBY_RETRY_AFTER_SECONDS = 2  # about one leader-election retry period: the Lease is settled by then
+MAX_JSON_DEPTH = 32  # an Alertmanager payload is 4 levels deep (payload > alerts > alert > labels)
+MAX_CONNECTIONS = 1000  # open connections; at the cap the longest-idle one makes room (see ControllerAPI)
+IDLE_TIMEOUT_SECONDS = 30.0  # a connection with no complete request head (new or kept alive) is closed then
+BODY_TIMEOUT_SECONDS = 10.0  # the whole body of a POST within this (else 408)
+WORKER_THREADS = 4  # threads answering what asks the controller (readiness, metrics, decisions, alerts)
+LISTEN_BACKLOG = 1024
+MAX_LINE_BYTES = 8190  # request line and each header (aiohttp's defaults, stated)
+MAX_HEADERS = 64
+DRAIN_LIMIT_BYTES = 64 * 1024  # a refused POST's body up to this is read (the connection stays usable)
+SHUTDOWN_SECONDS = 2.0
 
 
 class _Payload(BaseModel):
@@ -102,6 +124,10 @@ def parse_alertmanager_payload(body: bytes) -> AlertmanagerPayload:
         raw = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as bad:
         raise PayloadError(f"body is not valid JSON: {bad}") from None
+    except RecursionError:  # the C scanner's own bound, far deeper than ours
+        raise PayloadError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+    if _depth_exceeds(raw, MAX_JSON_DEPTH):
+        raise PayloadError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     if not isinstance(raw, dict):
         raise PayloadError("expected a JSON object (an Alertmanager webhook payload)")
     version = raw.get("version")
@@ -116,6 +142,20 @@ def parse_alertmanager_payload(body: bytes) -> AlertmanagerPayload:
             f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in invalid.errors()[:10]
         ]
         raise PayloadError("invalid Alertmanager payload: " + "; ".join(problems)) from None
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether `value` nests containers deeper than `limit` (iterative: no recursion on hostile input)."""
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        pending.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 def policy_matches_alert(policy: Policy, labels: Mapping[str, str]) -> bool:
@@ -138,8 +178,23 @@ def alert_target(policy: Policy, labels: Mapping[str, str]) -> TargetKey:
     return target_key({name: labels[name] for name in policy.targets.groupBy})
 
 
+R = TypeVar("R")
+
+
 class ControllerAPI:
-    """Serves the controller on `host:port` (port 0: a free port, see `.port`) from a daemon thread."""
+    """Serves the controller on `host:port` (port 0: a free port, see `.port`) from one thread with its own event
+    loop (aiohttp's low-level server). The socket is bound in the constructor, so a port in use fails here (an
+    OSError) and `.port` is known before `start`.
+
+    Limits (module constants, overridable per instance): at most `max_connections` open connections (at the cap the
+    longest-idle connection is closed for the new one, so a flood of idle connections never locks a probe out; with
+    none idle the new one is closed), an idle/header timeout (`idle_timeout`: a connection that sends no complete
+    request head within it is closed, a kept-alive one between requests too), a body timeout (`body_timeout`: 408),
+    request-line/header size limits (aiohttp: 400/431), bodies over `max_body_bytes` refused unread (413, the
+    connection closed), JSON nested deeper than `MAX_JSON_DEPTH` refused (400). Answers that ask the controller
+    (readiness, metrics, decisions, alerts) run on a small worker pool (`workers` threads), so a slow one never
+    holds `/healthz`; the thread count does not grow with connections. TCP_NODELAY is set on every connection and
+    each answer goes out in one write (no Nagle delay on kept-alive connections)."""
 
     def __init__(
         self,
@@ -150,47 +205,128 @@ class ControllerAPI:
         webhook_token: str | None = None,
         leader: LeaderPort | None = None,
         standby_retry_after: int = STANDBY_RETRY_AFTER_SECONDS,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        idle_timeout: float = IDLE_TIMEOUT_SECONDS,
+        body_timeout: float = BODY_TIMEOUT_SECONDS,
+        workers: int = WORKER_THREADS,
     ) -> None:
         if webhook_token is not None and not webhook_token:
             raise ValueError("webhook_token must not be empty (None leaves the webhook open)")
+        if max_connections < 1 or workers < 1 or idle_timeout <= 0 or body_timeout <= 0:
+            raise ValueError("max_connections and workers must be >= 1, the timeouts > 0")
         self.controller = controller
         self.max_body_bytes = max_body_bytes
+        self.max_connections = max_connections
+        self.idle_timeout = idle_timeout
+        self.body_timeout = body_timeout
         self._webhook_token = webhook_token.encode() if webhook_token is not None else None
         # With leader election: a standby refuses alerts with 503 so that Alertmanager retries on the leader.
         self._leader = leader
         self.standby_retry_after = max(1, int(standby_retry_after))
-        self._server = ThreadingHTTPServer((host, port), _handler_for(self))
-        self._server.daemon_threads = True
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._socket = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
+        self._host, self._port = self._socket.getsockname()[:2]
+        self._workers = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tailguard-api-worker")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.ServerRunner | None = None
+        self._server: _CappedServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
     def host(self) -> str:
-        return str(self._server.server_address[0])
+        return str(self._host)
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return int(self._port)
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.2},
-            name="tailguard-api",
-            daemon=True,
-        )
+        started = threading.Event()
+        failure: list[BaseException] = []
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self._serve())
+            except Exception as error:  # noqa: BLE001 - handed to start(), which raises it
+                failure.append(error)
+                started.set()
+                loop.close()
+                return
+            started.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
+
+        self._thread = threading.Thread(target=serve, name="tailguard-api", daemon=True)
         self._thread.start()
+        started.wait()
+        if failure:
+            self._thread.join()
+            self._thread = None
+            raise failure[0]
         logger.info("API listening on %s", self.url)
 
+    async def _serve(self) -> None:
+        self._server = _CappedServer(
+            self._handle,
+            max_connections=self.max_connections,
+            keepalive_timeout=self.idle_timeout,  # also bounds an incomplete request head: see _CappedServer
+            lingering_time=0,  # an unread body is never drained: the connection is closed instead
+            max_line_size=MAX_LINE_BYTES,
+            max_field_size=MAX_LINE_BYTES,
+            max_headers=MAX_HEADERS,
+            access_log=None,
+            logger=logging.getLogger("tailguard.api.http"),
+        )
+        self._runner = web.ServerRunner(self._server, shutdown_timeout=SHUTDOWN_SECONDS)
+        await self._runner.setup()
+        site = web.SockSite(self._runner, self._socket, backlog=LISTEN_BACKLOG)
+        await site.start()
+
     def stop(self) -> None:
-        if self._thread is not None:
-            self._server.shutdown()
-            self._thread.join(timeout=10)
-            self._thread = None
-        self._server.server_close()
+        loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None and self._runner is not None:
+            runner = self._runner
+            try:
+                asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=SHUTDOWN_SECONDS + 5)
+            except Exception:  # stopping must go on: the loop is stopped below either way
+                logger.warning("the API did not shut down cleanly", exc_info=True)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=10)
+        self._thread = None
+        self._loop = None
+        self._runner = None
+        self._workers.shutdown(wait=False, cancel_futures=True)
+        self._socket.close()
+
+    def open_connections(self) -> int:
+        """Connections open right now (at most `max_connections`)."""
+        server = self._server
+        return len(server.connections) if server is not None else 0
+
+    def connection_sockets(self) -> list[socket.socket]:
+        """The sockets of the open connections (for checks of their options, e.g. TCP_NODELAY)."""
+        server = self._server
+        if server is None:
+            return []
+        found = []
+        for handler in server.connections:
+            transport = handler.transport
+            sock = transport.get_extra_info("socket") if transport is not None else None
+            if sock is not None:
+                found.append(sock)
+        return found
 
     # ----- endpoints: (status, content type, body) --------------------------------------------------
 
@@ -209,18 +345,24 @@ class ControllerAPI:
             return 400, {"error": f"limit must be an integer between 1 and {MAX_DECISIONS}"}
         if not 1 <= limit <= MAX_DECISIONS:
             return 400, {"error": f"limit must be an integer between 1 and {MAX_DECISIONS}"}
-        return 200, self.controller.recent_decisions(limit)
+        # Receiver URLs and credential-bearing values are cut to scheme+host (they are in the journal cut already;
+        # this also covers an older journal's rows).
+        return 200, redact_value(self.controller.recent_decisions(limit))
 
     def authorize_webhook(self, authorization: str | None) -> tuple[int, dict[str, Any]] | None:
         """None when the request may post alerts, else the refusal (401 no bearer token, 403 a wrong one)."""
+        return self.authorize(authorization, "Alertmanager webhook")
+
+    def authorize(self, authorization: str | None, what: str) -> tuple[int, dict[str, Any]] | None:
+        """The bearer-token check of every non-health endpoint (`what` names it in the log)."""
         if self._webhook_token is None:
             return None
         scheme, _, presented = (authorization or "").strip().partition(" ")
         if scheme.lower() != "bearer" or not presented.strip():
-            logger.warning("rejected Alertmanager webhook: no bearer token (401)")
+            logger.warning("rejected %s: no bearer token (401)", what)
             return 401, {"error": "authentication required: send Authorization: Bearer <token>"}
         if not hmac.compare_digest(presented.strip().encode(), self._webhook_token):
-            logger.warning("rejected Alertmanager webhook: wrong bearer token (403)")  # never the token itself
+            logger.warning("rejected %s: wrong bearer token (403)", what)  # never the token itself
             return 403, {"error": "the bearer token is not the one configured for this webhook"}
         return None
 
@@ -260,97 +402,148 @@ class ControllerAPI:
         )
         return 202, {"triggered": triggered, "alerts": len(payload.alerts)}
 
+    # ----- the HTTP side (on the event loop) ---------------------------------------------------------
 
-def _handler_for(api: ControllerAPI) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "tailguard"
-        protocol_version = "HTTP/1.1"
+    async def _call(self, function: Callable[..., R], *args: Any) -> R:
+        """A controller call on the worker pool: the event loop (and /healthz) never waits on the controller."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._workers, function, *args)
 
-        def log_message(self, format: str, *args: Any) -> None:
-            logger.debug("%s %s", self.address_string(), format % args)
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        path = request.path
+        try:
+            if request.method == "GET":
+                return await self._get(request, path)
+            if request.method == "POST":
+                return await self._post(request, path)
+            return _refuse_body(_json(405, {"error": f"method {request.method} is not allowed"}), request)
+        except Exception:  # a bug in one request must not take the server down; details go to the log
+            logger.exception("%s %s failed", request.method, path)
+            return _refuse_body(_json(500, {"error": "internal error (see the controller log)"}), request)
 
-        def _send(self, status: int, body: bytes, content_type: str, headers: Mapping[str, str] | None = None) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-
-        def _json(self, status: int, value: Any, headers: Mapping[str, str] | None = None) -> None:
-            self._send(status, (json.dumps(value, default=str) + "\n").encode(), "application/json", headers)
-
-        def do_GET(self) -> None:
-            parts = urlsplit(self.path)
-            try:
-                if parts.path == "/healthz":
-                    self._json(*api.healthz())
-                elif parts.path == "/readyz":
-                    self._json(*api.readyz())
-                elif parts.path == "/metrics":
-                    self._send(200, api.controller.metrics.exposition(), EXPOSITION_CONTENT_TYPE)
-                elif parts.path == "/api/v1/decisions":
-                    self._json(*api.decisions(parts.query))
-                elif parts.path == "/api/v1/alerts":
-                    self._json(405, {"error": "use POST with an Alertmanager webhook payload"})
-                else:
-                    self._json(404, {"error": f"no such endpoint: {parts.path}"})
-            except Exception:  # a bug in one request must not take the server down; details go to the log
-                logger.exception("GET %s failed", parts.path)
-                self._json(500, {"error": "internal error (see the controller log)"})
-
-        def do_POST(self) -> None:
-            parts = urlsplit(self.path)
-            if parts.path != "/api/v1/alerts":
-                self._drain()
-                self._json(
-                    404 if parts.path not in ("/healthz", "/readyz", "/metrics") else 405,
-                    {"error": f"no POST endpoint at {parts.path}"},
-                )
-                return
-            refusal = api.authorize_webhook(self.headers.get("Authorization"))
+    async def _get(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
+        if path == "/healthz":
+            return _json(*self.healthz())
+        if path == "/readyz":
+            return _json(*await self._call(self.readyz))
+        if path == "/metrics":
+            body = await self._call(self.controller.metrics.exposition)
+            return _response(200, body, EXPOSITION_CONTENT_TYPE)
+        if path == "/api/v1/decisions":
+            refusal = self.authorize(request.headers.get("Authorization"), "decisions request")
             if refusal is not None:
-                self._drain()  # a small unread body would otherwise be parsed as the next request
-                status, error = refusal
-                self._json(status, error, {"WWW-Authenticate": 'Bearer realm="tailguard"'} if status == 401 else None)
-                return
-            standby = api.refuse_if_standby()
-            if standby is not None:
-                self._drain()
-                self._json(*standby)
-                return
-            length_header = self.headers.get("Content-Length")
-            if length_header is None:
-                self.close_connection = True
-                self._json(411, {"error": "Content-Length is required"})
-                return
-            try:
-                length = int(length_header)
-            except ValueError:
-                self.close_connection = True
-                self._json(400, {"error": "Content-Length is not an integer"})
-                return
-            if length < 0 or length > api.max_body_bytes:
-                self.close_connection = True  # the unread body must not be parsed as the next request
-                self._json(413, {"error": f"body of {length} bytes exceeds the limit of {api.max_body_bytes}"})
-                return
-            body = self.rfile.read(length)
-            try:
-                self._json(*api.alerts(body))
-            except Exception:
-                logger.exception("POST %s failed", parts.path)
-                self._json(500, {"error": "internal error (see the controller log)"})
+                return _refusal(*refusal)
+            return _json(*await self._call(self.decisions, request.query_string))
+        if path == "/api/v1/alerts":
+            return _json(405, {"error": "use POST with an Alertmanager webhook payload"})
+        return _json(404, {"error": f"no such endpoint: {path}"})
 
-        def _drain(self) -> None:
-            try:
-                length = int(self.headers.get("Content-Length") or 0)
-            except ValueError:
-                length = 0
-            if 0 < length <= api.max_body_bytes:
-                self.rfile.read(length)
-            elif length:
-                self.close_connection = True
+    async def _post(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
+        if path != "/api/v1/alerts":
+            status = 404 if path not in ("/healthz", "/readyz", "/metrics", "/api/v1/decisions") else 405
+            return await self._answer_unread(request, _json(status, {"error": f"no POST endpoint at {path}"}))
+        refusal = self.authorize_webhook(request.headers.get("Authorization"))
+        if refusal is not None:
+            return await self._answer_unread(request, _refusal(*refusal))
+        standby = self.refuse_if_standby()
+        if standby is not None:
+            return await self._answer_unread(request, _json(*standby))
+        length = request.content_length
+        if length is None:
+            return _refuse_body(_json(411, {"error": "Content-Length is required"}), request)
+        if length > self.max_body_bytes:
+            # Refused unread: the connection is closed, so the body is never parsed as a next request.
+            limit = self.max_body_bytes
+            return _refuse_body(_json(413, {"error": f"body of {length} bytes exceeds the limit of {limit}"}), request)
+        try:
+            body = await asyncio.wait_for(request.content.readexactly(length), self.body_timeout)
+        except TimeoutError:
+            return _refuse_body(
+                _json(408, {"error": f"the body did not arrive within {self.body_timeout:g} s"}), request
+            )
+        except asyncio.IncompleteReadError:
+            return _refuse_body(_json(400, {"error": "the body ended before Content-Length bytes"}), request)
+        return _json(*await self._call(self.alerts, body))
 
-    return Handler
+    async def _answer_unread(self, request: web.BaseRequest, answer: web.Response) -> web.Response:
+        """A refusal before the body: a small body is read (the kept-alive connection stays usable, as
+        Alertmanager's retries reuse it), a large or unannounced one is not (the connection is closed)."""
+        length = request.content_length
+        if length is not None and 0 < length <= min(self.max_body_bytes, DRAIN_LIMIT_BYTES):
+            try:
+                await asyncio.wait_for(request.content.readexactly(length), self.body_timeout)
+                return answer
+            except (TimeoutError, asyncio.IncompleteReadError):
+                pass
+        elif length == 0 or (length is None and not request.body_exists):
+            return answer
+        return _refuse_body(answer, request)
+
+
+class _CappedServer(web.Server):
+    """aiohttp's low-level server with a connection cap.
+
+    aiohttp's `keepalive_timeout` runs from the connection's start and from each answer, and closes the connection
+    if no complete request head arrived by then: it is the idle AND the header timeout. At the cap, the connection
+    idle the longest (no request in progress) is closed to make room; if every connection is busy, the new one is
+    closed instead."""
+
+    def __init__(self, handler: Any, *, max_connections: int, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self._max_connections = max_connections
+        self._busy: set[Any] = set()
+        self.request_handler = self._tracked(handler)
+
+    def _tracked(self, handler: Any) -> Any:
+        busy = self._busy
+
+        async def tracked(request: web.BaseRequest) -> web.StreamResponse:
+            protocol = request.protocol
+            busy.add(protocol)
+            try:
+                response: web.StreamResponse = await handler(request)
+                return response
+            finally:
+                busy.discard(protocol)
+
+        return tracked
+
+    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # aiohttp sets it too; never Nagle
+        open_now = self.connections  # oldest first
+        if len(open_now) >= self._max_connections:
+            idle = next((existing for existing in open_now if existing not in self._busy), None)
+            if idle is None:
+                transport.abort()  # every connection is busy: refuse the new one
+                return
+            idle.force_close()
+            self._connections.pop(idle, None)
+        super().connection_made(handler, transport)
+
+    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+        self._busy.discard(handler)
+        super().connection_lost(handler, exc)
+
+
+def _response(status: int, body: bytes, content_type: str, headers: Mapping[str, str] | None = None) -> web.Response:
+    # One buffer for head and body: aiohttp writes a Response with a known body in one send.
+    response = web.Response(status=status, body=body, headers={"Content-Type": content_type, **(headers or {})})
+    response.headers["Server"] = "tailguard"
+    return response
+
+
+def _json(status: int, value: Any, headers: Mapping[str, str] | None = None) -> web.Response:
+    return _response(status, (json.dumps(value, default=str) + "\n").encode(), "application/json", headers)
+
+
+def _refusal(status: int, error: dict[str, Any]) -> web.Response:
+    return _json(status, error, {"WWW-Authenticate": 'Bearer realm="tailguard"'} if status == 401 else None)
+
+
+def _refuse_body(response: web.Response, request: web.BaseRequest) -> web.Response:
+    """Close the connection after this answer unless the request had no body left unread."""
+    if request.body_exists and not request.content.is_eof():
+        response.force_close()
+    return response

@@ -221,10 +221,12 @@ def request_with_retry(
     data: bytes | None = None,
     headers: Mapping[str, str] | None = None,
     budget: float | None = None,
+    shown_url: str | None = None,
 ) -> HttpAnswer:
     """One call: each attempt ends within `timeout` in total (body included); with a `budget`, the whole call
-    (attempts and backoffs) ends within it too."""
-    shown = f"{method} {redact_url(url)}"
+    (attempts and backoffs) ends within it too. Errors name `shown_url` (default: `redact_url(url)`); a URL whose
+    path is a secret (a receiver's) passes its origin (`controller.kit.redact.url_origin`)."""
+    shown = f"{method} {shown_url if shown_url is not None else redact_url(url)}"
     ends = time.monotonic() + budget if budget is not None else None
     return retrying(
         lambda attempt: _once(

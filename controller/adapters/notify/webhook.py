@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
 from controller.kit.errors import ConfigError
-from controller.kit.http import RetryPolicy, redact_url, request_with_retry
+from controller.kit.http import RetryPolicy, request_with_retry
+from controller.kit.redact import url_origin
 
 log = logging.getLogger(__name__)
 
@@ -163,11 +164,13 @@ class WebhookNotifier:
             retry=RetryPolicy(attempts=1),
             data=body,
             headers=headers,
+            # A receiver URL's secret may be its path (Slack-style): errors, the journal and logs show its origin.
+            shown_url=url_origin(settings.url),
         )
         detail = {
             "receiver": receiver,
             "format": settings.format,
-            "url": redact_url(settings.url),
+            "url": url_origin(settings.url),
             "http_status": answer.status,
         }
         if not answer.ok:
@@ -175,7 +178,7 @@ class WebhookNotifier:
             return ActionOutcome(
                 OutcomeStatus.FAILED, detail, f"receiver {receiver!r}: {answer.error}", answer.transient
             )
-        log.info("notified %s (%s, HTTP %s)", receiver, redact_url(settings.url), answer.status)
+        log.info("notified %s (%s, HTTP %s)", receiver, url_origin(settings.url), answer.status)
         return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
 
     def _timestamp(self, idempotency_key: str) -> str:
