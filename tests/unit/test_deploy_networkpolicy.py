@@ -1,0 +1,66 @@
+"""deploy/base's NetworkPolicy: the controller pod admits Prometheus and Alertmanager on its API port only, and
+reaches DNS, the Kubernetes API and the systems its controller.yaml names, nothing else (issue 16 item 6)."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from serving.manifests import render_kustomization
+from tests.unit.test_deploy import BASE, OVERLAY, one
+
+
+@pytest.fixture(scope="module", params=[BASE, OVERLAY], ids=["base", "overlay"])
+def rendered(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    return render_kustomization(request.param)
+
+
+def namespaces(peers: list[dict[str, Any]]) -> set[str]:
+    return {peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for peer in peers}
+
+
+def test_the_policy_selects_the_controller_pod_in_its_namespace(rendered: list[dict[str, Any]]) -> None:
+    policy = one(rendered, "NetworkPolicy")
+    deployment = one(rendered, "Deployment")
+    assert policy["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert sorted(policy["spec"]["policyTypes"]) == ["Egress", "Ingress"]
+
+
+def test_ingress_is_prometheus_and_alertmanager_on_the_api_port_only(rendered: list[dict[str, Any]]) -> None:
+    policy = one(rendered, "NetworkPolicy")
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    container_ports = one(rendered, "Deployment")["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert "http" in {port["name"] for port in container_ports}
+    apps = {peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for peer in rule["from"]}
+    assert apps == {"prometheus", "alertmanager"}
+    assert all("namespaceSelector" in peer and "ipBlock" not in peer for peer in rule["from"])
+
+
+def test_egress_is_dns_the_api_server_and_the_configured_systems_only(rendered: list[dict[str, Any]]) -> None:
+    policy = one(rendered, "NetworkPolicy")
+    rules = policy["spec"]["egress"]
+    open_destination = [rule for rule in rules if "to" not in rule]
+    assert open_destination == [{"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}], (
+        "only the API server's ports go anywhere (its endpoints are not pods)"
+    )
+    assert all(rule.get("ports") for rule in rules), "every egress rule names its ports"
+    dns = [rule for rule in rules if {"port": 53, "protocol": "UDP"} in rule.get("ports", [])]
+    assert len(dns) == 1 and namespaces(dns[0]["to"]) == {"kube-system"}
+    # Every system controller.yaml talks to is reachable: a rule to the namespace of its in-cluster host.
+    (config_map,) = [
+        o for o in rendered if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("tailguard-config")
+    ]
+    config = yaml.safe_load(config_map["data"]["controller.yaml"])
+    urls = [config["prometheus"]["url"], config["argocd"]["url"], config["annotations"]["grafana"]["url"]]
+    urls += [receiver["url"] for receiver in config["receivers"].values()]
+    allowed = set().union(*(namespaces(rule["to"]) for rule in rules if "to" in rule))
+    for url in urls:
+        host = urlsplit(url).hostname or ""
+        assert host.endswith(".svc") or ".svc." in host, f"{url}: an in-cluster Service"
+        assert host.split(".")[1] in allowed, f"{url}: no egress rule to its namespace"
