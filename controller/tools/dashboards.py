@@ -12,6 +12,15 @@ folder). Two dashboards:
 - the controller itself: evaluations, decisions, actions, query latency, source
   errors, mutating-action budget use, condition states.
 
+The policies (rules/examples, or `generate --rules DIR`) draw their thresholds on
+the panels that chart what they watch: every `>`/`>=` threshold of a condition on
+a P99 of vllm:e2e_request_latency_seconds is a line on the end-to-end latency
+panel, one on tailguard_serving_request_latency_seconds (the router's
+per-priority latency) on the per-priority panel, and one on a prediction signal
+on the breach-probability panel (Grafana thresholds, `thresholdsStyle` line).
+Rollouts and tailguard decisions are annotation queries by tag (`rollout`,
+`tailguard`: the tags controller/adapters/annotations/grafana.py writes).
+
 vLLM renamed two metrics; every query reading them asks for both names with `or`
 (PromQL's `or` matches label sets without the metric name, so a server exposing
 both is not counted twice and a server exposing either one works).
@@ -28,11 +37,19 @@ from pathlib import Path
 from typing import Any
 
 from controller.adapters.annotations.settings import GrafanaTokenError, read_token_file
+from controller.core.policy import Policy, Signal
+from controller.core.policy_files import load_policies
 from controller.kit.clock import SystemClock
 
 SLO_UID = "tailguard-vllm-slo"
 CONTROLLER_UID = "tailguard-controller"
-DASHBOARD_DIR = Path(__file__).resolve().parent.parent / "dashboards"
+DASHBOARD_DIR = Path(__file__).resolve().parents[2] / "dashboards"
+RULES_DIR = DASHBOARD_DIR.parent / "rules" / "examples"
+# The P99 the latency policies watch, the router's per-priority latency, and the predicted breach probability.
+E2E_LATENCY = "vllm:e2e_request_latency_seconds"
+PRIORITY_LATENCY = "tailguard_serving_request_latency_seconds"
+BREACH_PROBABILITY = "tailguard_sla_breach_probability"
+THRESHOLD_COLORS = ("orange", "red", "dark-red", "purple")
 SCHEMA_VERSION = 39
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GRAFANA_ANNOTATIONS = {"type": "grafana", "uid": "-- Grafana --"}
@@ -64,10 +81,18 @@ def panel(
     description: str = "",
     kind: str = "timeseries",
     maximum: float | None = None,
+    thresholds: Sequence[float] = (),
 ) -> dict[str, Any]:
     defaults: dict[str, Any] = {"unit": unit}
     if maximum is not None:
         defaults["min"], defaults["max"] = 0, maximum
+    if thresholds:
+        # One line per distinct policy threshold (Grafana draws each step above the base as a line).
+        steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
+        for i, value in enumerate(sorted(set(thresholds))):
+            steps.append({"color": THRESHOLD_COLORS[min(i, len(THRESHOLD_COLORS) - 1)], "value": value})
+        defaults["thresholds"] = {"mode": "absolute", "steps": steps}
+        defaults["custom"] = {"thresholdsStyle": {"mode": "line"}}
     return {
         "type": kind,
         "title": title,
@@ -109,7 +134,7 @@ def query_variable(name: str, label: str, query: str) -> dict[str, Any]:
         "name": name,
         "label": label,
         "datasource": DATASOURCE,
-        "query": {"query": query, "refId": f"{name}-values"},
+        "query": query,
         "definition": query,
         "refresh": 2,
         "multi": True,
@@ -188,8 +213,45 @@ def _by(expr: str, aggregation: str = "sum") -> str:
     return f"{aggregation} by ({BY}) ({expr})"
 
 
-def slo_dashboard() -> dict[str, Any]:
+# -- the policies' thresholds ---------------------------------------------------------------------------------
+
+
+def example_policies(rules: Path = RULES_DIR) -> list[Policy]:
+    """The policies whose thresholds the dashboards draw (rules/examples by default); a broken file is an error."""
+    loaded, errors = load_policies([rules])
+    if errors:
+        raise ValueError("; ".join(f"{e.file}:{e.line}: {e.message}" for e in errors))
+    return [item.policy for item in loaded]
+
+
+def policy_thresholds(policies: Sequence[Policy], watches: Callable[[Signal], bool]) -> list[float]:
+    """Every upper threshold (`>`/`>=`) of a condition whose signal `watches` selects: the lines of a panel."""
+    values: set[float] = set()
+    for policy in policies:
+        signals = {signal.name: signal for signal in policy.signals}
+        for condition in policy.conditions:
+            signal = signals.get(condition.signal)
+            if signal is not None and watches(signal) and condition.when.op in (">", ">="):
+                values.add(condition.when.value)
+    return sorted(values)
+
+
+def _p99_of(metric: str) -> Callable[[Signal], bool]:
+    def watches(signal: Signal) -> bool:
+        query = " ".join((signal.query or "").split())
+        return f"{metric}_bucket" in query and query.startswith("histogram_quantile(0.99")
+
+    return watches
+
+
+def _predicted(signal: Signal) -> bool:
+    return signal.predict is not None
+
+
+def slo_dashboard(policies: Sequence[Policy] | None = None) -> dict[str, Any]:
+    policies = example_policies() if policies is None else policies
     legend = "{{service}} {{version}}"
+    by_service = 'namespace=~"$namespace", service=~"$service"'  # the router's priority series have no version
     kv_new, kv_old = KV_CACHE_USAGE
     itl_new, itl_old = INTER_TOKEN_LATENCY
     items = [
@@ -198,7 +260,9 @@ def slo_dashboard() -> dict[str, Any]:
             "End-to-end latency",
             _quantiles("vllm:e2e_request_latency_seconds"),
             unit="s",
-            description="P50/P95/P99 of vllm:e2e_request_latency_seconds per service and version.",
+            description="P50/P95/P99 of vllm:e2e_request_latency_seconds per service and version; the lines are "
+            "the P99 thresholds of the policies (rules/examples).",
+            thresholds=policy_thresholds(policies, _p99_of(E2E_LATENCY)),
         ),
         panel("Time to first token", _quantiles("vllm:time_to_first_token_seconds"), unit="s"),
         panel(
@@ -206,6 +270,33 @@ def slo_dashboard() -> dict[str, Any]:
             _quantiles(itl_new, itl_old),
             unit="s",
             description=f"{itl_new}, or {itl_old} on vLLM servers before the rename.",
+        ),
+        panel(
+            "Latency per priority (router)",
+            [
+                (
+                    (
+                        f"histogram_quantile({q}, sum by (le, service, priority) "
+                        f"(rate({PRIORITY_LATENCY}_bucket{{{by_service}}}[{RATE}])))"
+                    ),
+                    f"P{int(q * 100)} {{{{service}}}} {{{{priority}}}}",
+                )
+                for q in (0.5, 0.99)
+            ],
+            unit="s",
+            description=f"{PRIORITY_LATENCY}: the router's time to answer per priority class (interactive, batch), "
+            "batching window included; the lines are the thresholds of the per-priority policies.",
+            thresholds=policy_thresholds(policies, _p99_of(PRIORITY_LATENCY)),
+        ),
+        row("Prediction"),
+        panel(
+            "SLA breach probability",
+            [(f"max by (dimension, target) ({BREACH_PROBABILITY})", "{{dimension}} {{target}}")],
+            unit="percentunit",
+            maximum=1,
+            description="The SLA model's probability that a dimension breaches within its horizon, per target, as "
+            "the controller exports it for its prediction signals; the lines are the prediction policies' thresholds.",
+            thresholds=policy_thresholds(policies, _predicted),
         ),
         row("Traffic and errors"),
         panel(
@@ -444,9 +535,9 @@ def controller_dashboard() -> dict[str, Any]:
     )
 
 
-BUILDERS: dict[str, Callable[[], dict[str, Any]]] = {
+BUILDERS: dict[str, Callable[[Sequence[Policy]], dict[str, Any]]] = {
     "vllm-slo.json": slo_dashboard,
-    "tailguard-controller.json": controller_dashboard,
+    "tailguard-controller.json": lambda _policies: controller_dashboard(),
 }
 
 
@@ -454,8 +545,9 @@ def render(dashboard_json: dict[str, Any]) -> str:
     return json.dumps(dashboard_json, indent=2, sort_keys=True) + "\n"
 
 
-def all_dashboards() -> dict[str, dict[str, Any]]:
-    return {name: build() for name, build in BUILDERS.items()}
+def all_dashboards(policies: Sequence[Policy] | None = None) -> dict[str, dict[str, Any]]:
+    policies = example_policies() if policies is None else policies
+    return {name: build(policies) for name, build in BUILDERS.items()}
 
 
 def expressions(dashboard_json: dict[str, Any]) -> list[str]:
@@ -480,9 +572,14 @@ def save_body(dashboard_json: dict[str, Any], folder_uid: str | None, message: s
 # -- CLI -----------------------------------------------------------------------------------------------------
 
 
-def generate(directory: Path, check: bool) -> int:
+def generate(directory: Path, check: bool, rules: Path = RULES_DIR) -> int:
     stale: list[str] = []
-    for name, dashboard_json in all_dashboards().items():
+    try:
+        policies = example_policies(rules)
+    except ValueError as broken:
+        print(f"--rules: {broken}", file=sys.stderr)
+        return 2
+    for name, dashboard_json in all_dashboards(policies).items():
         path = directory / name
         text = render(dashboard_json)
         current = path.read_text(encoding="utf-8") if path.exists() else None
@@ -529,6 +626,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     gen = commands.add_parser("generate", help="rewrite dashboards/*.json from controller/tools/dashboards.py")
     gen.add_argument("--dir", type=Path, default=DASHBOARD_DIR, help="output directory (default: %(default)s)")
     gen.add_argument("--check", action="store_true", help="only check that the files are up to date (exit 1 if not)")
+    gen.add_argument(
+        "--rules", type=Path, default=RULES_DIR, help="policies whose thresholds the panels draw (default: %(default)s)"
+    )
     pushp = commands.add_parser("push", help="provision the dashboards through the Grafana API")
     pushp.add_argument("--grafana", required=True, help="Grafana base URL, e.g. http://127.0.0.1:3000")
     pushp.add_argument("--token-file", type=Path, help="file holding a Grafana service-account token")
@@ -541,7 +641,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pushp.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default: %(default)s)")
     args = parser.parse_args(list(argv) if argv is not None else None)
     if args.action == "generate":
-        return generate(args.dir, args.check)
+        return generate(args.dir, args.check, args.rules)
     if not args.grafana.startswith(("http://", "https://")):
         print(f"--grafana: expected an http:// or https:// URL, got {args.grafana!r}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from controller.core.policy import Policy
 from controller.loop.metrics import ControllerMetrics
 from controller.tools import dashboards
 from serving.engine_args_metric import EngineArgCollector, ListedReplica
@@ -199,3 +200,132 @@ def test_push_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert dashboards.main(["push", "--grafana", "http://127.0.0.1:9", "--token-file", str(tmp_path / "no")]) == 2
     err = capsys.readouterr().err
     assert "expected an http" in err and "token file" in err
+
+
+# -- issue 14 (item 7): Grafana's dashboard model, policy thresholds, prediction and per-priority panels -----------
+
+GRAFANA_DASHBOARD_SCHEMA = ROOT / "tests" / "support" / "specs" / "grafana-dashboard.jsonschema.json"
+
+
+def _slo_panel(dashboard: dict[str, Any], title: str) -> dict[str, Any]:
+    return next(p for p in dashboard["panels"] if p["title"] == title)
+
+
+def _lines(panel: dict[str, Any]) -> list[float]:
+    defaults = panel["fieldConfig"]["defaults"]
+    if "thresholds" not in defaults:
+        return []
+    assert defaults["custom"]["thresholdsStyle"] == {"mode": "line"}
+    steps = defaults["thresholds"]["steps"]
+    assert steps[0]["value"] is None  # the base step; every other step is a line
+    return [step["value"] for step in steps[1:]]
+
+
+def test_every_dashboard_validates_against_grafanas_dashboard_model_schema(
+    generated: dict[str, dict[str, Any]],
+) -> None:
+    import jsonschema
+
+    schema = json.loads(GRAFANA_DASHBOARD_SCHEMA.read_text(encoding="utf-8"))
+    validator = jsonschema.Draft7Validator(schema)
+    for name, dashboard in generated.items():
+        errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(dashboard)]
+        assert errors == [], f"{name}: {errors[:5]}"
+    # The schema is strict: an unknown dashboard field or a malformed threshold step is refused.
+    broken = json.loads(json.dumps(generated["vllm-slo.json"]))
+    broken["panelz"] = []
+    assert not validator.is_valid(broken)
+    broken = json.loads(json.dumps(generated["vllm-slo.json"]))
+    e2e = _slo_panel(broken, "End-to-end latency")
+    e2e["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] = "0.8"
+    assert not validator.is_valid(broken)
+
+
+def test_the_p99_panel_draws_the_example_policies_thresholds(generated: dict[str, dict[str, Any]]) -> None:
+    e2e = _slo_panel(generated["vllm-slo.json"], "End-to-end latency")
+    # p99-rollback and attributed-rollback-or-scale both hold P99 e2e latency at 0.8 s.
+    assert _lines(e2e) == [0.8]
+
+
+def _policy(name: str, query: str | None, value: float, *, predict: bool = False) -> Policy:
+    signal: dict[str, Any] = (
+        {"name": "s", "predict": {"model": "sla", "dimension": "gpu"}} if predict else {"name": "s", "query": query}
+    )
+    return Policy.model_validate(
+        {
+            "apiVersion": "tailguard.io/v1alpha1",
+            "kind": "Policy",
+            "name": name,
+            "interval": "15s",
+            "targets": {"groupBy": ["service"]},
+            "signals": [signal],
+            "conditions": [
+                {
+                    "name": "c",
+                    "signal": "s",
+                    "when": {"op": ">", "value": value},
+                    "for": 1,
+                    "noData": "hold",
+                    "actions": [{"type": "annotate", "text": "x"}],
+                }
+            ],
+        }
+    )
+
+
+def test_threshold_lines_follow_the_policies_given() -> None:
+    p99 = "histogram_quantile(0.99, sum by (le, {{ by }}) (rate({m}_bucket{ {{ selector }} }[1m])))"
+    policies = [
+        _policy("e2e", p99.replace("{m}", dashboards.E2E_LATENCY), 0.5),
+        _policy("e2e-p50", p99.replace("0.99", "0.5").replace("{m}", dashboards.E2E_LATENCY), 0.3),  # not a P99
+        _policy("interactive", p99.replace("{m}", dashboards.PRIORITY_LATENCY), 0.25),
+        _policy("predicted", None, 0.7, predict=True),
+    ]
+    slo = dashboards.slo_dashboard(policies)
+    assert _lines(_slo_panel(slo, "End-to-end latency")) == [0.5]
+    assert _lines(_slo_panel(slo, "Latency per priority (router)")) == [0.25]
+    assert _lines(_slo_panel(slo, "SLA breach probability")) == [0.7]
+    bare = dashboards.slo_dashboard([])
+    assert _lines(_slo_panel(bare, "End-to-end latency")) == []
+
+
+def test_prediction_and_per_priority_panels_chart_the_exported_metrics(generated: dict[str, dict[str, Any]]) -> None:
+    slo = generated["vllm-slo.json"]
+    prediction = _slo_panel(slo, "SLA breach probability")
+    (target,) = prediction["targets"]
+    assert metric_names(target["expr"]) == {"tailguard_sla_breach_probability"}
+    assert "dimension" in target["expr"] and prediction["fieldConfig"]["defaults"]["max"] == 1
+    # The prediction policy (predicted-gpu-breach-scale) fires above 0.8.
+    assert 0.8 in _lines(prediction)
+    priority = _slo_panel(slo, "Latency per priority (router)")
+    exprs = [t["expr"] for t in priority["targets"]]
+    assert all(metric_names(e) == {"tailguard_serving_request_latency_seconds_bucket"} for e in exprs)
+    assert all("priority" in e.split("sum by (")[1].split(")")[0] for e in exprs)
+    # Both names exist in what the controller and the router export (a fresh registry each).
+    known = exposed_names()
+    assert {"tailguard_sla_breach_probability", "tailguard_serving_request_latency_seconds_bucket"} <= known
+
+
+def test_rollouts_and_decisions_are_annotation_queries_by_the_tags_the_annotator_writes(
+    generated: dict[str, dict[str, Any]],
+) -> None:
+    source = (ROOT / "controller" / "adapters" / "annotations" / "grafana.py").read_text(encoding="utf-8")
+    for dashboard in generated.values():
+        queries = [a for a in dashboard["annotations"]["list"] if "target" in a]
+        assert queries
+        for query in queries:
+            assert query["datasource"] == dashboards.GRAFANA_ANNOTATIONS and query["enable"] is True
+            assert query["target"]["type"] == "tags" and query["target"]["matchAny"] is False
+            for tag in query["target"]["tags"]:
+                assert f'"{tag}"' in source, f"no annotation is tagged {tag!r}"
+    slo_tags = [a["target"]["tags"] for a in generated["vllm-slo.json"]["annotations"]["list"] if "target" in a]
+    assert slo_tags == [["rollout"], ["tailguard"]]
+
+
+def test_generate_takes_the_rules_and_refuses_broken_ones(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "broken.yaml").write_text("name: [\n", encoding="utf-8")
+    assert dashboards.main(["generate", "--dir", str(tmp_path / "out"), "--rules", str(rules)]) == 2
+    assert "--rules" in capsys.readouterr().err
+    assert dashboards.DASHBOARD_DIR == ROOT / "dashboards"
