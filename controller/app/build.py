@@ -115,7 +115,7 @@ def unknown_receivers(settings_receivers: Sequence[str], paths: Sequence[Path]) 
 
 # What provides each action type that needs more than the always-present journal (notify: unknown_receivers).
 _ACTUATOR_SECTIONS = {
-    ActionType.ROLLBACK: "an `argocd` section (or `tier`)",
+    ActionType.ROLLBACK: "an `argocd` or `kubernetes.rollback` section (or `tier`)",
     ActionType.SCALE: "a `kubernetes.hpa` section (or `tier`)",
     ActionType.SHIFT_TRAFFIC: "a `kubernetes.traffic` section (or `tier`)",
 }
@@ -130,7 +130,9 @@ def missing_actuators(settings: ControllerSettings, loaded: Sequence[LoadedPolic
     kubernetes = settings.kubernetes
     tier = settings.tier is not None
     provided = {
-        ActionType.ROLLBACK: settings.argocd is not None or tier,
+        ActionType.ROLLBACK: settings.argocd is not None
+        or (kubernetes is not None and kubernetes.rollback is not None)
+        or tier,
         ActionType.SCALE: (kubernetes is not None and kubernetes.hpa is not None) or tier,
         ActionType.SHIFT_TRAFFIC: (kubernetes is not None and kubernetes.traffic is not None) or tier,
     }
@@ -209,8 +211,15 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         from controller.app.cluster import build_cluster_actuators, build_leader_elector
     try:
         if settings.kubernetes is not None:
-            cluster = build_cluster_actuators(settings.kubernetes, clock, base_dir=settings.base_dir)
+            cluster = build_cluster_actuators(
+                settings.kubernetes, clock, base_dir=settings.base_dir, state_dir=settings.state_path()
+            )
             stack.callback(cluster.api_client.close)
+            if cluster.rollback is not None:
+                if settings.argocd is not None:
+                    raise ConfigError("kubernetes.rollback and argocd both roll back: configure one of them")
+                # Rollbacks through Deployment revisions (and Helm-owned Deployments), instead of the tier.
+                rollback = cluster.rollback
         if settings.leaderElection is not None:
             elector = build_leader_elector(
                 settings.leaderElection,

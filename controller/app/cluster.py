@@ -1,5 +1,5 @@
 """What `tailguard run` builds from the `kubernetes` and `leaderElection` sections: one ApiClient, the HPA
-scaler, the route weights, the Event recorder and the Lease elector (the sections themselves:
+scaler, the route weights, the Deployment rollback, the Event recorder and the Lease elector (the sections themselves:
 controller/app/cluster_settings.py).
 
 Needs the cluster extra (kubernetes): controller/app/build.py imports this module only when a section asks for it.
@@ -17,6 +17,7 @@ from kubernetes import client as k8s
 
 from controller.adapters.lease.leader import LeaderElector
 from controller.adapters.lease.settings import LeaderElectionSettings
+from controller.adapters.rollback.deployment import DeploymentRef, DeploymentRollback, RollbackRecord
 from controller.adapters.scale.hpa import (
     EventRecorder,
     HpaBounds,
@@ -41,6 +42,7 @@ class ClusterActuators:
     router: HttpRouteRouter | VirtualServiceRouter | None
     events: EventRecorder | None
     api_client: k8s.ApiClient
+    rollback: DeploymentRollback | None = None
 
 
 def cluster_client(settings: KubernetesSettings | None, *, base_dir: Path | None = None) -> k8s.ApiClient:
@@ -87,8 +89,10 @@ def build_cluster_actuators(
     *,
     api_client: k8s.ApiClient | None = None,
     base_dir: Path | None = None,
+    state_dir: Path | None = None,
 ) -> ClusterActuators:
-    """The HPA scaler and the traffic router the settings ask for, sharing one ApiClient and Event recorder."""
+    """The HPA scaler, the traffic router and the Deployment rollback the settings ask for, sharing one ApiClient
+    and Event recorder (the rollback's record of bad templates and plans lives in `state_dir`)."""
     client = api_client if api_client is not None else cluster_client(settings, base_dir=base_dir)
     retry = RetryPolicy(attempts=settings.retries)
     events = EventRecorder(k8s.CoreV1Api(client), clock) if settings.events else None
@@ -129,7 +133,24 @@ def build_cluster_actuators(
             retry=retry,
             events=events,
         )
-    return ClusterActuators(scaler=scaler, router=router, events=events, api_client=client)
+    rollback: DeploymentRollback | None = None
+    if settings.rollback is not None:
+        rollback = DeploymentRollback(
+            k8s.AppsV1Api(client),
+            k8s.CoreV1Api(client) if settings.rollback.helm else None,
+            clock=clock,
+            targets={
+                service: DeploymentRef(ref.namespace or settings.namespace, ref.name)
+                for service, ref in settings.rollback.deployments.items()
+            },
+            namespace=settings.namespace,
+            helm=settings.rollback.helm,
+            record=RollbackRecord(state_dir / "deployment-rollbacks.json" if state_dir is not None else None),
+            timeout=settings.timeout,
+            retry=retry,
+            events=events,
+        )
+    return ClusterActuators(scaler=scaler, router=router, events=events, api_client=client, rollback=rollback)
 
 
 def build_leader_elector(

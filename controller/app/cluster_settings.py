@@ -18,9 +18,14 @@ kubernetes:
     kind: httproute          # or virtualservice
     routes: {chat: {namespace: llm, name: chat}}          # default: the route named like the service
     ramp: {steps: [50], hold: 60s}                        # absent: increases in one step
+  rollback:                  # rollback actions undo a Deployment's rollout (controller/adapters/rollback/deployment.py)
+    deployments: {chat: {namespace: llm, name: chat-vllm}} # default: the Deployment named like the service
+    helm: false              # true: a Helm-owned Deployment goes back to a previous Helm revision (reads its
+                             # release Secrets: add deploy/components/helm-rollback)
 ```
 
-Both `hpa` and `traffic` are optional: without them scale and shift_traffic go to the local tier (if any).
+`hpa`, `traffic` and `rollback` are optional: without them scale and shift_traffic go to the local tier (if any),
+rollback to Argo CD or the local tier (`rollback` and `argocd` together are refused: one system rolls back).
 
 Apart from cluster.py because it imports no client library: the configuration loads without the cluster extra
 (kubernetes), which is needed only when the section is present.
@@ -85,6 +90,19 @@ class TrafficSettings(_Strict):
     ramp: RampSettings | None = Field(default=None, description="step increases of a weight; absent: one step")
 
 
+class RollbackSettings(_Strict):
+    """`kubernetes.rollback`: roll a Deployment back to its previous ReplicaSet revision (`kubectl rollout undo`)."""
+
+    deployments: dict[str, ObjectRefSettings] = Field(
+        default_factory=dict, description="service -> its Deployment; default: the Deployment named like the service"
+    )
+    helm: bool = Field(
+        default=False,
+        description="a Deployment Helm owns goes back to a previous Helm revision's template (read only, through "
+        "the release Secrets; needs the Secrets list permission of deploy/components/helm-rollback)",
+    )
+
+
 class KubernetesSettings(_Strict):
     """`kubernetes:` in the controller configuration."""
 
@@ -98,6 +116,9 @@ class KubernetesSettings(_Strict):
     retries: int = Field(default=3, ge=1, le=10, description="attempts in all, transient errors only")
     hpa: HpaSettings | None = Field(default=None, description="scale actions through HorizontalPodAutoscalers")
     traffic: TrafficSettings | None = Field(default=None, description="shift_traffic actions through route weights")
+    rollback: RollbackSettings | None = Field(
+        default=None, description="rollback actions through Deployment revisions (and Helm-owned Deployments)"
+    )
 
     @model_validator(mode="after")
     def _kubeconfig_only_outside(self) -> KubernetesSettings:

@@ -7,8 +7,9 @@ fake API server and checks that every recorded request is covered here and that 
 
 - serving namespace(s): HPAs (controller/adapters/scale/hpa.py), HTTPRoutes and VirtualServices
   (controller/adapters/traffic/routes.py), ReplicaSets (controller/adapters/changes/tracker.py,
-  KubernetesDeploymentSource),
-  Events about those objects (EventRecorder);
+  KubernetesDeploymentSource; DeploymentRollback), Deployments (controller/adapters/rollback/deployment.py),
+  Events about those objects (EventRecorder); with `kubernetes.rollback.helm` only, the Helm release Secrets
+  (HELM_PERMISSIONS, the optional component deploy/components/helm-rollback);
 - the controller's own namespace: its leader Lease (controller/adapters/lease/leader.py).
 """
 
@@ -53,10 +54,29 @@ ACTUATOR_PERMISSIONS: tuple[Permission, ...] = (
         "apps",
         "replicasets",
         ("list",),
-        "KubernetesDeploymentSource: list_namespaced_replica_set",
+        "KubernetesDeploymentSource, DeploymentRollback: list_namespaced_replica_set",
+        "serving",
+    ),
+    Permission(
+        "apps",
+        "deployments",
+        ("get", "patch"),
+        "DeploymentRollback: read_namespaced_deployment / patch_namespaced_deployment (JSON patch, kubectl's undo)",
         "serving",
     ),
     Permission("", "events", ("create",), "EventRecorder: create_namespaced_event", "serving"),
+)
+
+
+# In the serving namespace(s), only with `kubernetes.rollback.helm`: the Helm release records, read only.
+HELM_PERMISSIONS: tuple[Permission, ...] = (
+    Permission(
+        "",
+        "secrets",
+        ("list",),
+        "DeploymentRollback (helm): list_namespaced_secret, labelSelector owner=helm,name=<release>",
+        "serving",
+    ),
 )
 
 
@@ -71,7 +91,7 @@ LEASE_PERMISSIONS: tuple[Permission, ...] = (
     ),
 )
 
-ALL_PERMISSIONS = ACTUATOR_PERMISSIONS + LEASE_PERMISSIONS
+ALL_PERMISSIONS = ACTUATOR_PERMISSIONS + HELM_PERMISSIONS + LEASE_PERMISSIONS
 
 
 def permission_triples(scope: str | None = None) -> set[tuple[str, str, str]]:

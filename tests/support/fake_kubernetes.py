@@ -3,7 +3,8 @@
 The official `kubernetes` client talks to it through `fake.configuration()`. It keeps objects in memory
 for the kinds tailguard reads and writes (autoscaling/v2 HorizontalPodAutoscaler, apps/v1 Deployment and
 ReplicaSet, gateway.networking.k8s.io/v1 HTTPRoute, networking.istio.io/v1 VirtualService,
-coordination.k8s.io/v1 Lease, core v1 Event) and answers like the real API server:
+coordination.k8s.io/v1 Lease, core v1 Event, core v1 Secret (seeded by tests, read by the Helm detection) and
+answers like the real API server:
 
 - GET (one object) / GET (list) / POST / PUT / PATCH (JSON patch, merge patch; a strategic merge patch is
   applied as a merge patch, which is what it is for the maps tailguard patches) / DELETE;
@@ -15,12 +16,22 @@ coordination.k8s.io/v1 Lease, core v1 Event) and answers like the real API serve
 - failures are injectable (`inject`): a status code (500, 503, ...), a delay (to make a client time out),
   a hook run before the request (e.g. a concurrent writer bumping the resourceVersion), or a mutation of
   the stored object after a write (e.g. another controller overriding a weight);
-- every request is recorded as (verb, apiGroup, resource, namespace) so tests can compare against RBAC.
+- every request is recorded as (verb, apiGroup, resource, namespace) so tests can compare against RBAC;
+- lists honour an equality `labelSelector` (`a=b,c=d`);
+- with `deployment_controller=True`, a small deployment controller: a Deployment written with a new pod template
+  gets the ReplicaSet of that template (found by its `pod-template-hash`, else created, owned by the Deployment)
+  bumped to the next `deployment.kubernetes.io/revision`, the Deployment's annotations copied onto it except
+  those the real controller skips, and the Deployment's revision annotation set, as kube-controller-manager does
+  after `kubectl rollout undo` or a new rollout.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
+import datetime
+import gzip
+import hashlib
 import json
 import threading
 import uuid
@@ -74,6 +85,18 @@ RESOURCE_TYPES = (
     ),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease"),
     ResourceType("", "v1", "events", "Event"),
+    ResourceType("", "v1", "secrets", "Secret"),
+)
+# The annotations the deployment controller never copies from a Deployment onto its ReplicaSets.
+_CONTROLLER_SKIPPED = frozenset(
+    {
+        "kubectl.kubernetes.io/last-applied-configuration",
+        "deployment.kubernetes.io/revision",
+        "deployment.kubernetes.io/revision-history",
+        "deployment.kubernetes.io/desired-replicas",
+        "deployment.kubernetes.io/max-replicas",
+        "deprecated.deployment.rollback.to",
+    }
 )
 _BY_PATH = {(t.group, t.version, t.resource): t for t in RESOURCE_TYPES}
 _BY_KIND = {(t.api_version, t.kind): t for t in RESOURCE_TYPES}
@@ -116,7 +139,9 @@ class _Store:
 class FakeKubernetes:
     """Start with `with FakeKubernetes() as fake:` (or start()/stop()); `fake.configuration()` for the client."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, deployment_controller: bool = False, now: Callable[[], float] | None = None) -> None:
+        self.deployment_controller = deployment_controller
+        self.now = now or (lambda: 1767225600.0)  # 2026-01-01T00:00:00Z: the creation time of simulated objects
         self.requests: list[RecordedRequest] = []
         self._store = _Store()
         self._injections: list[Injection] = []
@@ -292,7 +317,12 @@ class FakeKubernetes:
         key = (rtype.group, rtype.resource, namespace, name or "")
         current = self._store.objects.get(key)
         if verb == "list":
-            items = self.objects(rtype.resource, namespace)
+            wanted = _label_selector(query.get("labelSelector", [""])[0])
+            items = [
+                item
+                for item in self.objects(rtype.resource, namespace)
+                if all(((item.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in wanted.items())
+            ]
             return 200, {
                 "apiVersion": rtype.api_version,
                 "kind": f"{rtype.kind}List",
@@ -370,7 +400,72 @@ class FakeKubernetes:
         self._validate(rtype, obj)
         key = (rtype.group, rtype.resource, namespace, str(metadata.get("name")))
         self._store.objects[key] = obj
+        if self.deployment_controller and rtype.kind == "Deployment":
+            self._roll_out(namespace, obj)
         return copy.deepcopy(obj)
+
+    def _roll_out(self, namespace: str, deployment: dict[str, Any]) -> None:
+        """The deployment controller's part (under the lock): the template's ReplicaSet becomes the newest."""
+        template = copy.deepcopy(deployment["spec"]["template"])
+        template.setdefault("metadata", {}).setdefault("labels", {}).pop("pod-template-hash", None)
+        digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+        name, uid = deployment["metadata"]["name"], deployment["metadata"]["uid"]
+        owned = [
+            obj
+            for (group, resource, ns, _), obj in self._store.objects.items()
+            if (group, resource, ns) == ("apps", "replicasets", namespace)
+            and any(o.get("uid") == uid for o in obj["metadata"].get("ownerReferences") or [])
+        ]
+        numbers = [
+            int(rs["metadata"].get("annotations", {}).get("deployment.kubernetes.io/revision", 0)) for rs in owned
+        ]
+        newest = max(numbers, default=0)
+        mine = next((rs for rs in owned if rs["metadata"]["labels"].get("pod-template-hash") == digest), None)
+        revision = (
+            str(newest)
+            if mine is not None
+            and int(mine["metadata"]["annotations"].get("deployment.kubernetes.io/revision", 0)) == newest
+            else str(newest + 1)
+        )
+        copied = {
+            k: v for k, v in (deployment["metadata"].get("annotations") or {}).items() if k not in _CONTROLLER_SKIPPED
+        }
+        if mine is None:
+            template["metadata"]["labels"]["pod-template-hash"] = digest
+            created = datetime.datetime.fromtimestamp(self.now(), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            selector = copy.deepcopy(deployment["spec"]["selector"])
+            selector.setdefault("matchLabels", {})["pod-template-hash"] = digest
+            mine = {
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "metadata": {
+                    "name": f"{name}-{digest}",
+                    "namespace": namespace,
+                    "labels": dict(template["metadata"]["labels"]),
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "apps/v1",
+                            "kind": "Deployment",
+                            "name": name,
+                            "uid": uid,
+                            "controller": True,
+                            "blockOwnerDeletion": True,
+                        }
+                    ],
+                },
+                "spec": {"replicas": deployment["spec"].get("replicas", 1), "selector": selector, "template": template},
+            }
+            self._write(_BY_PATH[("apps", "v1", "replicasets")], namespace, mine, create=True)
+            self._store.objects[("apps", "replicasets", namespace, mine["metadata"]["name"])]["metadata"][
+                "creationTimestamp"
+            ] = created
+            mine = self._store.objects[("apps", "replicasets", namespace, mine["metadata"]["name"])]
+        previous = mine["metadata"].get("annotations", {}).get("deployment.kubernetes.io/revision")
+        annotations = {**copied, "deployment.kubernetes.io/revision": revision}
+        if previous is not None and previous != revision:
+            annotations["deployment.kubernetes.io/revision-history"] = previous
+        mine["metadata"]["annotations"] = annotations
+        deployment["metadata"].setdefault("annotations", {})["deployment.kubernetes.io/revision"] = revision
 
     def _validate(self, rtype: ResourceType, obj: dict[str, Any]) -> None:
         if obj.get("apiVersion") != rtype.api_version or obj.get("kind") != rtype.kind:
@@ -450,6 +545,15 @@ def _parse_path(path: str) -> tuple[ResourceType, str, str | None] | None:
     if rtype is None:
         return None
     return rtype, rest[2], rest[4] if len(rest) == 5 else None
+
+
+def _label_selector(text: str) -> dict[str, str]:
+    """An equality label selector (`a=b,c=d`; `==` too) as a dict."""
+    wanted: dict[str, str] = {}
+    for term in filter(None, (t.strip() for t in text.split(","))):
+        key, _, value = term.replace("==", "=").partition("=")
+        wanted[key.strip()] = value.strip()
+    return wanted
 
 
 def _verb(method: str, name: str | None) -> str | None:
@@ -631,4 +735,30 @@ def deployment(
                 "spec": {"containers": [{"name": "vllm", "image": image}]},
             },
         },
+    }
+
+
+def helm_release_secret(
+    release: str, version: int, status: str, manifest: str, namespace: str = "llm"
+) -> dict[str, Any]:
+    """A Helm 3 release record as Helm stores it: Secret `sh.helm.release.v1.<release>.v<N>`, type
+    `helm.sh/release.v1`, labels owner/name/status/version, `data.release` = base64(base64(gzip(release JSON)))."""
+    body = {
+        "name": release,
+        "version": version,
+        "namespace": namespace,
+        "info": {"status": status},
+        "manifest": manifest,
+    }
+    encoded = base64.b64encode(gzip.compress(json.dumps(body).encode())).decode()
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "helm.sh/release.v1",
+        "metadata": {
+            "name": f"sh.helm.release.v1.{release}.v{version}",
+            "namespace": namespace,
+            "labels": {"owner": "helm", "name": release, "status": status, "version": str(version)},
+        },
+        "data": {"release": base64.b64encode(encoded.encode()).decode()},
     }

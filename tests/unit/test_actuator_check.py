@@ -23,6 +23,7 @@ reloadInterval: 1h
 ARGOCD = "argocd: {url: 'http://127.0.0.1:9', tokenEnv: TG_TEST_ARGOCD_TOKEN, apps: {chat: llm-chat}}\n"
 TIER = "tier: {url: 'http://127.0.0.1:9'}\n"
 KUBE_HPA = "kubernetes: {inCluster: false, kubeconfig: kubeconfig.yaml, hpa: {maxReplicas: 4}}\n"
+KUBE_ROLLBACK = "kubernetes: {inCluster: false, kubeconfig: kubeconfig.yaml, rollback: {helm: true}}\n"
 KUBE_TRAFFIC = (
     "kubernetes: {inCluster: false, kubeconfig: kubeconfig.yaml, traffic: {routes: {chat: {name: chat}}}}\n"
 )
@@ -79,8 +80,8 @@ def problems(tmp_path: Path, sections: str, text: str) -> list[str]:
 @pytest.mark.parametrize(
     ("action", "sections", "section_named"),
     [
-        ("rollback", "", "add an `argocd` section (or `tier`)"),
-        ("rollback", KUBE_HPA, "add an `argocd` section (or `tier`)"),
+        ("rollback", "", "add an `argocd` or `kubernetes.rollback` section (or `tier`)"),
+        ("rollback", KUBE_HPA, "add an `argocd` or `kubernetes.rollback` section (or `tier`)"),
         ("scale", "", "add a `kubernetes.hpa` section (or `tier`)"),
         ("scale", KUBE_TRAFFIC + ARGOCD, "add a `kubernetes.hpa` section (or `tier`)"),
         ("shift_traffic", "", "add a `kubernetes.traffic` section (or `tier`)"),
@@ -102,6 +103,7 @@ def test_an_action_without_its_actuator_is_one_error_naming_file_type_and_sectio
     [
         ("rollback", ARGOCD),
         ("rollback", TIER),
+        ("rollback", KUBE_ROLLBACK),
         ("scale", KUBE_HPA),
         ("scale", TIER),
         ("shift_traffic", KUBE_TRAFFIC),
@@ -134,7 +136,7 @@ def test_tailguard_run_refuses_to_start_with_exit_2_and_one_sentence(
     err = capsys.readouterr().err
     assert err == (
         f"{tmp_path / 'rules' / 'p99-rollback.yaml'}:1: policy p99-rollback has a rollback action, but no actuator "
-        "for rollback is configured: add an `argocd` section (or `tier`) to the controller configuration\n"
+        "for rollback is configured: add an `argocd` or `kubernetes.rollback` section (or `tier`) to the controller configuration\n"
     )
     assert not (tmp_path / "journal.db").exists(), "refused before anything was opened"
 

@@ -2,22 +2,41 @@
 
 from __future__ import annotations
 
+import yaml
 from kubernetes import client as k8s
 
 from controller.adapters.changes.tracker import KubernetesDeploymentSource
 from controller.adapters.lease.leader import LeaderElector
+from controller.adapters.rollback.deployment import DeploymentRollback
 from controller.adapters.scale.hpa import EventRecorder, HpaBounds, HpaScaler
 from controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
 from controller.core.ports import OutcomeStatus
 from controller.kit.clock import ManualClock
 from controller.tools.cluster_permissions import ACTUATOR_PERMISSIONS, ALL_PERMISSIONS, permission_triples
-from tests.support.fake_kubernetes import FakeKubernetes, hpa, http_route, virtual_service
+from tests.support.fake_kubernetes import (
+    FakeKubernetes,
+    deployment,
+    helm_release_secret,
+    hpa,
+    http_route,
+    virtual_service,
+)
 
 
 def test_recorded_calls_equal_the_declared_permissions() -> None:
     clock = ManualClock()
-    with FakeKubernetes() as fake:
+    with FakeKubernetes(deployment_controller=True) as fake:
         fake.put_object(hpa("chat"))
+        owned = deployment("chat", image="vllm:0.31")
+        owned["metadata"]["annotations"] = {"meta.helm.sh/release-name": "chat"}
+        fake.put_object(owned)
+        owned = fake.get_object("deployments", "llm", "chat") or {}
+        owned["spec"]["template"]["spec"]["containers"][0]["image"] = "vllm:0.32"
+        k8s.AppsV1Api(fake.api_client()).replace_namespaced_deployment("chat", "llm", owned)
+        fake.put_object(
+            helm_release_secret("chat", 1, "superseded", yaml.safe_dump(deployment("chat", image="vllm:0.31")))
+        )
+        fake.requests.clear()  # the seeding above is the test's, not tailguard's
         fake.put_object(http_route("chat"))
         fake.put_object(virtual_service("chat"))
         api = fake.api_client()
@@ -34,7 +53,11 @@ def test_recorded_calls_equal_the_declared_permissions() -> None:
             VirtualServiceRouter(k8s.CustomObjectsApi(api), clock=clock, namespace="llm", events=events),
         ):
             assert router.set_weight("chat", "r2", 0, idempotency_key="c").status is OutcomeStatus.SUCCEEDED
-        assert KubernetesDeploymentSource(k8s.AppsV1Api(api), "llm").rollouts(0.0) == []
+        assert KubernetesDeploymentSource(k8s.AppsV1Api(api), "llm").rollouts(0.0) != []
+        undo = DeploymentRollback(
+            k8s.AppsV1Api(api), k8s.CoreV1Api(api), clock=clock, namespace="llm", helm=True, events=events
+        )
+        assert undo.rollback("chat", idempotency_key="d").status is OutcomeStatus.SUCCEEDED
         lease_api = k8s.CoordinationV1Api(api)
         first = LeaderElector(lease_api, "tailguard-leader", "tailguard", "pod-a", 15, clock)
         second = LeaderElector(lease_api, "tailguard-leader", "tailguard", "pod-b", 15, clock)

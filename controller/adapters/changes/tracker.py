@@ -10,7 +10,9 @@ Sources:
 * `TierRevisionSource`: the local serving tier's revisions (GET /api/v1/services/{svc}/revisions); the diff is
   `serving.profiles.profile_diff` of the two engine profiles.
 * `KubernetesDeploymentSource`: Deployment revisions as their ReplicaSets record them
-  (`deployment.kubernetes.io/revision`); the diff is that of the vLLM container's command-line flags.
+  (`deployment.kubernetes.io/revision`); the diff is that of the vLLM container's command-line flags. A rollback
+  (kubectl's or tailguard's) revives an old ReplicaSet as the next revision; tailguard's is dated by its
+  `tailguard.io/rolled-back-at` annotation (copied from the Deployment), others by the ReplicaSet's creation.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ __all__ = [
 ]
 
 REVISION_ANNOTATION = "deployment.kubernetes.io/revision"
+# Written by a tailguard Deployment rollback (controller/adapters/rollback/deployment.py); the deployment controller
+# copies it onto the ReplicaSet the rollback revives, whose creationTimestamp is that of its first rollout.
+ROLLED_BACK_AT = "tailguard.io/rolled-back-at"
 
 
 class ChangeSourceError(SourceError):
@@ -268,6 +273,9 @@ class KubernetesDeploymentSource:
             entries.sort(key=lambda pair: pair[0])
             for (previous_number, previous), (number, current) in itertools.pairwise(entries):
                 at = parse_time(current.metadata.creation_timestamp)
+                revived = parse_time((current.metadata.annotations or {}).get(ROLLED_BACK_AT))
+                if at is not None and revived is not None and revived > at:
+                    at = revived  # a rollback revived an old ReplicaSet: the rollout happened then
                 if at is None or at < since:
                     continue
                 labels = dict(current.metadata.labels or {})
