@@ -2,7 +2,9 @@
 
 The app wires them (controller/app/cli.py DELEGATED): predictors depend on the controller's kit and core only,
 so the app opens the PrometheusSource they read; the backtest (controller/tools) never imports predictors, so the
-app hands it a factory for the SLA model over history (predictors.history.HistoricalPredictions).
+app hands it a factory for the SLA model over history (predictors.history.HistoricalPredictions), and a reader of
+`--config CONTROLLER_YAML` (`backtest_config`: the settings' prometheus, policies, global limits and dryRun, and the
+change tracker built from the configured change sources).
 """
 
 from __future__ import annotations
@@ -12,12 +14,16 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
+from controller.adapters.changes.tracker import build_change_tracker
 from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.app.extras import ML, missing_extra_message
+from controller.adapters.tier.local_tier import LocalTierClient
+from controller.app.extras import CLUSTER, ML, missing_extra_message, require
+from controller.app.settings import load_settings
 from controller.kit.cli_args import EXIT_USAGE, UsageError
 from controller.kit.clock import SystemClock
+from controller.kit.errors import ConfigError
 from controller.tools import backtest
-from controller.tools.backtest import ModelOptions
+from controller.tools.backtest import ConfiguredInputs, ModelOptions
 from predictors.history import HistoricalPredictions, predictor_specs
 
 
@@ -37,8 +43,43 @@ def historical_predictions(options: ModelOptions, at: float) -> HistoricalPredic
     )
 
 
+def backtest_config(path: str) -> ConfiguredInputs:
+    """The backtest's `--config`: the controller configuration's prometheus, policies, global limits and dryRun,
+    and the change tracker over its configured sources (as `tailguard run` builds it, controller/app/build.py).
+    UsageError, naming the file, for a configuration that cannot be used."""
+    try:
+        settings = load_settings(path)
+        tracking = settings.changeTracking
+        tracker = None
+        if tracking is not None:
+            if "kubernetes" in tracking.sources:
+                require(CLUSTER, "changeTracking.sources kubernetes")
+            tier = settings.tier
+            client = (
+                LocalTierClient(tier.url, timeout=tier.timeout, retries=tier.retries, clock=SystemClock())
+                if tier is not None
+                else None
+            )
+            try:
+                tracker = build_change_tracker(
+                    tracking, clock=SystemClock(), argocd=settings.argocd, tier=client, base_dir=settings.base_dir
+                )
+            except ValueError as missing:
+                raise ConfigError(f"changeTracking: {missing}") from missing
+    except ConfigError as unusable:  # SettingsError, a missing extra, a change source without its section
+        raise UsageError(f"--config {path}: {unusable}") from None
+    return ConfiguredInputs(
+        prometheus=settings.prometheus,
+        policies=tuple(str(p) for p in settings.policy_paths()),
+        limits=settings.limits,
+        change_tracker=tracker,
+        change_window=tracking.window if tracking is not None else 0.0,
+        dry_run=settings.dryRun,
+    )
+
+
 def backtest_main(argv: Sequence[str]) -> int:
-    return backtest.backtest_main(argv, historical_predictions)
+    return backtest.backtest_main(argv, historical_predictions, backtest_config)
 
 
 def train_main(argv: Sequence[str]) -> int:

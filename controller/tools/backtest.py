@@ -1,7 +1,7 @@
 """Backtest: replay the live engine over Prometheus history, executing nothing.
 
 For each policy: one range query per signal over [start, end] (chunked past
-Prometheus' 11,000-points limit), then `engine.transition` at every step, exactly
+Prometheus' 11,000-points limit), then the live evaluation at every step (below), exactly
 as the controller would have evaluated. FIRE / SUPPRESSED / RESOLVE decisions of
 one incident share an id and are merged into one entry; an incident still firing
 at `end` has `resolved_at: null`. Every rendered action is listed with
@@ -18,41 +18,69 @@ for the whole backtest and the report says why (with the exit code of a signal e
 never imports predictors: the app (controller/app/ml_commands.py) passes `backtest_main` a factory
 for the SLA model over history (predictors.history.HistoricalPredictions, a HistoricalPredictionPort).
 
-Rollouts are fed to the engine as the live loop feeds them (controller/loop/evaluation.py recent_rollouts): at
-each evaluation, the rollouts within the policy's largest attribution window up to that time, from a recorded
-rollout list (`--rollouts FILE`: a JSON list of rollouts as the journal and annotations write them,
-{labels, revision, previous_revision, at, source, diff}), so an attributed rollback comes out as a rollback.
+The replay is the live loop's (issue 12 item 6, "backtest = live"): all policies together, evaluation by
+evaluation in time order, each through controller/loop/evaluation.py `evaluate` (transition, journal commit, the
+policy's deferred actions retried, dispatch) into the real Dispatcher over a temporary journal, on a simulated clock,
+with ports that only say they would run (controller/tools/backtest_world.py). So the global limits (cooldown,
+budget, precedence per service across policies: `--config`'s `limits`) defer an action, retry it with its key while
+its condition still fires and end it suppressed when it resolves, as live; each action's outcome (would_run,
+deferred, suppressed, skipped, failed, dry_run, with why and the journaled events) is the report's `dispatch`.
+Rollouts reach attribution through the change tracker port: a recorded list (`--rollouts FILE`, JSON
+{labels, revision, previous_revision, at, source, diff}) and, with `--config`, what the configured change sources
+list for the window (the app builds the tracker); at each evaluation only those up to its time count. Recorded
+alerts (`--alerts FILE`: {at, labels} or Alertmanager payloads) trigger evaluations at their times touching only
+the targets they name (controller/core/alerts.py), the signals queried at that time. What it cannot model
+(actuator failures, the world reacting, replica counts): rules/README.md "Backtesting a policy".
 
     tailguard backtest --prometheus URL --rules PATH --start T --end T [--step 15s] [--output json|markdown]
                        [--predictors NAME=DIR ...] [--trusted-type NAME=TYPE ...] [--allow-untrusted NAME ...]
-                       [--rollouts FILE]
+                       [--rollouts FILE] [--alerts FILE]
+    tailguard backtest --config CONTROLLER_YAML --start T --end T [...]   (its prometheus, policies, limits, rollouts)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource, SourceConfigError
+from controller.adapters.stores.journal import Journal
 from controller.core.actions import ActionRequest
+from controller.core.alerts import alert_scopes
 from controller.core.attribution import Rollout, lookback
-from controller.core.engine import PolicyState, transition
-from controller.core.model import Decision, DecisionKind, TargetKey, format_target, target_labels
+from controller.core.engine import PolicyState
+from controller.core.model import Decision, DecisionKind, SignalResult, TargetKey, format_target, target_labels
 from controller.core.policy import Policy
 from controller.core.policy_files import load_policies
-from controller.core.ports import HistoricalPredictionPort, MetricsSource, RangeResult
-from controller.core.signals import query_signals_range, range_chunks
+from controller.core.ports import (
+    TRIGGER_ALERT,
+    TRIGGER_SCHEDULE,
+    ChangeTrackerPort,
+    HistoricalPredictionPort,
+    MetricsSource,
+    RangeResult,
+)
+from controller.core.signals import query_signals, query_signals_range, range_chunks
 from controller.kit.cli_args import UsageError, parse_time
-from controller.kit.clock import SystemClock
+from controller.kit.clock import ManualClock, SystemClock
 from controller.kit.durations import parse_duration
+from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from controller.loop.evaluation import EvaluationPorts, evaluate
+from controller.loop.metrics import ControllerMetrics
+from controller.tools.backtest_world import RecordedAlert, RecordedRollouts, WouldRun, dispatch_outcome, load_alerts
 
 EXIT_OK = 0
 EXIT_SIGNAL_ERRORS = 1  # the report is printed, but some signal could not be queried
@@ -76,6 +104,8 @@ class BacktestEntry:
     actions: list[tuple[DecisionKind, ActionRequest]] = field(default_factory=list)
     peak: float | None = None
     reason: str = ""
+    # idempotency key -> how the dispatcher handled the action (backtest_world.dispatch_outcome)
+    dispatch: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,7 +121,15 @@ class BacktestEntry:
             "kinds": list(self.kinds),
             "peak": self.peak,
             "reason": self.reason,
-            "actions": [{**action.to_json(), "on": kind.value, "executed": False} for kind, action in self.actions],
+            "actions": [
+                {
+                    **action.to_json(),
+                    "on": kind.value,
+                    "executed": False,
+                    "dispatch": self.dispatch.get(action.idempotency_key),
+                }
+                for kind, action in self.actions
+            ],
         }
 
 
@@ -102,11 +140,13 @@ class BacktestReport:
     start: float
     end: float
     signal_errors: list[str] = field(default_factory=list)
+    alert_evaluations: int = 0  # of `evaluations`, those recorded alerts triggered
 
     def to_json(self) -> dict[str, Any]:
         return {
             "decisions": [entry.to_json() for entry in self.decisions],
             "evaluations": self.evaluations,
+            "alert_evaluations": self.alert_evaluations,
             "start": self.start,
             "end": self.end,
             "signal_errors": list(self.signal_errors),
@@ -133,7 +173,13 @@ class BacktestReport:
                 if entry.resolved_at is not None
                 else ("still firing" if entry.fired_at is not None else "-")
             )
-            actions = ", ".join(f"{action.type.value} ({kind.value})" for kind, action in entry.actions) or "-"
+            actions = (
+                ", ".join(
+                    f"{action.type.value} ({kind.value}{_outcome(entry.dispatch.get(action.idempotency_key))})"
+                    for kind, action in entry.actions
+                )
+                or "-"
+            )
             lines.append(
                 f"| {entry.policy} | {entry.condition} | {_cell(format_target(entry.target))} | "
                 f"{_iso(entry.onset)} | {fired} | {resolved} | {actions} |"
@@ -147,6 +193,11 @@ def _iso(timestamp: float | None) -> str:
     if timestamp is None:
         return "-"
     return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _outcome(dispatch: Mapping[str, Any] | None) -> str:
+    """How the dispatcher handled the action, for the markdown table (", would_run", ", deferred", ...)."""
+    return f", {dispatch['outcome']}" if dispatch else ""
 
 
 def _cell(text: str) -> str:
@@ -198,6 +249,23 @@ class ModelOptions:
 # (the model options, the backtest's end) -> the SLA model over history; raises UsageError for options it cannot
 # use. The app passes one (controller/app/ml_commands.py builds predictors.history.HistoricalPredictions).
 PredictionsFactory = Callable[[ModelOptions, float], HistoricalPredictionPort]
+
+
+@dataclass(frozen=True)
+class ConfiguredInputs:
+    """What `--config CONTROLLER_YAML` gives the backtest; the app reads the file and builds the change tracker
+    from its sources (controller/app/ml_commands.py `backtest_config`)."""
+
+    prometheus: PrometheusSettings
+    policies: tuple[str, ...]  # the configured policy paths (used when no --rules is given)
+    limits: GlobalLimits
+    change_tracker: ChangeTrackerPort | None = None
+    change_window: float = 0.0
+    dry_run: bool | None = None  # the configuration's dryRun: true/false overrides every policy's
+
+
+# a controller configuration's path -> what the backtest takes from it; raises UsageError for one it cannot use.
+ConfigReader = Callable[[str], ConfiguredInputs]
 
 
 class NoModels:
@@ -263,31 +331,80 @@ def rollouts_at(
     return tuple(r for r in rollouts if now - window <= r.at <= now)
 
 
-def backtest_policy(
-    source: MetricsSource,
-    policy: Policy,
+@dataclass(frozen=True)
+class _Evaluation:
+    """One evaluation of the replay: a scheduled one on the policy's grid, or one an alert triggered (touching
+    only `targets`, the targets the alerts at that time name)."""
+
+    at: float
+    trigger: str
+    policy: int  # index into the policies
+    name: str  # the policy's
+    targets: frozenset[TargetKey] | None = None
+
+    def order(self) -> tuple[float, int, str, int]:
+        # In time order; at one time the scheduled evaluations first, then the triggered ones; then by policy name.
+        return (self.at, 0 if self.trigger == TRIGGER_SCHEDULE else 1, self.name, self.policy)
+
+
+class _Answers:
+    """The signals' answers for the evaluation under way (its policy, at the clock's time): the range queries'
+    samples on the grid, the instant queries' answers at an alert's time. The query and prediction ports the
+    live evaluation (controller/loop/evaluation.py) calls."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.grid: dict[str, dict[str, RangeResult]] = {}
+        self.instant: dict[tuple[str, float], dict[str, SignalResult]] = {}
+
+    def _answer(self, policy: Policy, signals: Sequence[str]) -> dict[str, SignalResult]:
+        now = self.clock.now()
+        pinned = self.instant.get((policy.name, now), {})
+        grid = self.grid.get(policy.name, {})
+        out: dict[str, SignalResult] = {}
+        for name in signals:
+            if name in pinned:
+                out[name] = pinned[name]
+            elif name in grid:
+                out[name] = grid[name].at(now)
+            else:
+                out[name] = SignalResult({})
+        return out
+
+    def query(self, _source: MetricsSource, policy: Policy, _at: float | None) -> Mapping[str, SignalResult]:
+        return self._answer(policy, [signal.name for signal in policy.signals if signal.predict is None])
+
+    def predict(self, _source: MetricsSource, policy: Policy, _at: float | None = None) -> Mapping[str, SignalResult]:
+        return self._answer(policy, [signal.name for signal in policy.signals if signal.predict is not None])
+
+    def warnings(self) -> list[str]:
+        return []
+
+
+def _known_rollouts(
+    policies: Sequence[Policy],
     start: float,
-    end: float,
-    step: float | None = None,
-    predictions: HistoricalPredictionPort | None = None,
-    rollouts: Sequence[Rollout] = (),
-    change_window: float = 0.0,
-) -> tuple[list[Decision], int, list[str]]:
-    """All decisions the engine takes for `policy` over history, the number of evaluations and signal errors."""
-    step = policy.interval if step is None else step
-    times = evaluation_times(start, end, step)
-    ranges = query_signals_range(source, policy, start, end, step)
-    predicted, notes = (predictions or NoModels()).predict_range(source, policy, times, step)
-    ranges.update(predicted)
-    errors = [f"{policy.name}/{name}: {result.error}" for name, result in ranges.items() if result.error]
-    errors.extend(notes)
-    state = PolicyState()
-    decisions: list[Decision] = []
-    for now in times:
-        observations = {name: result.at(now) for name, result in ranges.items()}
-        state, taken = transition(policy, observations, state, now, rollouts_at(policy, rollouts, now, change_window))
-        decisions.extend(taken)
-    return decisions, len(times), errors
+    rollouts: Sequence[Rollout],
+    change_tracker: ChangeTrackerPort | None,
+    change_window: float,
+) -> tuple[list[Rollout], list[str]]:
+    """The recorded rollouts and what the change tracker answers once for the whole window (from the largest
+    attribution window before `start`), without duplicates; and the tracker's errors."""
+    known = list(rollouts)
+    errors: list[str] = []
+    windows = [window for policy in policies if (window := lookback(policy, change_window)) is not None]
+    if change_tracker is not None and windows:
+        try:
+            feed = change_tracker.rollouts(start - max(windows))
+            known.extend(feed.rollouts)
+            errors.extend(feed.errors)
+        except Exception as failure:  # noqa: BLE001 - a tracker answers errors as data; anything raised is one too
+            errors.append(f"change tracker raised {type(failure).__name__}: {failure}")
+    unique: dict[tuple[Any, ...], Rollout] = {}
+    for rollout in known:
+        identity = (rollout.at, rollout.source, rollout.revision, tuple(sorted(rollout.labels.items())))
+        unique.setdefault(identity, rollout)
+    return sorted(unique.values(), key=lambda r: (r.at, r.source, r.revision)), errors
 
 
 def run_backtest(
@@ -299,25 +416,130 @@ def run_backtest(
     predictions: HistoricalPredictionPort | None = None,
     rollouts: Sequence[Rollout] = (),
     change_window: float = 0.0,
+    *,
+    limits: GlobalLimits | None = None,
+    alerts: Sequence[RecordedAlert] = (),
+    change_tracker: ChangeTrackerPort | None = None,
 ) -> BacktestReport:
-    """Replay every policy over [start, end]; `step` defaults to each policy's own interval.
+    """Replay every policy over [start, end] as the live loop runs them; `step` defaults to each policy's interval.
 
+    All policies together, in time order: each evaluation is the live one (controller/loop/evaluation.py
+    `evaluate`: transition, journal commit, the policy's deferred actions retried, dispatch) over a temporary
+    journal, the real Dispatcher with the global `limits` (cooldown, budget, precedence; default: none) and
+    ports that only say they would run (backtest_world.WouldRun), on a simulated clock. `alerts` trigger extra
+    evaluations at their times, touching only the targets they name (controller/core/alerts.py), with the
+    signals queried at that time. Rollouts: the recorded ones and what `change_tracker` answers for the window.
     `predictions` answers the prediction signals (the app builds predictors.history.HistoricalPredictions);
     without it they are no-data for the whole backtest.
     """
-    entries: dict[str, BacktestEntry] = {}
-    evaluations = 0
+    clock = ManualClock(start)
+    answers = _Answers(clock)
+    historical = predictions or NoModels()
     errors: list[str] = []
-    for policy in policies:
-        decisions, count, policy_errors = backtest_policy(
-            source, policy, start, end, step, predictions, rollouts, change_window
-        )
-        evaluations += count
-        errors.extend(policy_errors)
-        for decision in decisions:
-            _merge(entries, decision)
+    schedule: list[_Evaluation] = []
+    for index, policy in enumerate(policies):
+        times = evaluation_times(start, end, policy.interval if step is None else step)
+        ranges = query_signals_range(source, policy, start, end, policy.interval if step is None else step)
+        predicted, notes = historical.predict_range(source, policy, times, policy.interval if step is None else step)
+        ranges.update(predicted)
+        errors.extend(f"{policy.name}/{name}: {result.error}" for name, result in ranges.items() if result.error)
+        errors.extend(notes)
+        answers.grid[policy.name] = ranges
+        schedule.extend(_Evaluation(at, TRIGGER_SCHEDULE, index, policy.name) for at in times)
+    schedule.extend(_alert_evaluations(source, policies, start, end, step, alerts, answers, historical, errors))
+    schedule.sort(key=_Evaluation.order)
+
+    known, tracker_errors = _known_rollouts(policies, start, rollouts, change_tracker, change_window)
+    errors.extend(f"change tracking: {error}" for error in tracker_errors)
+    entries: dict[str, BacktestEntry] = {}
+    with tempfile.TemporaryDirectory(prefix="tailguard-backtest-", dir=_scratch()) as scratch:
+        journal = Journal(Path(scratch) / "journal.db")
+        try:
+            world = WouldRun(clock)
+            dispatcher = Dispatcher(
+                journal,
+                Actuators(rollback=world, scale=world, router=world, annotator=world, notifier=world),
+                clock,
+                limits if limits is not None else GlobalLimits(),
+            )
+            ports = EvaluationPorts(
+                source=source,
+                journal=journal,
+                dispatcher=dispatcher,
+                clock=clock,
+                metrics=ControllerMetrics(CollectorRegistry()),
+                predictions=answers,
+                query_signals=answers.query,
+                change_tracker=RecordedRollouts(known, clock, tracker_errors),
+                change_window=change_window,
+            )
+            states = [PolicyState() for _ in policies]
+            for evaluation in schedule:
+                if evaluation.at > clock.now():
+                    clock.advance(evaluation.at - clock.now())
+                outcome = evaluate(
+                    policies[evaluation.policy],
+                    states[evaluation.policy],
+                    evaluation.at,
+                    ports,
+                    trigger=evaluation.trigger,
+                    targets=evaluation.targets,
+                )
+                states[evaluation.policy] = outcome.state
+                for decision in outcome.decisions:
+                    _merge(entries, decision)
+            for entry in entries.values():
+                for _kind, action in entry.actions:
+                    record = journal.get_action(action.idempotency_key)
+                    if record is not None:
+                        events = journal.action_events(action.idempotency_key)
+                        entry.dispatch[action.idempotency_key] = dispatch_outcome(record, events)
+        finally:
+            journal.close()
     ordered = sorted(entries.values(), key=lambda e: (e.onset, e.policy, e.condition, e.target))
-    return BacktestReport(ordered, evaluations, start, end, errors)
+    triggered = sum(1 for evaluation in schedule if evaluation.trigger != TRIGGER_SCHEDULE)
+    return BacktestReport(ordered, len(schedule), start, end, errors, triggered)
+
+
+def _alert_evaluations(
+    source: MetricsSource,
+    policies: Sequence[Policy],
+    start: float,
+    end: float,
+    step: float | None,
+    alerts: Sequence[RecordedAlert],
+    answers: _Answers,
+    historical: HistoricalPredictionPort,
+    errors: list[str],
+) -> list[_Evaluation]:
+    """The evaluations the alerts within [start, end] trigger: per alert time (the alerts of one time are one
+    post), each policy they wake, touching the targets they name; the signals are queried at that time."""
+    by_name = {policy.name: index for index, policy in enumerate(policies)}
+    at_times: dict[float, list[Mapping[str, str]]] = {}
+    for alert in alerts:
+        if start <= alert.at <= end:
+            at_times.setdefault(alert.at, []).append(alert.labels)
+    out: list[_Evaluation] = []
+    for at, labels in sorted(at_times.items()):
+        scopes = alert_scopes({policy.name: policy for policy in policies}, labels)
+        for name, targets in sorted(scopes.items()):
+            policy = policies[by_name[name]]
+            observed = query_signals(source, policy, at)
+            predicted, notes = historical.predict_range(source, policy, [at], policy.interval if step is None else step)
+            observed.update({signal: result.at(at) for signal, result in predicted.items()})
+            for signal, result in observed.items():
+                if result.error is not None:
+                    errors.append(f"{name}/{signal} at {_iso(at)}: {result.error}")
+            errors.extend(note for note in notes if note not in errors)
+            answers.instant[(name, at)] = observed
+            out.append(_Evaluation(at, TRIGGER_ALERT, by_name[name], name, frozenset(targets)))
+    return out
+
+
+def _scratch() -> str | None:
+    """Where the temporary journal goes: memory-backed /dev/shm when there is one (every commit is fsynced)."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
 
 
 # -- CLI -------------------------------------------------------------------------------------------
@@ -329,13 +551,15 @@ def _parser() -> argparse.ArgumentParser:
         description="Replay policies over Prometheus history and print what would have been decided "
         "(no action is executed).",
     )
-    parser.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus base URL")
+    parser.add_argument(
+        "--prometheus", default=None, metavar="URL", help="Prometheus base URL (default: the --config's prometheus)"
+    )
     parser.add_argument(
         "--rules",
-        required=True,
         action="append",
+        default=None,
         metavar="PATH",
-        help="policy file or directory (repeatable)",
+        help="policy file or directory (repeatable; default: the --config's policies)",
     )
     parser.add_argument("--start", required=True, metavar="T", help="epoch seconds or RFC3339")
     parser.add_argument("--end", required=True, metavar="T", help="epoch seconds or RFC3339")
@@ -351,6 +575,19 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="FILE",
         help="recorded rollouts (JSON list) fed to attribution as the live change tracker would",
+    )
+    parser.add_argument(
+        "--config",
+        default=None,
+        metavar="CONTROLLER_YAML",
+        help="the controller configuration: rollouts from its change sources over the window, its global limits "
+        "(cooldown, budget, precedence) and dryRun; its prometheus and policies unless given",
+    )
+    parser.add_argument(
+        "--alerts",
+        default=None,
+        metavar="FILE",
+        help="recorded alerts (JSON list of {at, labels} or Alertmanager payloads) that trigger evaluations",
     )
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per Prometheus request")
     parser.add_argument("--bearer-token-file", default=None, metavar="PATH")
@@ -380,8 +617,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def backtest_main(argv: Sequence[str], predictions: PredictionsFactory | None = None) -> int:
-    """`tailguard backtest`; `predictions` builds the SLA model over history from the model options (the app's)."""
+def backtest_main(
+    argv: Sequence[str], predictions: PredictionsFactory | None = None, read_config: ConfigReader | None = None
+) -> int:
+    """`tailguard backtest`; `predictions` builds the SLA model over history from the model options, `read_config`
+    reads `--config` (both the app's)."""
     parser = _parser()
     try:
         args = parser.parse_args(list(argv))
@@ -400,32 +640,52 @@ def backtest_main(argv: Sequence[str], predictions: PredictionsFactory | None = 
                 raise UsageError(f"--step: {bad}") from None
             if step <= 0:
                 raise UsageError("--step must be positive")
+        configured: ConfiguredInputs | None = None
+        if args.config is not None:
+            if read_config is None:
+                raise UsageError("--config: this entry point cannot read a controller configuration; "
+                                 "use `tailguard backtest`")  # fmt: skip
+            configured = read_config(args.config)
+        if args.prometheus is None and configured is None:
+            raise UsageError("--prometheus URL is required (or --config CONTROLLER_YAML)")
+        rules = list(args.rules or (configured.policies if configured is not None else ()))
+        if not rules:
+            raise UsageError("--rules PATH is required (or --config CONTROLLER_YAML with policies)")
         options = ModelOptions(tuple(args.predictors), tuple(args.trusted_type), tuple(args.allow_untrusted))
         historical = (predictions or no_models)(options, end)
         rollouts = load_rollouts(args.rollouts) if args.rollouts is not None else ()
+        alerts = load_alerts(args.alerts) if args.alerts is not None else ()
     except UsageError as bad:
         print(f"tailguard backtest: error: {bad}", file=sys.stderr)
         return EXIT_USAGE
 
-    loaded, policy_errors = load_policies(args.rules)
+    loaded, policy_errors = load_policies(rules)
     for policy_error in policy_errors:
         print(f"tailguard backtest: {policy_error}", file=sys.stderr)
     if policy_errors:
         return EXIT_USAGE
     if not loaded:
-        print(f"tailguard backtest: error: no policy found under {', '.join(args.rules)}", file=sys.stderr)
+        print(f"tailguard backtest: error: no policy found under {', '.join(map(str, rules))}", file=sys.stderr)
         return EXIT_USAGE
+    policies = [entry.policy for entry in loaded]
+    if configured is not None and configured.dry_run is not None:
+        # As the live controller applies the configuration's dryRun (controller/loop/runtime.py).
+        policies = [policy.model_copy(update={"dryRun": configured.dry_run}) for policy in policies]
 
     try:
-        settings = PrometheusSettings.model_validate(
-            {
-                "url": args.prometheus,
-                "timeout": args.timeout,
-                "retries": 2,
-                **({"bearer": {"token_file": args.bearer_token_file}} if args.bearer_token_file else {}),
-                "tls": {"ca_file": args.ca_file, "insecure_skip_verify": args.insecure_skip_verify},
-            }
-        )
+        if args.prometheus is not None:
+            settings = PrometheusSettings.model_validate(
+                {
+                    "url": args.prometheus,
+                    "timeout": args.timeout,
+                    "retries": 2,
+                    **({"bearer": {"token_file": args.bearer_token_file}} if args.bearer_token_file else {}),
+                    "tls": {"ca_file": args.ca_file, "insecure_skip_verify": args.insecure_skip_verify},
+                }
+            )
+        else:
+            assert configured is not None
+            settings = configured.prometheus
         source = PrometheusSource(settings, SystemClock())
     except ValidationError as invalid:
         first = invalid.errors()[0]
@@ -435,12 +695,24 @@ def backtest_main(argv: Sequence[str], predictions: PredictionsFactory | None = 
     except SourceConfigError as bad:
         print(f"tailguard backtest: error: {bad}", file=sys.stderr)
         return EXIT_USAGE
-    with source:
+    with source, _quiet_loop():
         unreachable = source.probe()
         if unreachable is not None:
             print(f"tailguard backtest: error: Prometheus is not usable: {unreachable}", file=sys.stderr)
             return EXIT_USAGE
-        report = run_backtest(source, [entry.policy for entry in loaded], start, end, step, historical, rollouts)
+        report = run_backtest(
+            source,
+            policies,
+            start,
+            end,
+            step,
+            historical,
+            rollouts,
+            configured.change_window if configured is not None else 0.0,
+            limits=configured.limits if configured is not None else None,
+            alerts=alerts,
+            change_tracker=configured.change_tracker if configured is not None else None,
+        )
     if args.output == "json":
         print(json.dumps(report.to_json(), indent=2))
     else:
@@ -448,6 +720,21 @@ def backtest_main(argv: Sequence[str], predictions: PredictionsFactory | None = 
     for error in report.signal_errors:
         print(f"tailguard backtest: signal error: {error}", file=sys.stderr)
     return EXIT_SIGNAL_ERRORS if report.signal_errors else EXIT_OK
+
+
+@contextmanager
+def _quiet_loop() -> Iterator[None]:
+    """The replayed loop's own log lines (each evaluation, each deferral) stay out of the command's output: the
+    report carries all of it. Errors still show."""
+    loggers = [logging.getLogger(name) for name in ("controller", "tailguard")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 if __name__ == "__main__":

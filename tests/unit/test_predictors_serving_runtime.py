@@ -112,13 +112,17 @@ class Dispatched:
 
 
 def controller(
-    tmp_path: Path, source: FakeSource, model_dir: Path, registry: CollectorRegistry
+    tmp_path: Path,
+    source: FakeSource,
+    model_dir: Path,
+    registry: CollectorRegistry,
+    clock: ManualClock | None = None,
 ) -> tuple[Controller, Dispatched]:
     rules = tmp_path / "rules"
     rules.mkdir()
     (rules / "predicted.yaml").write_text(EXAMPLE.read_text())
     (rules / "p99.yaml").write_text(QUERY_POLICY)
-    clock = ManualClock(NOW)
+    clock = clock if clock is not None else ManualClock(NOW)
     dispatched = Dispatched()
     built = Controller(
         policy_paths=[rules],
@@ -145,13 +149,17 @@ def test_example_policy_fires_after_two_predictions_above_080_and_exports_probab
     features = Features({HOT: 19.0, COOL: 0.5})
     registry = CollectorRegistry()
     model_dir = save_gpu_model(tmp_path / "sla")
-    built, dispatched = controller(tmp_path, features.source, model_dir, registry)
+    clock = ManualClock(NOW)
+    built, dispatched = controller(tmp_path, features.source, model_dir, registry, clock)
+    # Evaluations one policy interval apart, as scheduled: `for: 2` spans one interval (rules/README.md).
+    interval = built.policies()["predicted-gpu-breach-scale"].interval
     try:
         first = built.evaluate("predicted-gpu-breach-scale")
         assert first is not None and first.decisions == () and first.source_errors == ()
         hot, cool = probability(registry, "hot"), probability(registry, "cool")
         assert hot is not None and hot > 0.8 and cool is not None and cool < 0.2
 
+        clock.advance(interval)
         second = built.evaluate("predicted-gpu-breach-scale")
         assert second is not None
         fired = [d for d in second.decisions if d.kind is DecisionKind.FIRE]
@@ -167,6 +175,7 @@ def test_example_policy_fires_after_two_predictions_above_080_and_exports_probab
 
         # A target that disappears loses its series (bounded cardinality).
         features.inference_p99 = {HOT: 19.0}
+        clock.advance(interval)
         built.evaluate("predicted-gpu-breach-scale")
         assert probability(registry, "cool") is None and probability(registry, "hot") is not None
         assert built.readiness().warnings == ()
