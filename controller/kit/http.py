@@ -59,20 +59,8 @@ def read_within(response: requests.Response, deadline: float, *, timer: Callable
 
     Each read waits at most what is left (the socket's timeout is lowered before each read), and a read returns
     what has arrived (read1), so a trickle of one byte per second is cut at the deadline, not at the end."""
-    raw = response.raw
-    chunks: list[bytes] = []
     try:
-        while True:
-            remaining = deadline - timer()
-            if remaining <= 0:
-                raise DeadlineExceeded(f"the answer did not arrive whole within its deadline ({len(chunks)} reads)")
-            sock = getattr(getattr(raw, "connection", None), "sock", None)
-            if sock is not None:
-                sock.settimeout(remaining)
-            chunk = raw.read1(READ_CHUNK, decode_content=True)
-            if not chunk:
-                break
-            chunks.append(chunk)
+        return read_raw_within(response.raw, deadline, timer=timer)
     except urllib3.exceptions.ReadTimeoutError as slow:
         response.close()
         raise DeadlineExceeded("the answer did not arrive whole within its deadline") from slow
@@ -82,7 +70,82 @@ def read_within(response: requests.Response, deadline: float, *, timer: Callable
     except DeadlineExceeded:
         response.close()
         raise
+
+
+def read_raw_within(raw: Any, deadline: float, *, timer: Callable[[], float] = time.monotonic) -> bytes:
+    """The whole body of a streamed urllib3 response by `deadline` (DeadlineExceeded after it); urllib3's own
+    errors pass through. Each read waits at most what is left and returns what has arrived (read1)."""
+    chunks: list[bytes] = []
+    while True:
+        remaining = deadline - timer()
+        if remaining <= 0:
+            raise DeadlineExceeded(f"the answer did not arrive whole within its deadline ({len(chunks)} reads)")
+        sock = getattr(getattr(raw, "connection", None), "sock", None)
+        if sock is not None:
+            sock.settimeout(remaining)
+        chunk = raw.read1(READ_CHUNK, decode_content=True)
+        if not chunk:
+            break
+        chunks.append(chunk)
     return b"".join(chunks)
+
+
+CONNECT_SECONDS = 5.0  # the connect part of a total deadline, at most
+
+
+def _urllib3_total(timeout: Any) -> float | None:
+    """The total seconds a urllib3/requests timeout allows: a number, (connect, read) summed, or a Timeout's
+    total (else its connect + read); None for no timeout."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, urllib3.Timeout):
+        if isinstance(timeout.total, (int, float)):
+            return float(timeout.total)
+        parts = [part for part in (timeout.connect_timeout, timeout.read_timeout) if isinstance(part, (int, float))]
+        return float(sum(parts)) if parts else None
+    return total_seconds(timeout)
+
+
+class DeadlinePoolManager:
+    """A urllib3 PoolManager whose every request ends within its timeout IN TOTAL (connect, headers, the whole
+    body): for the Kubernetes client, which hands urllib3 a per-read timeout only (`_request_timeout`). The
+    timeout becomes (connect, read) = (min(total, CONNECT_SECONDS), what is left), the body is read under the
+    deadline (a trickle is cut: DeadlineExceeded, an OSError, so "no answer" to the adapters), and a request
+    without a timeout gets `default_total`. Everything else is the wrapped pool's."""
+
+    def __init__(self, pool: Any, default_total: float) -> None:
+        self._pool = pool
+        self.default_total = default_total
+
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> urllib3.BaseHTTPResponse:
+        total = _urllib3_total(kwargs.pop("timeout", None)) or self.default_total
+        started = time.monotonic()
+        deadline = started + total
+        kwargs["timeout"] = urllib3.Timeout(connect=min(total, CONNECT_SECONDS), read=total)
+        kwargs["preload_content"] = False
+        response = self._pool.request(method, url, *args, **kwargs)
+        try:
+            body = read_raw_within(response, deadline)
+        except urllib3.exceptions.ReadTimeoutError as slow:  # the last read, cut where the deadline is
+            response.close()
+            raise DeadlineExceeded("the answer did not arrive whole within its deadline") from slow
+        except BaseException:
+            response.close()  # half read: the connection must not go back to the pool
+            raise
+        response.release_conn()
+        return urllib3.HTTPResponse(
+            body=body,
+            headers=response.headers,
+            status=response.status,
+            reason=response.reason,
+            preload_content=True,
+            decode_content=False,
+            request_method=method,
+            request_url=url,
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
 
 
 class DeadlineAdapter(HTTPAdapter):

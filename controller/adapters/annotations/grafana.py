@@ -20,11 +20,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import niquests
 from grafana_client.api import GrafanaApi
 from grafana_client.client import GrafanaException, GrafanaTimeoutError
 
@@ -42,7 +44,16 @@ from controller.core.ports import (
     OutcomeStatus,
     RecentDecisions,
 )
-from controller.kit.http import TRANSIENT_STATUSES, HttpAnswer, RetryPolicy, redact_url, retrying
+from controller.kit.http import (
+    TRANSIENT_STATUSES,
+    DeadlineExceeded,
+    HttpAnswer,
+    RetryPolicy,
+    read_raw_within,
+    redact_url,
+    retrying,
+    total_seconds,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +72,13 @@ class GrafanaHttp:
         self.clock = clock
         self.retry = RetryPolicy(attempts=retries, backoff=0.5)
         self.api = GrafanaApi.from_url(self.url, credential=token, timeout=timeout)
+        # grafana-client's timeout is niquests' per-read timeout: its session is swapped for one whose every
+        # request ends within `timeout` in total (a Grafana that trickles its answer is cut there).
+        client = self.api.client
+        session = DeadlineSession(pool_maxsize=client.session_pool_size)
+        session.headers.update(client.s.headers)
+        client.s.close()
+        client.s = session
         self._shown = redact_url(self.url)
 
     def call(self, method: str, path: str, body: Mapping[str, Any] | None = None, *, retry: bool = False) -> HttpAnswer:
@@ -91,6 +109,35 @@ class GrafanaHttp:
         except Exception as exc:  # noqa: BLE001 - connection refused/reset surface as the HTTP library's own errors
             return HttpAnswer(None, None, "", f"{shown}: connection failed ({type(exc).__name__})", True, attempt)
         return HttpAnswer(200, answer, "", None, False, attempt)
+
+
+class DeadlineSession(niquests.Session):
+    """A niquests session whose every request ends within its `timeout` IN TOTAL: headers within it (per read),
+    then the body read under what is left (controller.kit.http.read_raw_within); a request cut at the deadline
+    raises niquests.Timeout (grafana-client: GrafanaTimeoutError), any other broken body niquests.ConnectionError.
+    The only way in grafana-client offers: its client keeps one session (`client.s`) and passes `timeout` to it."""
+
+    def request(self, method: Any, url: Any, *args: Any, **kwargs: Any) -> Any:
+        timeout = kwargs.get("timeout")
+        if timeout is None or kwargs.get("stream"):
+            return super().request(method, url, *args, **kwargs)
+        deadline = time.monotonic() + total_seconds(timeout)
+        kwargs["stream"] = True
+        response = super().request(method, url, *args, **kwargs)
+        try:
+            body = read_raw_within(response.raw, deadline)
+        except DeadlineExceeded as slow:
+            response.close()
+            raise niquests.Timeout("the answer did not arrive whole within its deadline") from slow
+        except Exception as broken:  # urllib3-future's read errors: a timeout at the deadline, or a broken body
+            response.close()
+            if "timeout" in type(broken).__name__.lower():
+                raise niquests.Timeout("the answer did not arrive whole within its deadline") from broken
+            raise niquests.ConnectionError(f"the answer broke off: {type(broken).__name__}") from broken
+        response._content = body
+        response._content_consumed = True
+        response.close()
+        return response
 
 
 def ms(seconds: float) -> int:
