@@ -39,6 +39,7 @@ from controller.core.unconfigured import ROLLBACK_MISSING, SCALE_MISSING, Unconf
 from controller.kit.clock import SystemClock
 from controller.kit.errors import ConfigError
 from controller.loop.dispatcher import Actuators, Dispatcher
+from controller.loop.evaluation import action_labels
 from controller.loop.housekeeping import Housekeeper, Task
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
@@ -79,8 +80,10 @@ class Application:
             self.elector.run_once()
             election = self.settings.leaderElection
             self.elector.start(election.retryPeriod if election is not None else None)
-        self.controller.start()  # PolicyLoadError when the files changed since they were checked
+        # The API and its probes first: /healthz answers while the rest starts (a Lease round, the resume of
+        # unfinished actions), and /readyz says "not started" until the controller evaluates.
         self.api.start()
+        self.controller.start()  # PolicyLoadError when the files changed since they were checked
         if self.housekeeper is not None:
             self.housekeeper.start()  # its first pass a minute later: startup never waits on a purge
 
@@ -254,8 +257,17 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         annotator=annotator if annotator is not None else unconfigured.annotator,
         notifier=notifier if notifier is not None else unconfigured.notifier,
     )
+    # Actions run on per-service workers, outside the evaluations (a rollback waiting on a sync holds neither its
+    # policy's evaluations nor another service's actions); a replica that lost the Lease leaves them journaled.
     dispatcher = Dispatcher(
-        journal, actuators, clock, settings.limits, links_for=lambda d: decision_links(settings.links, d, clock.now())
+        journal,
+        actuators,
+        clock,
+        settings.limits,
+        on_action=lambda record: metrics.record_action(*action_labels(record)),
+        links_for=lambda d: decision_links(settings.links, d, clock.now()),
+        workers=True,
+        may_act=elector.is_leader if elector is not None else None,
     )
     if grafana is not None:
         # The cluster extra (grafana-client): imported only with an annotations.grafana section.
@@ -277,6 +289,7 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         leader=elector,
         # A hot reload that brings in an action with no actuator is a reload error (the last good set runs on).
         policy_check=lambda loaded: missing_actuators(settings, loaded),
+        action_workers=dispatcher,
     )
     stack.callback(controller.stop)
     # Hourly: journal retention (decisions and their finished actions older than journalRetention, then an

@@ -79,9 +79,24 @@ class ActionOutcome:
 class RollbackPort(Protocol):
     """Rolls a service back to its last good revision (Argo CD; the local tier)."""
 
-    def rollback(self, service: str, *, idempotency_key: str, rollout_revision: str | None = None) -> ActionOutcome:
-        """Roll `service` back to the revision before `rollout_revision` (the revision the breach is attributed
-        to; None: the current one), never to one recorded as bad."""
+    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> Mapping[str, Any] | ActionOutcome:
+        """The rollback to make, as JSON the dispatcher journals before acting: at least `service`,
+        `from_revision` (what runs now) and `to_revision` (the revision before `rollout_revision`, the one the
+        breach is attributed to, None: the current one; never one recorded as bad). An outcome (SKIPPED: nothing
+        to roll back to; FAILED, maybe transient: unreadable) when there is none."""
+        ...
+
+    def rollback(
+        self,
+        service: str,
+        *,
+        idempotency_key: str,
+        rollout_revision: str | None = None,
+        plan: Mapping[str, Any] | None = None,
+    ) -> ActionOutcome:
+        """Make the rollback `plan` describes (None: plan it now). Idempotent against the world: SUCCEEDED without
+        acting when the service already runs `to_revision`; SKIPPED, writing nothing, when it runs neither
+        `from_revision` nor `to_revision` (changed by someone else since the plan); never a new target."""
         ...
 
 
@@ -228,6 +243,18 @@ class DispatcherPort(Protocol):
 
     def deferred_policies(self) -> set[str]:
         """The policies that have deferred actions in the journal."""
+        ...
+
+
+class ActionWorkersPort(Protocol):
+    """The dispatcher's background workers (controller/loop/workers.py), as the controller waits for and stops them."""
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no action is queued or running; False on timeout."""
+        ...
+
+    def close(self, timeout: float = 30.0) -> bool:
+        """Take no more actions; queued ones stay in the journal (resumed later); wait for the running ones."""
         ...
 
 

@@ -45,7 +45,17 @@ class UnconfiguredRollback:
     def __init__(self, message: str = missing("deployer", ActionType.ROLLBACK)) -> None:
         self.message = message
 
-    def rollback(self, service: str, *, idempotency_key: str, rollout_revision: str | None = None) -> ActionOutcome:
+    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> Mapping[str, Any] | ActionOutcome:
+        return _failed({"service": service}, self.message)
+
+    def rollback(
+        self,
+        service: str,
+        *,
+        idempotency_key: str,
+        rollout_revision: str | None = None,
+        plan: Mapping[str, Any] | None = None,
+    ) -> ActionOutcome:
         return _failed({"service": service}, self.message)
 
 

@@ -21,9 +21,21 @@ same key while its condition still holds (a fire: the condition is still firing 
 a recovery: the condition is still recovered), and ends it `suppressed` ("condition resolved while deferred:
 <last refusal>") once it does not. Each refusal, the start and the final outcome are journaled as events.
 
-A process that dies between `started` and the result leaves the action `started`;
-`resume()` runs it again with the same idempotency key, and the actuator (the tier)
-answers a repeated key with its first answer instead of acting twice.
+Every mutating action journals its PLAN with its start, before the port is called (a rollback: service,
+from-revision, to-revision; a traffic shift: the weights it replaces and its target; a scale: the HPA state it
+replaces and its target count; a restore: per kind its target and expected state). The plan is fixed once: a
+resume never computes a new target. A process that dies between `started` and the result leaves the action
+`started`; `resume()` runs it again with the same idempotency key and the journaled plan, so the port acts
+against the world: "the system already shows the planned target" is done, a state that is neither the plan's
+start nor its target was changed by someone else (never overwritten), and an actuator with keys (the tier, the
+routes, the HPA) answers a repeated key with its first answer instead of acting twice.
+
+With `workers=True` (the running controller) actions run on per-lane worker threads, outside the evaluation
+that decided them: `dispatch`, `resume` and `retry_deferred` journal and queue, and return at once (what they
+return is the journal's record as queued; each result reaches `on_action`). A lane is a service (the resource
+of a decision's first mutating action; all of a decision's actions run in order on it), or a policy for
+decisions without a mutating action. A rollback waiting on a sync therefore holds neither its policy's
+evaluations nor another service's actions; per-service serialisation stays the service lock of `_run`.
 """
 
 from __future__ import annotations
@@ -31,9 +43,10 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import partial
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -76,11 +89,13 @@ from controller.core.unconfigured import (
 from controller.kit.errors import ConfigError
 from controller.kit.http import backoff_delay
 from controller.loop import restore
+from controller.loop.workers import ActionLanes
 
 log = logging.getLogger(__name__)
 
-# Action types planned (and the plan journaled) before their first start: the changes journal what they replace.
-_PLANNED = frozenset({ActionType.SCALE, ActionType.SHIFT_TRAFFIC, ActionType.RESTORE})
+# Action types planned (and the plan journaled) before their first start: every mutating action (the changes
+# journal what they replace and their target, a rollback its from- and to-revision).
+_PLANNED = frozenset({ActionType.ROLLBACK, ActionType.SCALE, ActionType.SHIFT_TRAFFIC, ActionType.RESTORE})
 
 # Statuses that count against the global limits: the change happened, or may have (outcome unknown).
 LIMITED_STATUSES = frozenset({ActionStatus.STARTED, ActionStatus.SUCCEEDED})
@@ -212,6 +227,8 @@ class Dispatcher:
         backoff: float = 1.0,
         max_backoff: float = 30.0,
         links_for: Callable[[Mapping[str, Any]], Mapping[str, str]] | None = None,
+        workers: bool = False,
+        may_act: Callable[[], bool] | None = None,
     ) -> None:
         self.journal = journal
         self.actuators = actuators
@@ -223,6 +240,10 @@ class Dispatcher:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.links_for = links_for
+        # Background mode: actions run on per-lane workers (see the module docstring); `may_act` is asked before
+        # each one runs (the leader's Lease: a replica that lost it leaves the action in the journal).
+        self._lanes: ActionLanes | None = ActionLanes() if workers else None
+        self.may_act = may_act
         self._locks_guard = threading.Lock()
         self._service_locks: dict[str, threading.Lock] = {}
         # action type -> the call of its port
@@ -238,19 +259,56 @@ class Dispatcher:
     # -- public ---------------------------------------------------------------------------------------------
 
     def dispatch(self, decision: Decision) -> list[ActionRecord]:
-        """Run the actions of a decision (journaling it first if the caller has not)."""
+        """Run the actions of a decision (journaling it first if the caller has not). With workers: queue them on
+        the decision's lane and return [] (the results reach `on_action`)."""
         if not decision.actions:
             return []
         # Idempotent: rows already committed by commit_evaluation are kept as they are.
         self.journal.record_decision(decision, self.clock.now())
-        return [self._run(action.idempotency_key) for action in decision.actions]
+        keys = [action.idempotency_key for action in decision.actions]
+        if self._lanes is None:
+            return [self._run(key) for key in keys]
+        records = [record for key in keys if (record := self.journal.get_action(key)) is not None]
+        lane = _lane(records, decision.policy)
+        for key in keys:
+            self._submit(lane, key)
+        return []
 
     def resume(self) -> list[ActionRecord]:
-        """At start-up: finish what a previous process left planned or started, with the original keys."""
+        """At start-up (or when leading again): finish what was left planned or started, with the original keys
+        and the journaled plans. With workers: queue them (each on its decision's lane) and return []."""
         pending = self.journal.pending_actions()
         if pending:
             log.info("resuming %d unfinished action(s)", len(pending))
-        return [self._run(record.idempotency_key) for record in pending]
+        if self._lanes is None:
+            return [self._run(record.idempotency_key) for record in pending]
+        for record in pending:
+            siblings = [
+                other
+                for other in self.journal.actions_for(record.decision_id)
+                if other.decision_kind == record.decision_kind
+            ]
+            self._submit(_lane(siblings or [record], record.policy), record.idempotency_key)
+        return []
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no action is queued or running on the workers (always True without workers)."""
+        return self._lanes.wait_idle(timeout) if self._lanes is not None else True
+
+    def close(self, timeout: float = 30.0) -> bool:
+        """Stop the workers: queued actions stay in the journal (resumed by the next process), running ones finish
+        or are cut short by the clock's interrupt. False when one still runs after `timeout`."""
+        return self._lanes.close(timeout) if self._lanes is not None else True
+
+    def _submit(self, lane: str, key: str, *, retry: bool = False) -> None:
+        assert self._lanes is not None
+        self._lanes.submit(lane, key, lambda: self._job(key, retry))
+
+    def _job(self, key: str, retry: bool) -> None:
+        if self.may_act is not None and not self.may_act():
+            log.warning("not acting on %s: this replica does not hold the leader lease; it stays in the journal", key)
+            return
+        self._run(key, retry=retry)
 
     def retry_deferred(self, policy: str, state: PolicyState | None) -> list[ActionRecord]:
         """After an evaluation of `policy` committed `state` (None: the policy is no longer loaded): each of its
@@ -262,16 +320,30 @@ class Dispatcher:
             decision = self.journal.decision(record.decision_id, record.decision_kind)
             verdict, why = deferred_verdict(state, decision)
             if verdict is Deferral.RETRY:
-                out.append(self._run(record.idempotency_key, retry=True))
+                if self._lanes is not None:
+                    self._submit(record.resource, record.idempotency_key, retry=True)
+                else:
+                    out.append(self._run(record.idempotency_key, retry=True))
             elif verdict is Deferral.END:
-                with self._service_lock(record.resource):
-                    current = self.journal.get_action(record.idempotency_key)
-                    if current is None or current.status is not ActionStatus.DEFERRED:
-                        continue
-                    out.append(
-                        self._finish(current, ActionStatus.SUPPRESSED, None, f"{why} while deferred: {current.error}")
-                    )
+                if self._lanes is not None:
+                    # On the service's lane: the service lock may be held by a long action there.
+                    key = record.idempotency_key
+                    self._lanes.submit(record.resource, key, partial(self._end_deferred, key, why))
+                    continue
+                ended = self._end_deferred(record.idempotency_key, why)
+                if ended is not None:
+                    out.append(ended)
         return out
+
+    def _end_deferred(self, key: str, why: str) -> ActionRecord | None:
+        record = self.journal.get_action(key)
+        if record is None:
+            return None
+        with self._service_lock(record.resource):
+            current = self.journal.get_action(key)
+            if current is None or current.status is not ActionStatus.DEFERRED:
+                return None
+            return self._finish(current, ActionStatus.SUPPRESSED, None, f"{why} while deferred: {current.error}")
 
     def deferred_policies(self) -> set[str]:
         return {record.policy for record in self.journal.deferred_actions()}
@@ -315,6 +387,14 @@ class Dispatcher:
 
     def _execute(self, record: ActionRecord) -> ActionRecord:
         plan = dict(record.plan) if record.plan is not None else None
+        if record.status is ActionStatus.STARTED and plan is not None:
+            # A resume: the world may already show the planned target (the call went through before the crash).
+            shown = self._shows_target(record, plan)
+            if shown is not None:
+                result = shown.to_json()
+                result["after"] = restore.after_state(record, self.actuators.router, self.actuators.scale)
+                result["detail"]["attempts"] = record.attempts
+                return self._finish(record, ActionStatus.SUCCEEDED, result, None)
         outcome: ActionOutcome | None = None
         attempt = 0
         called = False
@@ -422,16 +502,72 @@ class Dispatcher:
     # -- ports --------------------------------------------------------------------------------------------
 
     def _plan(self, record: ActionRecord) -> dict[str, Any] | ActionOutcome:
-        """A restore's plan (controller/loop/restore.py), or a change's: what it replaces, and a scale's count."""
+        """A restore's plan (controller/loop/restore.py), a rollback's (the port's: from- and to-revision), or a
+        change's: what it replaces (`before`) and its `target` (a scale's count, a shift's version and weight)."""
         if record.type is ActionType.RESTORE:
             return restore.restore_plan(self.journal, record)
+        if record.type is ActionType.ROLLBACK:
+            return self._plan_rollback(record)
         planned: dict[str, Any] | ActionOutcome = {}
         if record.type is ActionType.SCALE:
             planned = self._plan_scale(record)
+        elif record.type is ActionType.SHIFT_TRAFFIC:
+            planned = self._plan_shift(record)
         if isinstance(planned, ActionOutcome):
             return planned
         router, scale = self.actuators.router, self.actuators.scale
-        return {**planned, **restore.change_plan(self.journal, record, router, scale, self.clock.now())}
+        plan = {**planned, **restore.change_plan(self.journal, record, router, scale, self.clock.now())}
+        if record.type is ActionType.SCALE and plan.get("desired") is not None and "limits" not in plan:
+            # The HPA's floor (minReplicas) where the state has one, else the replica count (the local tier).
+            # (A scale of an HPA's limits has no target to check on a resume: its port calls replay by key.)
+            field_name = "minReplicas" if "minReplicas" in (plan.get("before") or {}) else "replicas"
+            plan["target"] = {field_name: plan["desired"]}
+        return plan
+
+    def _plan_rollback(self, record: ActionRecord) -> dict[str, Any] | ActionOutcome:
+        try:
+            action = record.request().action
+            assert isinstance(action, RenderedRollback)
+            planned = self.actuators.rollback.plan_rollback(action.service, rollout_revision=action.rollout_revision)
+        except Exception as exc:  # noqa: BLE001 - a failed read is an outcome, not a crash of the controller
+            transient = bool(getattr(exc, "transient", isinstance(exc, (ConnectionError, TimeoutError))))
+            return ActionOutcome(OutcomeStatus.FAILED, {}, f"planning the rollback: {exc}", transient)
+        return planned if isinstance(planned, ActionOutcome) else dict(planned)
+
+    def _plan_shift(self, record: ActionRecord) -> dict[str, Any] | ActionOutcome:
+        try:
+            action = record.request().action
+            assert isinstance(action, ShiftTrafficAction)
+        except AttributeError as exc:
+            return ActionOutcome(OutcomeStatus.FAILED, {}, f"shift_traffic action lacks parameter {exc.name!r}")
+        return {"service": action.service, "target": {"version": action.version, "weight": int(action.weight)}}
+
+    def _shows_target(self, record: ActionRecord, plan: Mapping[str, Any]) -> ActionOutcome | None:
+        """On a resume of a change: SUCCEEDED when the system already shows the plan's target, else None (the
+        port is called again with the same key and plan; a rollback's port makes this check itself)."""
+        target = plan.get("target")
+        if not isinstance(target, Mapping):
+            return None
+        service = str(plan.get("service", record.params.get("service", record.resource)))
+        try:
+            if record.type is ActionType.SHIFT_TRAFFIC:
+                weights = {str(k): int(v) for k, v in self.actuators.router.weights(service).items()}
+                if weights.get(str(target["version"])) != int(target["weight"]):
+                    return None
+                shown: dict[str, Any] = {"weights": weights}
+            elif record.type is ActionType.SCALE:
+                state = dict(self.actuators.scale.scale_state(service))
+                if any(state.get(name) != value for name, value in target.items()):
+                    return None
+                shown = {"state": state}
+            else:
+                return None
+        except Exception as exc:  # noqa: BLE001 - unreadable: the port's own call decides
+            log.info("resume of %s: could not read the current state (%s); calling the port", record.idempotency_key,
+                     exc)  # fmt: skip
+            return None
+        log.info("resume of %s: %s already shows the planned target %s", record.idempotency_key, service, target)
+        return ActionOutcome(OutcomeStatus.SUCCEEDED, {**shown, "already_done": True, "replayed": True})
 
     def _plan_scale(self, record: ActionRecord) -> dict[str, Any] | ActionOutcome:
         service = str(record.params.get("service", record.resource))
@@ -466,8 +602,12 @@ class Dispatcher:
     def _rollback(self, record: ActionRecord, request: ActionRequest) -> ActionOutcome:
         action = request.action
         assert isinstance(action, RenderedRollback)
+        # The plan journaled before the first start (from- and to-revision): a resume acts on the same one.
         return self.actuators.rollback.rollback(
-            action.service, idempotency_key=request.idempotency_key, rollout_revision=action.rollout_revision
+            action.service,
+            idempotency_key=request.idempotency_key,
+            rollout_revision=action.rollout_revision,
+            plan=record.plan,
         )
 
     def _scale(self, record: ActionRecord, request: ActionRequest) -> ActionOutcome:
@@ -545,3 +685,11 @@ class Dispatcher:
             "actions": actions,
             "links": dict(self.links_for(decision)) if self.links_for is not None else {},
         }
+
+
+def _lane(records: Sequence[ActionRecord], policy: str) -> str:
+    """The lane of a decision's actions: the resource of its first mutating action, else its policy's."""
+    for record in records:
+        if record.mutating and not record.dry_run:
+            return record.resource
+    return f"policy:{policy}"

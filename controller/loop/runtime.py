@@ -40,6 +40,7 @@ from controller.core.policy_files import LoadedPolicy, PolicyError, load_policie
 from controller.core.ports import (
     TRIGGER_ALERT,
     TRIGGER_SCHEDULE,
+    ActionWorkersPort,
     ChangeTrackerPort,
     Clock,
     DispatcherPort,
@@ -67,6 +68,8 @@ logger = logging.getLogger("tailguard.controller")
 
 # A policy is "stale" for /readyz when it has not been evaluated for this many of its intervals.
 READY_INTERVALS = 3
+# How long stop() waits for a running action (its waits are cut short by the clock's interrupt).
+ACTION_STOP_SECONDS = 30
 
 
 class PolicyLoadError(ConfigError):
@@ -138,6 +141,7 @@ class Controller:
         leader: LeaderPort | None = None,
         rollout_annotator: RolloutAnnotatorPort | None = None,
         policy_check: Callable[[Sequence[LoadedPolicy]], Sequence[PolicyError]] | None = None,
+        action_workers: ActionWorkersPort | None = None,
     ) -> None:
         self._paths = [Path(p) for p in policy_paths]
         # What the configuration refuses in a loaded set (e.g. an action no actuator can run): on a reload, the
@@ -159,6 +163,9 @@ class Controller:
         self._source = source
         self._journal = journal
         self._dispatcher = dispatcher
+        # The dispatcher's workers when actions run outside the evaluations (the app's); stopped before the
+        # journal closes.
+        self._action_workers = action_workers
         self._clock = clock
         self.metrics = metrics if metrics is not None else ControllerMetrics()
         # No prediction port wired (the app always wires one, predictors.serving.PredictionProvider): every
@@ -268,6 +275,8 @@ class Controller:
         for lock in list(self._policy_locks.values()):
             with lock:
                 pass
+        if self._action_workers is not None and not self._action_workers.close(ACTION_STOP_SECONDS):
+            logger.warning("an action did not stop within %ds; it resumes at the next start", ACTION_STOP_SECONDS)
         with self._lock:
             if self._journal_open:
                 self._journal.close()
@@ -568,6 +577,8 @@ class Controller:
             if not self._leader.is_leader():
                 with self._lock:
                     self.skipped_not_leader[policy_name] = self.skipped_not_leader.get(policy_name, 0) + 1
+                    # Leading again later (a failover back) resumes what is left: the journaled plans make it safe.
+                    self._resume_pending = True
                 return None
             with self._lock:
                 resume, self._resume_pending = self._resume_pending, False
@@ -671,6 +682,10 @@ class Controller:
     def _forget(self, future: Future[EvaluationOutcome | None]) -> None:
         with self._lock:
             self._futures.discard(future)
+
+    def wait_for_actions(self, timeout: float) -> bool:
+        """Wait until the action workers are idle (tests); True at once when actions run inside evaluations."""
+        return self._action_workers.wait_idle(timeout) if self._action_workers is not None else True
 
     def wait_for_triggered(self, timeout: float) -> bool:
         """Wait until the queued triggered evaluations finished (tests, orderly shutdown). False on timeout."""

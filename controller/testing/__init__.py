@@ -98,16 +98,34 @@ class FakeRollback(_Recorder):
         super().__init__()
         self.active_revision: dict[str, int] = dict(revisions or {})
 
-    def rollback(self, service: str, *, idempotency_key: str, rollout_revision: str | None = None) -> ActionOutcome:
+    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> Mapping[str, Any] | ActionOutcome:
+        current = self.active_revision.get(service, 2)
+        if current <= 1:
+            return ActionOutcome(OutcomeStatus.FAILED, {}, "no earlier good revision", False)
+        return {"service": service, "from_revision": current, "to_revision": current - 1}
+
+    def rollback(
+        self,
+        service: str,
+        *,
+        idempotency_key: str,
+        rollout_revision: str | None = None,
+        plan: Mapping[str, Any] | None = None,
+    ) -> ActionOutcome:
         def act() -> ActionOutcome:
             current = self.active_revision.get(service, 2)
-            if current <= 1:
-                return ActionOutcome(OutcomeStatus.FAILED, {}, "no earlier good revision", False)
-            self.active_revision[service] = current - 1
-            return ActionOutcome(
-                OutcomeStatus.SUCCEEDED,
-                {"from_revision": current, "to_revision": current - 1, "replayed": False},
-            )
+            planned = plan if plan is not None else self.plan_rollback(service, rollout_revision=rollout_revision)
+            if isinstance(planned, ActionOutcome):
+                return planned
+            source, target = int(planned["from_revision"]), int(planned["to_revision"])
+            detail: dict[str, Any] = {"from_revision": source, "to_revision": target, "replayed": False}
+            if current == target:
+                return ActionOutcome(OutcomeStatus.SUCCEEDED, {**detail, "already_done": True})
+            if current != source:
+                reason = f"changed by someone else since the plan: revision {current}"
+                return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": reason})
+            self.active_revision[service] = target
+            return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
 
         args: dict[str, Any] = {"service": service}
         if rollout_revision is not None:

@@ -8,8 +8,9 @@ Dispatcher with a real journal and the test's ManualClock, and reads the outcome
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from controller.adapters.stores.journal import Journal
 from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
@@ -24,7 +25,17 @@ class _OneCall:
         self.act = act
         self.calls = 0
 
-    def rollback(self, service: str, *, idempotency_key: str, rollout_revision: str | None = None) -> ActionOutcome:
+    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> dict[str, Any]:
+        return {"service": service}
+
+    def rollback(
+        self,
+        service: str,
+        *,
+        idempotency_key: str,
+        rollout_revision: str | None = None,
+        plan: Mapping[str, Any] | None = None,
+    ) -> ActionOutcome:
         self.calls += 1
         return self.act()
 

@@ -389,6 +389,7 @@ def test_scale_reads_current_count_and_sets_the_desired_one(rig: Rig) -> None:
         "desired": 5,
         "before": {"replicas": 2},
         "episode": rig.clock.now(),
+        "target": {"replicas": 5},  # issue 16: what a resume checks the world against
     }
     assert record.result is not None and record.result["after"] == {"scale": {"replicas": 5}}
     assert rig.deployer.replica_counts["chat"] == 5
@@ -409,7 +410,9 @@ def test_scale_resume_uses_the_journaled_plan(rig: Rig) -> None:
     [record] = rig.dispatcher().resume()
     # Recomputing delta from the new count would ask for 6; the plan asks for 4 again, with the same key.
     assert record.status is ActionStatus.SUCCEEDED and rig.deployer.replica_counts["chat"] == 4
-    assert [c.args["replicas"] for c in rig.deployer.calls] == [4, 4]
+    # Issue 16: the world already shows the planned target (4), so the resume is done without a second call.
+    assert [c.args["replicas"] for c in rig.deployer.calls] == [4]
+    assert record.result is not None and record.result["detail"]["already_done"] is True
 
 
 def test_scale_with_unreadable_replicas_retries_then_fails(rig: Rig) -> None:

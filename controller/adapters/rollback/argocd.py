@@ -17,6 +17,13 @@ transiently (timeout, 5xx) is followed by a fresh GET to see whether it took eff
 and auto-sync was disabled); the dispatcher alone retries, and each retry starts with the GET above. Reads (the
 GETs, the polls) retry through the kit's read call. Done keys are kept in the bad-revision record, so a resumed
 action does not act twice either.
+
+Plan first: `plan_rollback` reads the application once and names the rollback (from-revision, to-revision and
+its history id); the dispatcher journals it before `rollback(plan=...)` acts. A resume (after a crash, a
+restart, or a failover in which the old leader later takes the Lease back) acts on the journaled plan: the
+application already running `to_revision` is done; one running neither `from_revision` nor `to_revision` was
+changed by someone else and is left alone. The current revision is never taken for the bad one on a resume (it
+is the good one by then: the bug of 894c662's probe, which rolled back to the bad revision).
 """
 
 from __future__ import annotations
@@ -311,8 +318,10 @@ class ArgoCDRollback:
 
     # -- RollbackPort -------------------------------------------------------------------------------------
 
-    def rollback(self, service: str, *, idempotency_key: str, rollout_revision: str | None = None) -> ActionOutcome:
-        """Roll `service`'s application back to the history entry before the attributed (or current) rollout."""
+    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> dict[str, Any] | ActionOutcome:
+        """The rollback to make, journaled by the dispatcher before acting: the application, `from_revision` (the
+        synced one now), `bad_revision` (the attributed rollout, else the current one), `to_revision` and its
+        `history_id` (the newest entry before the last deployment of the bad revision, never one recorded bad)."""
         app_settings = self.apps.get(service)
         if app_settings is None:
             known = ", ".join(sorted(self.apps)) or "none"
@@ -321,9 +330,6 @@ class ArgoCDRollback:
             )
         name = app_settings.name
         detail: dict[str, Any] = {"application": name, "service": service}
-        done = self.record.done(idempotency_key)
-        if done is not None:
-            return ActionOutcome(OutcomeStatus.SUCCEEDED, {**done, "replayed": True})
         try:
             app = self.client.get_app(name, app_settings.appNamespace)
         except ArgoCDError as failed:
@@ -342,10 +348,62 @@ class ArgoCDRollback:
                 f"rollback of {name!r}: no earlier good revision before {bad} in its history "
                 f"(bad: {', '.join(sorted(self.record.bad(name) | {bad}))})",
             )
-        detail.update({"to_revision": target.revision, "history_id": target.id})
+        return {
+            "service": service,
+            "application": name,
+            "from_revision": current,
+            "bad_revision": bad,
+            "to_revision": target.revision,
+            "history_id": target.id,
+        }
+
+    def rollback(
+        self,
+        service: str,
+        *,
+        idempotency_key: str,
+        rollout_revision: str | None = None,
+        plan: Mapping[str, Any] | None = None,
+    ) -> ActionOutcome:
+        """Make the planned rollback (None: plan it now): done when the app already runs `to_revision`, skipped
+        when it runs neither the plan's `from_revision` nor `to_revision` (someone else changed it)."""
+        app_settings = self.apps.get(service)
+        if app_settings is None:
+            known = ", ".join(sorted(self.apps)) or "none"
+            return ActionOutcome(
+                OutcomeStatus.FAILED, {}, f"no Argo CD application for service {service!r} (known: {known})", False
+            )
+        name = app_settings.name
+        detail: dict[str, Any] = {"application": name, "service": service}
+        done = self.record.done(idempotency_key)
+        if done is not None:
+            return ActionOutcome(OutcomeStatus.SUCCEEDED, {**done, "replayed": True})
+        if plan is None:
+            planned = self.plan_rollback(service, rollout_revision=rollout_revision)
+            if isinstance(planned, ActionOutcome):
+                return planned
+            plan = planned
+        try:
+            app = self.client.get_app(name, app_settings.appNamespace)
+        except ArgoCDError as failed:
+            return ActionOutcome(OutcomeStatus.FAILED, detail, f"rollback of {name!r}: {failed}", failed.transient)
+        history = history_of(app)
+        current = _synced_revision(app, history)
+        source, bad = plan.get("from_revision"), str(plan.get("bad_revision") or plan.get("from_revision"))
+        target = HistoryEntry(int(plan["history_id"]), str(plan["to_revision"]), None, {})
+        detail.update(
+            {
+                "bad_revision": bad,
+                "current_revision": current,
+                "planned_from_revision": source,
+                "to_revision": target.revision,
+                "history_id": target.id,
+            }
+        )
         running = _running_revision(app)
         if running is None and current == target.revision:
-            # Already rolled back (by us before a crash, or by a human): acting again would be a second rollback.
+            # Already rolled back (by us before a crash or a failover, or by a human): acting again would be a
+            # second rollback. The plan, not the current revision, says what was bad.
             detail["already_done"] = True
             return self._finish(name, bad, idempotency_key, detail, app)
         if running is not None and running != target.revision:
@@ -355,6 +413,13 @@ class ArgoCDRollback:
                 f"rollback of {name!r}: another operation (to {running}) is in progress; not interfering",
                 True,
             )
+        if running is None and current != source:
+            detail["reason"] = (
+                f"changed by someone else since the rollback was planned: the application runs {current}, "
+                f"the plan was {source} -> {target.revision}; not rolled back"
+            )
+            log.warning("Argo CD application %s: %s", name, detail["reason"])
+            return ActionOutcome(OutcomeStatus.SKIPPED, detail, detail["reason"])
         if running is None:
             started = self._start(app_settings, app, target, idempotency_key, detail)
             if started is not None:

@@ -133,9 +133,52 @@ class LocalTierClient:
 
     # -- RollbackPort and ScalePort ------------------------------------------------------------------------
 
-    def rollback(self, service: str, *, idempotency_key: str, rollout_revision: str | None = None) -> ActionOutcome:
-        # The tier keeps its own record of bad revisions and rolls back to its last good one.
+    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> dict[str, Any] | ActionOutcome:
+        """The active revision and the newest good one before it (the tier's own record of bad revisions)."""
+        try:
+            active = self.service(service).get("active_revision")
+            revisions = self.revisions(service)
+        except TierError as failed:
+            return ActionOutcome(OutcomeStatus.FAILED, {"service": service}, f"rollback of {service!r}: {failed}",
+                                 failed.transient)  # fmt: skip
+        if not isinstance(active, int):
+            return ActionOutcome(OutcomeStatus.FAILED, {"service": service}, f"service {service!r}: no active revision")
+        earlier = [
+            int(r["revision"])
+            for r in revisions
+            if isinstance(r.get("revision"), int) and r["revision"] < active and not r.get("bad")
+        ]
+        if not earlier:
+            return ActionOutcome(
+                OutcomeStatus.FAILED, {"service": service}, f"service {service!r} has no good revision before r{active}"
+            )
+        return {"service": service, "from_revision": active, "to_revision": max(earlier)}
+
+    def rollback(
+        self,
+        service: str,
+        *,
+        idempotency_key: str,
+        rollout_revision: str | None = None,
+        plan: Mapping[str, Any] | None = None,
+    ) -> ActionOutcome:
+        # The tier keeps its own record of bad revisions and rolls back to its last good one; with a plan, to the
+        # planned revision, and only from the planned one (a resume acts against what the tier shows).
         body = {"idempotency_key": idempotency_key, "to_revision": None, "reason": None}
+        if plan is not None and "to_revision" in plan:
+            try:
+                active = self.service(service).get("active_revision")
+            except TierError as failed:
+                return ActionOutcome(OutcomeStatus.FAILED, {"service": service}, f"rollback of {service!r}: {failed}",
+                                     failed.transient)  # fmt: skip
+            source, target = plan.get("from_revision"), plan["to_revision"]
+            detail = {"from_revision": source, "to_revision": target}
+            if active == target:
+                return ActionOutcome(OutcomeStatus.SUCCEEDED, {**detail, "already_done": True, "replayed": True})
+            if active != source:
+                reason = f"changed by someone else since the plan: the tier runs r{active}; not rolled back"
+                return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "replayed": False, "reason": reason}, reason)
+            body["to_revision"] = target
         answer = self._call("POST", self._url("services", service, "rollback"), body, idempotency_key)
         if not answer.ok:
             return self._failed(answer, f"rollback of {service!r}")

@@ -191,7 +191,10 @@ class _WeightedRouteRouter:
                         f"{where}: the ramp to {weight}% was interrupted: weights changed to {now} during the hold",
                         False,
                     )
-            key = idempotency_key if last else f"{idempotency_key}#step{index + 1}"
+            # A step's key names its rank among the ramp's steps (not its index in this path): a resume that goes
+            # on from a step already written writes the next step under its own key instead of finding the
+            # previous step's key and skipping it.
+            key = idempotency_key if last else f"{idempotency_key}#step{_rank(self.ramp, step)}"
             try:
                 outcome = self._apply(ref, where, service, key, partial(_split_to, version=version, weight=step))
             except WeightError as exc:  # the route was edited into a shape we cannot weigh
@@ -437,3 +440,9 @@ class VirtualServiceRouter(_WeightedRouteRouter):
 
     def _default_weight(self, entries: int) -> int:
         return 100 if entries == 1 else 0  # Istio: a lone destination takes all traffic
+
+
+def _rank(ramp: Ramp | None, step: int) -> int:
+    """1 for the ramp's lowest step, 2 for the next, ... (the `#stepN` of an intermediate write's key)."""
+    steps = sorted(set(ramp.steps)) if ramp is not None else []
+    return steps.index(step) + 1 if step in steps else len(steps) + 1
