@@ -23,7 +23,10 @@ modes from configuration alone:
   (whole blocks, `hardware.prefix_cache_hit_ratio`) is a cache hit and is not
   recomputed;
 - step time = `decode_step_base_s + decode_per_seq_s * decoding sequences +
-  prefill tokens / prefill_tokens_per_s`.
+  prefill tokens / prefill_tokens_per_s`, each scaled for quantization (weight
+  bytes), the KV dtype (fp8: KV bytes per token) and tensor parallelism by
+  `EngineProfile.step_costs()` (estimates until calibrated on a GPU); the same
+  factors size the KV cache (`num_gpu_blocks`).
 Every request generates exactly `max_tokens` tokens (the simulator never emits
 EOS), so finished_reason is "length", or "error" for an injected fault.
 """
@@ -33,10 +36,11 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from controller.kit.errors import InputError
+from serving.priority import BatchWindows, PriorityClass
 from serving.profiles import EngineProfile
 
 
@@ -121,6 +125,8 @@ class BatchingModel:
         self.max_num_seqs = args.max_num_seqs
         self.token_budget = args.max_num_batched_tokens
         self.priority_scheduling = args.scheduling_policy == "priority"
+        # Quantization, KV dtype and tensor parallelism scale the hardware's step costs (estimates).
+        self._step_costs = profile.step_costs()
         self.running: list[SimRequest] = []
         self._waiting: list[tuple[int, float, int, SimRequest]] = []
         self._order = itertools.count()
@@ -248,15 +254,11 @@ class BatchingModel:
                 self.running.append(request)
                 prefill.append((request, chunk))
                 budget -= chunk
-        hardware = self.profile.hardware
+        base_s, per_seq_s, prefill_tokens_per_s = self._step_costs
         prefill_tokens = sum(tokens for _, tokens in prefill)
         duration = 0.0
         if decode or prefill:
-            duration = (
-                hardware.decode_step_base_s
-                + hardware.decode_per_seq_s * len(decode)
-                + prefill_tokens / hardware.prefill_tokens_per_s
-            )
+            duration = base_s + per_seq_s * len(decode) + prefill_tokens / prefill_tokens_per_s
         return StepPlan(now, duration, tuple(decode), tuple(prefill), self.num_preemptions - preempted_before)
 
     @property
@@ -311,26 +313,61 @@ class Arrival:
     priority: int = 0
 
 
-def simulate(profile: EngineProfile, arrivals: Iterable[Arrival], *, max_steps: int = 5_000_000) -> list[SimRequest]:
-    """Run the model in virtual time over `arrivals`; returns every request, finished, in arrival order."""
+def simulate(
+    profile: EngineProfile,
+    arrivals: Iterable[Arrival],
+    *,
+    max_steps: int = 5_000_000,
+    windows: Sequence[PriorityClass] | None = None,
+) -> list[SimRequest]:
+    """Run the model in virtual time over `arrivals`; returns every request, finished, in arrival order.
+
+    With `windows` (e.g. serving.priority.SEED_CLASSES) requests pass through their priority class's batching
+    window first, as behind the router: a request's latency includes its wait in the window.
+    """
     model = BatchingModel(profile)
     pending = sorted(arrivals, key=lambda a: a.at)
+    held: BatchWindows[SimRequest] | None = BatchWindows(windows) if windows else None
     requests: list[SimRequest] = []
     index = 0
     now = pending[0].at if pending else 0.0
-    for _ in range(max_steps):
-        while index < len(pending) and pending[index].at <= now:
+
+    def admit(until: float) -> None:
+        """Every arrival and window deadline up to `until`, in time order."""
+        nonlocal index
+        while True:
+            deadline = held.next_deadline() if held is not None else None
+            arrival_at = pending[index].at if index < len(pending) else None
+            if deadline is not None and deadline <= until and (arrival_at is None or deadline < arrival_at):
+                assert held is not None
+                for release in held.due(deadline):
+                    for request in release.items:
+                        model.add(request)
+                continue
+            if arrival_at is None or arrival_at > until:
+                return
             arrival = pending[index]
             request = SimRequest(
                 f"sim-{index}", arrival.prompt_tokens, arrival.max_tokens, arrival.at, arrival.priority
             )
-            model.add(request)
             requests.append(request)
             index += 1
+            if held is None:
+                model.add(request)
+                continue
+            model.check(request.prompt_tokens, request.max_tokens)
+            filled = held.offer(request, request.priority, arrival.at)
+            for item in filled.items if filled is not None else ():
+                model.add(item)
+
+    for _ in range(max_steps):
+        admit(now)
         if not model.has_work:
-            if index >= len(pending):
+            deadline = held.next_deadline() if held is not None else None
+            upcoming = [t for t in (deadline, pending[index].at if index < len(pending) else None) if t is not None]
+            if not upcoming:
                 return requests
-            now = pending[index].at
+            now = max(now, min(upcoming))
             continue
         plan = model.plan_step(now)
         if plan.empty:

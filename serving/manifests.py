@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from controller.kit.errors import LabError
+from serving.failover import READINESS_GATES
 from serving.profiles import PROFILES_DIR, EngineProfile, builtin_profile_names, load_profile
 from serving.yamlfile import ConfigFileError
 
@@ -78,6 +79,9 @@ def vllm_args(profile: EngineProfile) -> list[str]:
                 args.append(vllm_flag(name))
             elif name in _TRUE_BY_DEFAULT:
                 args.append("--no-" + vllm_flag(name)[2:])
+            continue
+        if isinstance(value, dict):  # lora_modules: one `--lora-modules` followed by NAME=PATH items
+            args.extend([vllm_flag(name), *(f"{key}={item}" for key, item in value.items())])
             continue
         args.extend([vllm_flag(name), _format_value(value)])
     return args
@@ -143,6 +147,9 @@ def deployment(profile: EngineProfile, version: str, replicas: int) -> dict[str,
                     "nodeSelector": {"nvidia.com/gpu.present": "true"},
                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                     "terminationGracePeriodSeconds": 60,
+                    # Ready only once the rotation controller (serving.rotation, base/rotation.yaml) warmed the pod
+                    # up and keeps it in rotation (out after 3 failed health checks, back at half weight).
+                    "readinessGates": [{"conditionType": gate} for gate in READINESS_GATES],
                     "containers": [container(profile)],
                     "volumes": [
                         {"name": "models", "persistentVolumeClaim": {"claimName": "vllm-models", "readOnly": True}},

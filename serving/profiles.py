@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from serving.yamlfile import ConfigFileError, load_yaml_model, validate
 
@@ -20,6 +20,43 @@ PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 # Calibrated profiles (serving.calibration): a base profile plus engine/hardware values fitted on a real engine.
 CALIBRATIONS_DIR = Path(__file__).resolve().parent / "calibrations"
 GIB = 1024**3
+
+# -- the cost model's quantization and KV-dtype factors --------------------------------------------------
+# ESTIMATES, not measurements: uncalibrated until fitted on a GPU (docs/simulator-fidelity.md, "Quantization
+# and KV dtype"). Weight bytes relative to 16-bit weights (AWQ/GPTQ 4-bit: 0.25 plus group scales and zeros).
+QUANT_WEIGHT_FACTOR = {
+    "awq": 0.28,
+    "awq_marlin": 0.28,
+    "gptq": 0.28,
+    "gptq_marlin": 0.28,
+    "int4": 0.28,
+    "fp8": 0.5,
+    "int8": 0.5,
+}
+# Dequantization inside the GEMM: a decode step reads fewer bytes but does more work per byte.
+QUANT_DECODE_OVERHEAD = {
+    "awq": 1.3,
+    "awq_marlin": 1.3,
+    "gptq": 1.3,
+    "gptq_marlin": 1.3,
+    "int4": 1.3,
+    "fp8": 1.05,
+    "int8": 1.1,
+}
+# Prefill is compute-bound: 4-bit weights save no FLOPs and cost dequantization.
+QUANT_PREFILL_OVERHEAD = {
+    "awq": 1.15,
+    "awq_marlin": 1.15,
+    "gptq": 1.15,
+    "gptq_marlin": 1.15,
+    "int4": 1.15,
+    "fp8": 1.0,
+    "int8": 1.05,
+}
+# fp8 KV: half the bytes per token; attention dequantizes it on the fly.
+FP8_KV_ATTENTION_OVERHEAD = 1.1
+# Tensor parallelism: each extra GPU adds an all-reduce per layer, as a share of the step.
+TP_COMMUNICATION_OVERHEAD = 0.1
 
 
 class _Strict(BaseModel):
@@ -39,15 +76,31 @@ class EngineArgs(_Strict):
     tensor_parallel_size: int = Field(1, ge=1)
     quantization: str | None = None
     enable_lora: bool = False
+    # LoRA serving (vLLM's --max-loras, --max-lora-rank, --lora-modules NAME=PATH ...): adapters are served
+    # under their own model names next to the base model; they need enable_lora.
+    max_loras: int | None = Field(None, ge=1)
+    max_lora_rank: int | None = Field(None, ge=1)
+    lora_modules: dict[str, str] | None = None
+    # Runs the model repository's own Python code: only for models whose architecture is not built into vLLM.
+    trust_remote_code: bool = False
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     num_gpu_blocks_override: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _lora_needs_enable_lora(self) -> EngineArgs:
+        lora = [name for name in ("max_loras", "max_lora_rank", "lora_modules") if getattr(self, name) is not None]
+        if lora and not self.enable_lora:
+            raise ValueError(f"{', '.join(lora)} need enable_lora: true")
+        return self
 
 
 class Hardware(_Strict):
     """The simulated GPU and the step-time cost model.
 
     One engine step (one forward pass of the continuous batch) takes
-    `decode_step_base_s + decode_per_seq_s * running + prefill_tokens / prefill_tokens_per_s`.
+    `decode_step_base_s + decode_per_seq_s * running + prefill_tokens / prefill_tokens_per_s`, with the three
+    values as written here for 16-bit weights, a 16-bit KV cache and one GPU; `EngineProfile.step_costs()`
+    scales them for the profile's quantization, kv_cache_dtype and tensor_parallel_size.
     """
 
     gpu_model: str = "NVIDIA H100 80GB HBM3"
@@ -87,11 +140,34 @@ class EngineProfile(_Strict):
         per_gpu = self.hardware.kv_bytes_per_token / self.engineArgs.tensor_parallel_size
         return per_gpu / 2 if fp8 else per_gpu
 
+    def weight_factor(self) -> float:
+        """Weight bytes relative to 16-bit weights (1.0 unquantized; an estimate, see QUANT_WEIGHT_FACTOR)."""
+        return QUANT_WEIGHT_FACTOR.get(self.engineArgs.quantization or "", 1.0)
+
     def weight_gib_per_gpu(self) -> float:
-        factor = 0.5 if self.engineArgs.quantization in ("fp8", "int8") else 1.0
-        if self.engineArgs.quantization in ("awq", "gptq", "int4"):
-            factor = 0.28
-        return self.hardware.weight_gib * factor / self.engineArgs.tensor_parallel_size
+        return self.hardware.weight_gib * self.weight_factor() / self.engineArgs.tensor_parallel_size
+
+    def step_costs(self) -> tuple[float, float, float]:
+        """(decode_step_base_s, decode_per_seq_s, prefill_tokens_per_s) for this profile's engine arguments.
+
+        The base of a decode step streams the weights: it scales with the weight bytes per GPU (quantization,
+        tensor parallelism) times the dequantization overhead; the per-sequence part streams each sequence's
+        KV cache: it scales with the KV bytes per token per GPU (fp8 halves them); prefill is compute-bound and
+        divides over the GPUs. Each extra GPU costs TP_COMMUNICATION_OVERHEAD of the step. Unquantized, 16-bit
+        KV on one GPU returns the hardware values unchanged. Estimates until calibrated on a GPU.
+        """
+        hardware, args = self.hardware, self.engineArgs
+        quantization = args.quantization or ""
+        tp = args.tensor_parallel_size
+        communication = 1.0 + TP_COMMUNICATION_OVERHEAD * (tp - 1)
+        base = hardware.decode_step_base_s * self.weight_factor() * QUANT_DECODE_OVERHEAD.get(quantization, 1.0)
+        per_seq = hardware.decode_per_seq_s
+        if args.kv_cache_dtype.startswith("fp8"):
+            per_seq = per_seq * 0.5 * FP8_KV_ATTENTION_OVERHEAD
+        prefill = hardware.prefill_tokens_per_s / QUANT_PREFILL_OVERHEAD.get(quantization, 1.0)
+        if tp == 1:
+            return base, per_seq, prefill
+        return base / tp * communication, per_seq / tp * communication, prefill * tp / communication
 
     def kv_cache_bytes(self) -> float:
         """The KV pool vLLM preallocates: HBM * gpu_memory_utilization - weights - overhead."""

@@ -13,6 +13,11 @@ The body is forwarded byte for byte, so a request's `priority` reaches vLLM unch
 the version's profile sets `scheduling_policy: priority`; lower values are served first); the router also
 labels its latency histogram with it.
 
+Priority classes (serving.priority, the seed's batching windows): a request of priority <= 0 is `interactive`
+(held at most 5 ms, released in batches of up to 8), any other is `batch` (20 ms / 32); each service has its own
+windows, and a due interactive window is released before a due batch one. The latency per class, window wait
+included, is `tailguard_serving_request_latency_seconds{service, priority="interactive"|"batch"}`.
+
 Network/proxy overhead (`tailguard_router_proxy_overhead_seconds`, the network dimension of the SLA model):
 client-observed latency at the router (request received to response ready) minus the upstream exchange
 (request sent to the replica until its whole response was read). vLLM's completion responses carry no engine
@@ -35,9 +40,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from serving.priority import SEED_CLASSES, BatchWindows, PriorityClass, Release, classify
 from serving.vllm_metrics import LATENCY_BUCKETS
 
 PROXY_OVERHEAD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+# Per-priority latency: fine at the bottom (an interactive SLO is often under vLLM's smallest bucket, 0.3 s).
+PRIORITY_LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 40.0, 60.0)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32)
 
 
 @dataclass(frozen=True)
@@ -96,6 +105,20 @@ class RouterMetrics:
             ["service", "version", "reason"],
             registry=registry,
         )
+        self.priority_latency = Histogram(
+            "tailguard_serving_request_latency_seconds",
+            "Time from the router receiving a request to its answer, batching window included, by priority class.",
+            ["service", "priority"],
+            buckets=PRIORITY_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.window_batch = Histogram(
+            "tailguard_router_priority_batch_size",
+            "Requests released together by a priority class's batching window.",
+            ["service", "priority"],
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=registry,
+        )
         self.overhead = Histogram(
             "tailguard_router_proxy_overhead_seconds",
             "Client-observed latency at the router minus the upstream exchange with the replica.",
@@ -113,7 +136,14 @@ class Router:
         connect_timeout_s: float = 2.0,
         now: Callable[[], float] = time.monotonic,
         registry: CollectorRegistry | None = None,
+        priority_classes: Sequence[PriorityClass] = SEED_CLASSES,
+        batching_windows: bool = True,
     ):
+        self.priority_classes = tuple(priority_classes)
+        # False: requests go straight through (still labelled by class); True: the classes' batching windows.
+        self.batching_windows = batching_windows
+        self._windows: dict[str, BatchWindows[asyncio.Future[None]]] = {}
+        self._timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
         self.registry = registry or CollectorRegistry()
         self.metrics = RouterMetrics(self.registry)
         self.now = now
@@ -158,10 +188,56 @@ class Router:
         self._replica_credit[best.id] -= total
         return best
 
+    # -- priority windows --------------------------------------------------------------------------
+    async def _admit(self, service: str, priority: int) -> None:
+        """Wait until this request's priority window releases it (at once when the windows are off)."""
+        if not self.batching_windows:
+            return
+        windows = self._windows.get(service)
+        if windows is None:
+            windows = self._windows[service] = BatchWindows(self.priority_classes)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        release = windows.offer(future, priority, self.now())
+        if release is not None:
+            self._release(service, release)
+        self._arm(service)
+        await future
+
+    def _release(self, service: str, release: Release[asyncio.Future[None]]) -> None:
+        self.metrics.window_batch.labels(service, release.priority_class.name).observe(len(release.items))
+        for future in release.items:
+            if not future.done():  # a client that went away while waiting
+                future.set_result(None)
+
+    def _arm(self, service: str) -> None:
+        deadline = self._windows[service].next_deadline()
+        armed = self._timers.get(service)
+        if armed is not None and (deadline is None or armed[0] > deadline):
+            armed[1].cancel()
+            del self._timers[service]
+            armed = None
+        if deadline is None or armed is not None:
+            return
+        delay = max(deadline - self.now(), 0.0005)
+        handle = asyncio.get_running_loop().call_later(delay, self._on_deadline, service)
+        self._timers[service] = (deadline, handle)
+
+    def _on_deadline(self, service: str) -> None:
+        self._timers.pop(service, None)
+        for release in self._windows[service].due(self.now()):
+            self._release(service, release)
+        self._arm(service)
+
     # -- HTTP ------------------------------------------------------------------------------------
     async def _start(self, _: web.Application) -> Any:
         self._session = aiohttp.ClientSession(timeout=self._timeout, connector=aiohttp.TCPConnector(limit=0))
         yield
+        for _deadline, handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        for service, windows in self._windows.items():
+            for release in windows.flush(self.now()):
+                self._release(service, release)
         await self._session.close()
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
@@ -177,6 +253,10 @@ class Router:
         if routes is None:
             return _error(404, f"The model `{body['model']}` does not exist.", "NotFoundError")
         priority = str(body.get("priority", 0))
+        raw_priority = body.get("priority", 0)
+        numeric = raw_priority if isinstance(raw_priority, int) and not isinstance(raw_priority, bool) else 0
+        priority_class = classify(numeric, self.priority_classes).name
+        await self._admit(routes.name, numeric)
         version = routes.pick_version()
         if version is None:
             self.metrics.upstream_errors.labels(routes.name, "none", "no_healthy_replica").inc()
@@ -229,6 +309,7 @@ class Router:
             )
         elapsed = self.now() - received
         self.metrics.duration.labels(routes.name, version.version, priority).observe(elapsed)
+        self.metrics.priority_latency.labels(routes.name, priority_class).observe(elapsed)
         self.metrics.requests.labels(routes.name, version.version, str(response.status)).inc()
         self.metrics.overhead.labels(routes.name).observe(max(0.0, elapsed - upstream_time))
         response.headers["X-Tailguard-Version"] = version.version

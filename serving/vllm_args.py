@@ -70,6 +70,9 @@ def profile_cli_args(profile: EngineProfile, max_model_len_cap: int | None = DEF
             elif name in _NEGATABLE:
                 args.append("--no-" + name.replace("_", "-"))
             continue
+        if isinstance(value, dict):  # lora_modules: --lora-modules NAME=PATH NAME=PATH (one nargs='+' flag)
+            args.extend([flag(name), *(f"{key}={item}" for key, item in value.items())])
+            continue
         args.extend([flag(name), str(value)])
     return args
 

@@ -86,7 +86,12 @@ RESOURCE_TYPES = (
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease"),
     ResourceType("", "v1", "events", "Event"),
     ResourceType("", "v1", "secrets", "Secret"),
+    # Pods (seeded by tests; the rotation controller patches their metadata and, through the `status`
+    # subresource, recorded as `pods/status` for RBAC, their readiness-gate conditions).
+    ResourceType("", "v1", "pods", "Pod"),
 )
+# Subresources served on the parent object's storage: (group, version, resource, subresource).
+_SUBRESOURCES = frozenset({("", "v1", "pods", "status")})
 # The annotations the deployment controller never copies from a Deployment onto its ReplicaSets.
 _CONTROLLER_SKIPPED = frozenset(
     {
@@ -279,8 +284,9 @@ class FakeKubernetes:
             sent = json.loads(body) if body else None
         except ValueError:
             sent = None
+        recorded = rtype.resource + ("/status" if parts.path.rstrip("/").endswith("/status") else "")
         with self._lock:
-            self.requests.append(RecordedRequest(verb, rtype.group, rtype.resource, namespace, name, sent))
+            self.requests.append(RecordedRequest(verb, rtype.group, recorded, namespace, name, sent))
         injection = self._injection_for(verb, rtype.resource)
         if injection is not None:
             if injection.hook is not None:
@@ -538,7 +544,9 @@ def _parse_path(path: str) -> tuple[ResourceType, str, str | None] | None:
         group, rest = segments[1], segments[2:]
     else:
         return None
-    # rest: version, "namespaces", ns, resource[, name]
+    # rest: version, "namespaces", ns, resource[, name[, subresource]]
+    if len(rest) == 6 and (group, rest[0], rest[3], rest[5]) in _SUBRESOURCES:
+        rest = rest[:5]
     if len(rest) not in (4, 5) or rest[1] != "namespaces":
         return None
     rtype = _BY_PATH.get((group, rest[0], rest[3]))

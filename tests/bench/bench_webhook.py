@@ -1,0 +1,268 @@
+"""Webhook throughput of the controller's API (issue 16, item 4): Alertmanager payloads posted on loopback with
+keep-alive, as fast as the server answers, the old hand-written http.server next to the new aiohttp server.
+
+The server runs in a child process (the load generator is not sharing its interpreter): a real Controller (fake
+source and dispatcher, a journal in a temporary directory, no schedule) behind `ControllerAPI`; each accepted post
+triggers the policy's evaluation (coalesced while one is queued), as in production. The load generator (aiohttp
+client, `--connections` kept-alive connections) posts the fixture tests/fixtures/alertmanager/firing.json, its
+alert repeated `--alerts-per-post` times with distinct instances, for `--seconds` per round, two rounds.
+
+Printed per server and payload size: alerts/s overall and the lowest 1-second window after the first (held),
+p50/p99 latency, and the server's RSS before the load, after round 1 and after round 2 (bounded memory: round 2
+adds nothing). "old" is controller/app/api.py as of fe59cca~1 (stdlib ThreadingHTTPServer), read with `git show`
+into a temporary module; without git only "new" runs. Target: >= 1,000 alerts/s held. Printed, not asserted.
+
+    python tests/bench/bench_webhook.py [--seconds 5] [--connections 16] [--alerts-per-post 1,10] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURE = REPO / "tests" / "fixtures" / "alertmanager" / "firing.json"
+OLD_REVISION = "fe59cca~1"  # the last commit with the stdlib http.server API
+POLICY = """\
+apiVersion: tailguard.io/v1alpha1
+kind: Policy
+name: checkout-p99
+targets:
+  groupBy: [service]
+  match: {service: checkout}
+signals:
+  - name: p99
+    query: max by ({{ by }}) (lat{ {{ selector }} })
+conditions:
+  - name: p99-high
+    signal: p99
+    when: {op: ">", value: 0.8}
+    for: 3
+    noData: hold
+    actions:
+      - type: annotate
+        text: "p99 {{ value }}"
+"""
+
+
+# ----- the server (child process) ---------------------------------------------------------------------------
+
+
+def old_api_class(scratch: Path) -> Any:
+    """ControllerAPI of the stdlib server, or None when git cannot show it."""
+    try:
+        source = subprocess.run(
+            ["git", "-C", str(REPO), "show", f"{OLD_REVISION}:controller/app/api.py"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if "ThreadingHTTPServer" not in source:
+        return None
+    path = scratch / "tailguard_old_api.py"
+    path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("tailguard_old_api", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # pydantic resolves the payload models' annotations through it
+    spec.loader.exec_module(module)
+    return module.ControllerAPI
+
+
+def serve(kind: str) -> None:
+    sys.path.insert(0, str(REPO))
+    import logging
+
+    from prometheus_client import CollectorRegistry
+
+    from controller.adapters.stores.journal import Journal
+    from controller.app.api import ControllerAPI
+    from controller.core.model import SignalResult, target_key
+    from controller.kit.clock import ManualClock
+    from controller.loop.metrics import ControllerMetrics
+    from controller.loop.runtime import Controller
+    from controller.testing import FakeDispatcher, FakeSource
+
+    logging.basicConfig(level=logging.WARNING)  # the per-post info line is not what is measured
+    with tempfile.TemporaryDirectory() as scratch_name:
+        scratch = Path(scratch_name)
+        api_class = ControllerAPI if kind == "new" else old_api_class(scratch)
+        rules = scratch / "rules"
+        rules.mkdir()
+        (rules / "checkout.yaml").write_text(POLICY, encoding="utf-8")
+        controller = Controller(
+            policy_paths=[rules],
+            source=FakeSource(default=SignalResult({target_key({"service": "checkout"}): 0.95})),
+            journal=Journal(scratch / "journal.db"),
+            dispatcher=FakeDispatcher(),
+            clock=ManualClock(),
+            metrics=ControllerMetrics(CollectorRegistry()),
+            schedule=False,
+        )
+        api = api_class(controller, "127.0.0.1", 0)
+        api.start()
+        controller.start()
+        print(api.port, flush=True)
+        sys.stdin.read()  # until the parent closes our stdin
+        api.stop()
+        controller.stop()
+
+
+# ----- the load generator (parent) --------------------------------------------------------------------------
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def payload(alerts: int) -> bytes:
+    body = json.loads(FIXTURE.read_text())
+    (alert,) = body["alerts"]
+    body["alerts"] = []
+    for n in range(alerts):
+        one = copy.deepcopy(alert)
+        one["labels"]["instance"] = f"10.0.{n // 250}.{n % 250}:8000"
+        one["fingerprint"] = f"{n:016x}"
+        body["alerts"].append(one)
+    return json.dumps(body).encode()
+
+
+async def load(url: str, body: bytes, connections: int, seconds: float) -> tuple[list[float], list[int], int]:
+    import aiohttp
+
+    latencies: list[float] = []
+    per_second: dict[int, int] = {}
+    failures = 0
+    started = time.perf_counter()
+    end = started + seconds
+    connector = aiohttp.TCPConnector(limit=connections, force_close=False)
+    headers = {"Content-Type": "application/json"}
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker() -> None:
+            nonlocal failures
+            while (now := time.perf_counter()) < end:
+                async with session.post(url, data=body, headers=headers) as answer:
+                    await answer.read()
+                    done = time.perf_counter()
+                    if answer.status != 202:
+                        failures += 1
+                        continue
+                latencies.append(done - now)
+                second = int(done - started)
+                per_second[second] = per_second.get(second, 0) + 1
+
+        await asyncio.gather(*(worker() for _ in range(connections)))
+    windows = [per_second.get(second, 0) for second in range(int(seconds))]
+    return latencies, windows, failures
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else float("nan")
+
+
+def bench(kind: str, sizes: list[int], connections: int, seconds: float) -> list[dict[str, Any]]:
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--serve", kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdin is not None and child.stdout is not None
+    results = []
+    try:
+        port = int(child.stdout.readline())
+        url = f"http://127.0.0.1:{port}/api/v1/alerts"
+        asyncio.run(load(url, payload(1), 2, 0.5))  # warm up
+        for size in sizes:
+            body = payload(size)
+            rss = [rss_mib(child.pid)]
+            rounds = []
+            for _ in range(2):
+                rounds.append(asyncio.run(load(url, body, connections, seconds)))
+                rss.append(rss_mib(child.pid))
+            latencies = rounds[0][0] + rounds[1][0]
+            windows = rounds[0][1][1:] + rounds[1][1][1:]  # each round's first second is its ramp-up
+            posts = len(latencies)
+            results.append(
+                {
+                    "server": kind,
+                    "alerts_per_post": size,
+                    "posts": posts,
+                    "failures": rounds[0][2] + rounds[1][2],
+                    "alerts_per_s": posts * size / (2 * seconds),
+                    "alerts_per_s_held": min(windows) * size if windows else 0,
+                    "p50_ms": percentile(latencies, 0.50) * 1000,
+                    "p99_ms": percentile(latencies, 0.99) * 1000,
+                    "rss_mib": [round(value, 1) for value in rss],
+                    "threads_after": len(os.listdir(f"/proc/{child.pid}/task")),
+                }
+            )
+    finally:
+        child.stdin.close()
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--serve", choices=["old", "new"], help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each of the two rounds")
+    parser.add_argument("--connections", type=int, default=16, help="kept-alive client connections")
+    parser.add_argument("--alerts-per-post", default="1,10", help="comma-separated payload sizes")
+    parser.add_argument("--servers", default="old,new", help="which servers: old, new or both")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve)
+        return 0
+    sizes = [int(size) for size in args.alerts_per_post.split(",")]
+    with tempfile.TemporaryDirectory() as scratch:
+        have_old = old_api_class(Path(scratch)) is not None
+    servers = [kind for kind in args.servers.split(",") if kind == "new" or have_old]
+    print(
+        f"webhook throughput: {args.connections} kept-alive connections, 2 rounds of {args.seconds:g} s, "
+        f"payload {FIXTURE.relative_to(REPO)} x alerts per post; target >= 1,000 alerts/s held"
+    )
+    if not have_old:
+        print(f"(the old server could not be read from git ({OLD_REVISION}): only the new one)")
+    header = (
+        f"{'server':<6} {'alerts/post':>11} {'posts':>7} {'fail':>4} {'alerts/s':>9} {'held':>8} "
+        f"{'p50 ms':>7} {'p99 ms':>7} {'RSS MiB before/r1/r2':>22} {'threads':>7}"
+    )
+    print(header)
+    results = []
+    for kind in servers:
+        for row in bench(kind, sizes, args.connections, args.seconds):
+            results.append(row)
+            rss = "/".join(f"{value:.0f}" for value in row["rss_mib"])
+            print(
+                f"{row['server']:<6} {row['alerts_per_post']:>11} {row['posts']:>7} {row['failures']:>4} "
+                f"{row['alerts_per_s']:>9.0f} {row['alerts_per_s_held']:>8.0f} {row['p50_ms']:>7.2f} "
+                f"{row['p99_ms']:>7.2f} {rss:>22} {row['threads_after']:>7}",
+                flush=True,
+            )
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
