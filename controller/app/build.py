@@ -145,6 +145,7 @@ def missing_actuators(settings: ControllerSettings, loaded: Sequence[LoadedPolic
         if (settings.dryRun if settings.dryRun is not None else policy.dryRun) is True:
             continue
         wanted = {ActionType(action.type) for condition in policy.conditions for action in _every_action(condition)}
+        problems.extend(_hpa_limit_problems(settings, entry))
         for kind in sorted(wanted & {k for k, ok in provided.items() if not ok}):
             problems.append(
                 PolicyError(
@@ -155,6 +156,34 @@ def missing_actuators(settings: ControllerSettings, loaded: Sequence[LoadedPolic
                     f"configured: add {_ACTUATOR_SECTIONS[kind]} to the controller configuration",
                 )
             )
+    return problems
+
+
+def _hpa_limit_problems(settings: ControllerSettings, entry: LoadedPolicy) -> list[PolicyError]:
+    """A scale's `ceiling`/`metricTargets` need the HPA scaler, and bounds for each metric (kubernetes.hpa)."""
+    hpa = settings.kubernetes.hpa if settings.kubernetes is not None else None
+    problems: list[PolicyError] = []
+    for condition in entry.policy.conditions:
+        for action in _every_action(condition):
+            if action.type != ActionType.SCALE.value or (action.ceiling is None and not action.metricTargets):
+                continue
+            name = entry.policy.name
+            floor = any(getattr(action, mode) is not None for mode in ("replicas", "delta", "targetPerReplica"))
+            if hpa is None and floor:
+                continue  # the count moves (the local tier); there is no HPA ceiling or target to set
+            if hpa is None:
+                message = (
+                    f"policy {name} has a scale action that sets an HPA's ceiling or metric targets, but no HPA "
+                    "actuator is configured: add a `kubernetes.hpa` section to the controller configuration"
+                )
+                problems.append(PolicyError(entry.file, entry.line, "", message))
+                continue
+            for metric in sorted(set(action.metricTargets or {}) - set(hpa.metricTargets)):
+                message = (
+                    f"policy {name} sets the HPA metric target {metric!r}, which kubernetes.hpa.metricTargets "
+                    "does not bound: add it there with its min and max"
+                )
+                problems.append(PolicyError(entry.file, entry.line, "", message))
     return problems
 
 
@@ -256,6 +285,8 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         router=router if router is not None else unconfigured.router,
         annotator=annotator if annotator is not None else unconfigured.annotator,
         notifier=notifier if notifier is not None else unconfigured.notifier,
+        # A scale's ceiling and metric targets: the HPA scaler only.
+        limits=cluster.scaler if cluster is not None else None,
     )
     # Actions run on per-service workers, outside the evaluations (a rollback waiting on a sync holds neither its
     # policy's evaluations nor another service's actions); a replica that lost the Lease leaves them journaled.

@@ -106,6 +106,7 @@ def build_cluster_actuators(
                 max_replicas=hpa.maxReplicas,
                 allow_below_human_floor=hpa.allowBelowHumanFloor,
                 min_replicas=hpa.minReplicas,
+                metric_targets={name: (b.min, b.max) for name, b in hpa.metricTargets.items()},
             ),
             targets={
                 service: HpaTarget(ref.namespace or settings.namespace, ref.name)

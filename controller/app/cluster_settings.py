@@ -14,6 +14,8 @@ kubernetes:
     minReplicas: 1
     allowBelowHumanFloor: false
     targets: {chat: {namespace: llm, name: chat-stable}}   # default: the HPA named like the service
+    metricTargets:           # the metric targets a scale's `metricTargets` may set, and their bounds
+      vllm_num_requests_waiting: {min: 5, max: 40}
   traffic:                   # shift_traffic actions set route weights (controller/adapters/traffic/routes.py)
     kind: httproute          # or virtualservice
     routes: {chat: {namespace: llm, name: chat}}          # default: the route named like the service
@@ -51,6 +53,17 @@ class ObjectRefSettings(_Strict):
     name: str = Field(min_length=1)
 
 
+class MetricTargetBounds(_Strict):
+    min: float = Field(gt=0, description="the lowest AverageValue target tailguard may set")
+    max: float = Field(gt=0, description="the highest AverageValue target tailguard may set")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> MetricTargetBounds:
+        if self.min > self.max:
+            raise ValueError(f"expected min <= max, got {self.min} > {self.max}")
+        return self
+
+
 class HpaSettings(_Strict):
     maxReplicas: int = Field(ge=1, description="tailguard never sets minReplicas or maxReplicas above this")
     minReplicas: int = Field(default=1, ge=1, description="tailguard never sets minReplicas below this")
@@ -59,6 +72,11 @@ class HpaSettings(_Strict):
     )
     targets: dict[str, ObjectRefSettings] = Field(
         default_factory=dict, description="service -> its HPA; default: the HPA named like the service"
+    )
+    metricTargets: dict[str, MetricTargetBounds] = Field(
+        default_factory=dict,
+        description="HPA metric -> the bounds of the AverageValue target a scale's metricTargets may set; a metric "
+        "not named here is never changed",
     )
 
     @model_validator(mode="after")

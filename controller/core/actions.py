@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -49,6 +49,10 @@ class RollbackAction(_ActionBase):
 
 
 class ScaleAction(_ActionBase):
+    # Additive fields left out of the rendered params when not given, so a scale without them journals the
+    # same params as before they existed.
+    OMITTED_WHEN_NONE: ClassVar[frozenset[str]] = frozenset({"ceiling", "metricTargets"})
+
     type: Literal["scale"]
     service: str = Field(default="{{ service }}")
     replicas: int | None = Field(default=None, ge=0, description="absolute replica count")
@@ -58,12 +62,28 @@ class ScaleAction(_ActionBase):
     )
     min: int = Field(default=1, ge=0)
     max: int = Field(ge=1)
+    ceiling: int | None = Field(
+        default=None,
+        ge=1,
+        description="an HPA's maxReplicas: set to this (never below its minReplicas, never above the controller's "
+        "kubernetes.hpa.maxReplicas); restored by the recovery's `restore`",
+    )
+    metricTargets: dict[str, float] | None = Field(
+        default=None,
+        min_length=1,
+        description="an HPA's Pods/External metric -> its AverageValue target (e.g. vllm_num_requests_waiting: 10), "
+        "within the controller's kubernetes.hpa.metricTargets bounds; restored by the recovery's `restore`",
+    )
 
     @model_validator(mode="after")
     def _one_mode(self) -> ScaleAction:
         modes = [m for m in (self.replicas, self.delta, self.targetPerReplica) if m is not None]
-        if len(modes) != 1:
+        hpa_only = self.ceiling is not None or self.metricTargets is not None
+        if len(modes) > 1 or (not modes and not hpa_only):
+            # Without a mode, `ceiling` or `metricTargets` alone is a scale of the HPA's limits only.
             raise ValueError("scale needs exactly one of replicas, delta or targetPerReplica")
+        if self.metricTargets is not None and any(not value > 0 for value in self.metricTargets.values()):
+            raise ValueError("metricTargets values are AverageValue targets: expected > 0")
         if self.min > self.max:
             raise ValueError(f"scale min ({self.min}) is above max ({self.max})")
         return self

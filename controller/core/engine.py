@@ -185,8 +185,9 @@ def render_actions(
     rendered: list[ActionRequest] = []
     for index, action in enumerate(actions):
         params: dict[str, Any] = {}
+        omitted: frozenset[str] = getattr(type(action), "OMITTED_WHEN_NONE", frozenset())
         for name, raw in action:
-            if name == "type":
+            if name == "type" or (raw is None and name in omitted):
                 continue
             if isinstance(raw, str):
                 params[name] = render_text(raw, variables)

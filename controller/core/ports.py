@@ -128,6 +128,22 @@ class ScalePort(Protocol):
         ...
 
 
+class ScaleLimitsPort(Protocol):
+    """Sets an HPA's ceiling and metric targets (a `scale` action's `ceiling` and `metricTargets`; the HPA only)."""
+
+    def set_limits(
+        self,
+        service: str,
+        *,
+        max_replicas: int | None,
+        metric_targets: Mapping[str, float],
+        idempotency_key: str,
+    ) -> ActionOutcome:
+        """Set maxReplicas (never below minReplicas) and the AverageValue target of each named metric, within the
+        bounds the operator configured (clamped; a metric with no configured bounds is refused)."""
+        ...
+
+
 class TrafficRouter(Protocol):
     def set_weight(self, service: str, version: str, weight: int, *, idempotency_key: str) -> ActionOutcome:
         """Set `version`'s share (percent) of `service`'s traffic, then read it back to verify."""

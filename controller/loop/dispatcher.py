@@ -76,6 +76,7 @@ from controller.core.ports import (
     Notifier,
     OutcomeStatus,
     RollbackPort,
+    ScaleLimitsPort,
     ScalePort,
     TrafficRouter,
 )
@@ -136,6 +137,8 @@ class Actuators:
     router: TrafficRouter = field(default_factory=UnconfiguredRouter)
     annotator: Annotator = field(default_factory=UnconfiguredAnnotator)
     notifier: Notifier = field(default_factory=UnconfiguredNotifier)
+    # A scale's `ceiling` and `metricTargets` (an HPA's maxReplicas and metric targets): the HPA scaler, or None.
+    limits: ScaleLimitsPort | None = None
 
 
 class Deferral(StrEnum):
@@ -211,6 +214,20 @@ def desired_replicas(params: Mapping[str, Any], current: int) -> int:
         # The epsilon keeps 3 * 20 / 20 from becoming 4 through floating-point noise.
         wanted = math.ceil(current * float(observed) / float(per_replica) - 1e-9)
     return max(low, min(high, wanted))
+
+
+SCALE_MODES = ("replicas", "delta", "targetPerReplica")
+
+
+def scale_limits(params: Mapping[str, Any]) -> dict[str, Any]:
+    """What a scale sets of an HPA besides its floor: `maxReplicas` (its `ceiling`) and `metrics` (its
+    `metricTargets`); empty when it sets neither."""
+    limits: dict[str, Any] = {}
+    if params.get("ceiling") is not None:
+        limits["maxReplicas"] = int(params["ceiling"])
+    if params.get("metricTargets"):
+        limits["metrics"] = {str(name): float(value) for name, value in dict(params["metricTargets"]).items()}
+    return limits
 
 
 class Dispatcher:
@@ -571,6 +588,9 @@ class Dispatcher:
 
     def _plan_scale(self, record: ActionRecord) -> dict[str, Any] | ActionOutcome:
         service = str(record.params.get("service", record.resource))
+        limits = scale_limits(record.params)
+        if limits and not any(record.params.get(mode) is not None for mode in SCALE_MODES):
+            return {"service": service, "limits": limits}  # the HPA's ceiling and metric targets only
         try:
             current = self.actuators.scale.replicas(service)
         except Exception as exc:  # noqa: BLE001 - a failed read is an outcome, not a crash of the controller
@@ -580,9 +600,9 @@ class Dispatcher:
             desired = desired_replicas(record.params, current)
         except (ScaleError, TypeError, ValueError) as exc:
             return ActionOutcome(OutcomeStatus.FAILED, {"current": current}, f"scale of {service!r}: {exc}", False)
-        if desired == current:
+        if desired == current and not limits:
             return ActionOutcome(OutcomeStatus.SKIPPED, {"current": current, "desired": desired}, None)
-        return {"service": service, "current": current, "desired": desired}
+        return {"service": service, "current": current, "desired": desired, **({"limits": limits} if limits else {})}
 
     def _call(self, record: ActionRecord) -> ActionOutcome:
         """One attempt: the port of the action's type, with the typed action's fields as its arguments."""
@@ -613,9 +633,38 @@ class Dispatcher:
     def _scale(self, record: ActionRecord, request: ActionRequest) -> ActionOutcome:
         assert isinstance(request.action, RenderedScale) and record.plan is not None
         # The count planned (and journaled) before the first start, so a resume asks for the same one.
-        return self.actuators.scale.set_replicas(
-            str(record.plan["service"]), int(record.plan["desired"]), idempotency_key=request.idempotency_key
+        service, plan, key = str(record.plan["service"]), record.plan, request.idempotency_key
+        floor = None
+        if plan.get("desired") is not None:
+            floor = self.actuators.scale.set_replicas(service, int(plan["desired"]), idempotency_key=key)
+            if not plan.get("limits") or floor.status is OutcomeStatus.FAILED:
+                return floor
+        limits = plan["limits"]
+        if self.actuators.limits is None:
+            if floor is not None:
+                # No HPA scales this service (the local tier): its count moved, and there is no ceiling or
+                # metric target to set; said in the outcome.
+                note = "no HPA actuator: ceiling and metricTargets not applied"
+                return ActionOutcome(floor.status, {**floor.detail, "limits": note}, floor.error, floor.transient)
+            error = f"scale of {service!r}: ceiling and metricTargets need an HPA (a `kubernetes.hpa` section)"
+            return ActionOutcome(OutcomeStatus.FAILED, {"limits": limits}, error, False)
+        # Its own key: the HPA records each key once, and the floor's call already recorded this action's.
+        hpa = self.actuators.limits.set_limits(
+            service,
+            max_replicas=limits.get("maxReplicas"),
+            metric_targets=limits.get("metrics") or {},
+            idempotency_key=f"{key}#limits",
         )
+        if floor is None:
+            return hpa
+        statuses = {floor.status, hpa.status}
+        status = (
+            hpa.status
+            if hpa.status is OutcomeStatus.FAILED
+            else (OutcomeStatus.SKIPPED if statuses == {OutcomeStatus.SKIPPED} else OutcomeStatus.SUCCEEDED)
+        )
+        detail = {"floor": dict(floor.detail), "limits": dict(hpa.detail)}
+        return ActionOutcome(status, detail, hpa.error, hpa.transient)
 
     def _shift_traffic(self, record: ActionRecord, request: ActionRequest) -> ActionOutcome:
         action = request.action

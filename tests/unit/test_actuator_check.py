@@ -136,7 +136,8 @@ def test_tailguard_run_refuses_to_start_with_exit_2_and_one_sentence(
     err = capsys.readouterr().err
     assert err == (
         f"{tmp_path / 'rules' / 'p99-rollback.yaml'}:1: policy p99-rollback has a rollback action, but no actuator "
-        "for rollback is configured: add an `argocd` or `kubernetes.rollback` section (or `tier`) to the controller configuration\n"
+        "for rollback is configured: add an `argocd` or `kubernetes.rollback` section (or `tier`) to the controller "
+        "configuration\n"
     )
     assert not (tmp_path / "journal.db").exists(), "refused before anything was opened"
 

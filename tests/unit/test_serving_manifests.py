@@ -151,19 +151,33 @@ def test_versions_carry_the_labels_the_policies_select_on(tier: list[dict[str, A
     }
 
 
-def test_hpa_scales_the_stable_deployment_on_waiting_requests(tier: list[dict[str, Any]]) -> None:
+def test_hpa_scales_the_stable_deployment_on_waiting_requests_and_request_rate(tier: list[dict[str, Any]]) -> None:
     (hpa,) = by_kind(tier, "HorizontalPodAutoscaler")
     assert hpa["apiVersion"] == "autoscaling/v2"
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "chat-stable"}
-    (metric,) = hpa["spec"]["metrics"]
-    assert metric["type"] == "Pods" and metric["pods"]["metric"]["name"] == "vllm_num_requests_waiting"
-    # The adapter rule documented next to the manifests produces exactly that name from vLLM's gauge.
+    # Both of the seed's targets: queue length 20 and request rate 50 per pod.
+    targets = {
+        metric["pods"]["metric"]["name"]: metric["pods"]["target"]
+        for metric in hpa["spec"]["metrics"]
+        if metric["type"] == "Pods"
+    }
+    assert targets == {
+        "vllm_num_requests_waiting": {"type": "AverageValue", "averageValue": "20"},
+        "vllm_requests_per_second": {"type": "AverageValue", "averageValue": "50"},
+    }
+    # The adapter rules documented next to the manifests produce exactly those names from vLLM's series.
     adapter = yaml.safe_load((MANIFESTS_DIR / "prometheus-adapter-rules.yaml").read_text())
-    (rule,) = adapter["rules"]
-    assert rule["seriesQuery"].startswith("vllm:num_requests_waiting{")
-    assert re.sub(rule["name"]["matches"], rule["name"]["as"].replace("${1}", r"\1"), "vllm:num_requests_waiting") == (
-        "vllm_num_requests_waiting"
-    )
+    served = {}
+    for rule in adapter["rules"]:
+        series = rule["seriesQuery"].split("{")[0]
+        served[re.sub(rule["name"]["matches"], rule["name"]["as"].replace("${1}", r"\1"), series)] = rule
+    assert set(served) == set(targets)
+    assert served["vllm_num_requests_waiting"]["seriesQuery"].startswith("vllm:num_requests_waiting{")
+    rate = served["vllm_requests_per_second"]
+    assert rate["seriesQuery"].startswith("vllm:request_success_total{") and "rate(" in rate["metricsQuery"]
+    # The metric the rule reads is one real vLLM exports (its /metrics page).
+    page = (REPO / "tests" / "fixtures" / "vllm-0.32-cpu-metrics.txt").read_text()
+    assert "# TYPE vllm:request_success_total counter" in page
 
 
 def test_httproute_splits_between_the_version_services(tier: list[dict[str, Any]]) -> None:

@@ -28,7 +28,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import urllib3
@@ -224,6 +224,8 @@ class HpaBounds:
     max_replicas: int  # never set minReplicas or maxReplicas above this
     allow_below_human_floor: bool = False
     min_replicas: int = 1  # never below this in any case
+    # metric name -> (lowest, highest) AverageValue target a scale may set; a metric not named is never changed.
+    metric_targets: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -414,6 +416,57 @@ class HpaScaler:
 
         return self._update(service, idempotency_key, change, reason="TailguardMetricTarget")
 
+    def set_limits(
+        self,
+        service: str,
+        *,
+        max_replicas: int | None,
+        metric_targets: Mapping[str, float],
+        idempotency_key: str,
+    ) -> ActionOutcome:
+        """A scale's `ceiling` and `metricTargets` (ScaleLimitsPort): maxReplicas clamped to [minReplicas, the
+        configured maximum], each metric's AverageValue target clamped to its configured bounds (a metric without
+        bounds is refused, nothing written). The restore puts back what `scale_state` read before."""
+        bounds = self.bounds
+
+        def change(hpa: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+            before = _settable(hpa["min_replicas"], hpa["max_replicas"], _metric_targets(hpa["metrics"]))
+            detail: dict[str, Any] = {"from": before, "requested": {"maxReplicas": max_replicas, **metric_targets}}
+            clamped: list[str] = []
+            new_max = int(hpa["max_replicas"])
+            if max_replicas is not None:
+                low, high = int(hpa["min_replicas"]), bounds.max_replicas
+                new_max = max(low, min(high, int(max_replicas)))
+                if new_max != max_replicas:
+                    clamped.append(f"ceiling {max_replicas} kept at {new_max} (minReplicas {low}, maximum {high})")
+            metrics = list(hpa["metrics"])
+            for name, value in sorted(metric_targets.items()):
+                if name not in bounds.metric_targets:
+                    raise LookupError(
+                        f"no bounds for the metric target {name!r}: add it to kubernetes.hpa.metricTargets"
+                    )
+                low_value, high_value = bounds.metric_targets[name]
+                wanted = max(low_value, min(high_value, float(value)))
+                if wanted != float(value):
+                    clamped.append(f"{name} target {value:g} kept at {wanted:g} (bounds {low_value:g}..{high_value:g})")
+                source = next(
+                    (s for spec in metrics if (s := spec.pods or spec.external) is not None and s.metric.name == name),
+                    None,
+                )
+                if source is None:
+                    raise LookupError(f"the HPA has no Pods or External metric named {name!r}")
+                source.target.type = "AverageValue"
+                source.target.average_value = _quantity(wanted)
+            after = _settable(hpa["min_replicas"], new_max, _metric_targets(metrics))
+            detail["to"] = after
+            if clamped:
+                detail["clamped"] = "; ".join(clamped)
+            if after == before:
+                return None
+            return {"max_replicas": new_max, "metrics": metrics}, detail
+
+        return self._update(service, idempotency_key, change, reason="TailguardLimits")
+
     # -- read, change, PUT with resourceVersion; 409 -> read again ---------------------------------------
 
     def _update(
@@ -458,6 +511,8 @@ class HpaScaler:
                 found.spec.min_replicas = fields["min_replicas"]
                 found.spec.max_replicas = fields["max_replicas"]
                 annotations[ANNOTATION_TAILGUARD_MIN] = str(fields["min_replicas"])
+            elif "max_replicas" in fields:
+                found.spec.max_replicas = fields["max_replicas"]
             if "metrics" in fields:
                 found.spec.metrics = fields["metrics"]
             metadata.annotations = with_key(annotations, key)
@@ -502,6 +557,11 @@ def _metric_targets(metrics: Sequence[Any]) -> dict[str, str]:
         if source is not None and source.target is not None and source.target.average_value is not None:
             targets[str(source.metric.name)] = str(source.target.average_value)
     return targets
+
+
+def _quantity(value: float) -> str:
+    """A target as a Kubernetes quantity: `10`, or milli-units (`12500m`) as the API server writes fractions."""
+    return str(int(value)) if float(value).is_integer() else f"{round(value * 1000)}m"
 
 
 def _settable(min_replicas: Any, max_replicas: Any, metrics: Mapping[str, Any]) -> dict[str, Any]:
