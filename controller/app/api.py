@@ -335,7 +335,8 @@ class ControllerAPI:
 
     def readyz(self) -> tuple[int, dict[str, Any]]:
         readiness = self.controller.readiness()
-        return (200 if readiness.ready else 503), readiness.to_json()
+        # Open to anyone (probes carry no token): a URL in a reason or warning is shown as scheme+host only.
+        return (200 if readiness.ready else 503), redact_value(readiness.to_json())
 
     def decisions(self, query: str) -> tuple[int, dict[str, Any] | list[Any]]:
         values = parse_qs(query).get("limit", [str(DEFAULT_DECISIONS)])

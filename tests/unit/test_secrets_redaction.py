@@ -14,7 +14,7 @@ import requests
 from controller.adapters.notify.webhook import WebhookNotifier, WebhookReceiver
 from controller.app.api import ControllerAPI
 from controller.app.logging_setup import configure_logging
-from controller.core.ports import OutcomeStatus
+from controller.core.ports import OutcomeStatus, Readiness
 from controller.kit.clock import ManualClock
 from controller.kit.redact import REDACTED, redact_value, url_origin
 from tests.support.dispatch import dispatched
@@ -125,3 +125,11 @@ def test_decisions_in_the_api_show_receiver_urls_as_scheme_and_host(api: Control
 def test_decisions_without_the_token_answer_nothing(api: ControllerAPI) -> None:
     answer = requests.get(f"{api.url}/api/v1/decisions", timeout=10)
     assert answer.status_code == 401 and "p99-rollback" not in answer.text
+
+
+def test_readyz_is_open_and_shows_urls_as_scheme_and_host(api: ControllerAPI, controller: FakeController) -> None:  # noqa: F811
+    warning = f"receiver oncall: POST https://hooks.slack.com{SECRET_PATH}: connection failed"
+    controller.readiness = lambda: Readiness(True, (), (), warnings=(warning,))  # type: ignore[method-assign]
+    answer = requests.get(f"{api.url}/readyz", timeout=10)
+    assert answer.status_code == 200 and "XXXXslackSECRETpath" not in answer.text
+    assert answer.json()["warnings"] == ["receiver oncall: POST https://hooks.slack.com: connection failed"]
