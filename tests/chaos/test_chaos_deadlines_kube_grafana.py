@@ -8,14 +8,16 @@ Grafana: GrafanaHttp's session (DeadlineSession) ends each request within the co
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 
 from controller.adapters.annotations.grafana import GrafanaHttp
-from controller.adapters.scale.hpa import KubeError, bounded_api_client, kube_call
+from controller.adapters.scale.hpa import KubeError, bounded_api_client, cluster_api_client, kube_call
 from controller.kit.clock import ManualClock
-from controller.kit.http import RetryPolicy
+from controller.kit.http import DeadlinePoolManager, RetryPolicy
 from tests.chaos.test_chaos_deadlines import TricklingServer, timed
 
 
@@ -77,3 +79,22 @@ def test_every_grafana_retry_is_bounded_too(slow: TricklingServer) -> None:
     answer, elapsed = timed(lambda: grafana.call("GET", "/annotations?tags=x", retry=True))
     assert answer.status is None and slow.requests == 3  # type: ignore[attr-defined]
     assert elapsed < 3 * 0.5 + 3.0, f"{elapsed:.2f}s"  # backoffs go through the ManualClock
+
+
+def test_the_controllers_api_client_is_bounded(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        ),
+        encoding="utf-8",
+    )
+    client = cluster_api_client(in_cluster=False, kubeconfig=str(kubeconfig))
+    assert isinstance(client.rest_client.pool_manager, DeadlinePoolManager)
