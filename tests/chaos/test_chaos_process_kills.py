@@ -341,6 +341,15 @@ def test_a_slow_sync_starves_nothing_and_the_probes_answer_during_a_long_resume(
             )
             assert not synced(argocd, "chat"), "the resumed rollback was meant to be still waiting"
             assert answered_after < 30, answered_after
+            # SIGTERM cuts the wait short (the clock's interrupt) and leaves the action resumable.
+            assert controller.process is not None
+            stopping = time.monotonic()
+            os.killpg(controller.process.pid, signal.SIGTERM)
+            assert controller.process.wait(30) == 0, controller.tail()
+            assert time.monotonic() - stopping < 15
+            [pending] = [a for a in rollback_actions(tmp_path) if a.status is ActionStatus.STARTED]
+            assert pending.params["service"] == "chat" and pending.plan is not None
+            controller.start()
             argocd.release("chat")
             controller.poll("chat's rollback after the release", lambda: synced(argocd, "chat"), deadline=30)
             controller.poll(
