@@ -54,6 +54,9 @@ def test_tailguard_run_serves_and_stops_cleanly(tmp_path: Path, stop_signal: sig
         f"prometheus: {{url: 'http://127.0.0.1:{free_port()}', timeout: 1, retries: 0}}\n"
         f"policies: [rules]\njournal: journal.db\nlisten: 127.0.0.1:{port}\nreloadInterval: 1s\n"
         "logFormat: json\n"
+        # The policy rolls back, so a rollback actuator must be configured (the start refuses otherwise): a local
+        # tier on a closed port, never called since no query answers.
+        f"tier: {{url: 'http://127.0.0.1:{free_port()}'}}\n"
     )
     log = (tmp_path / "controller.log").open("wb")
     process = subprocess.Popen(

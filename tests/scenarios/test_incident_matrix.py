@@ -763,11 +763,6 @@ def test_s08a_the_new_leader_does_not_roll_back_a_second_time(failover: Failover
     assert [kind for _, kind, _ in b.replica.decisions()] == ["suppressed"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 1 (being fixed): a resumed Argo CD rollback takes the already-good current revision as "
-    "the bad one and rolls back to the bad revision",
-)
 def test_s08b_the_killed_leader_taking_the_lease_back_does_not_redeploy_the_bad_revision(failover: Failover) -> None:
     f = failover
     a, b = kill_pod_a_mid_rollback(f)
