@@ -14,7 +14,7 @@ from kubernetes import client as k8s
 from controller.adapters.scale.hpa import HpaBounds, HpaScaler
 from controller.adapters.stores.journal import ActionStatus, Journal
 from controller.adapters.traffic.routes import HttpRouteRouter, Ramp
-from controller.kit.clock import ManualClock
+from controller.kit.clock import ManualClock, ShutdownInterrupt
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.testing import make_decision
 from tests.support.fake_kubernetes import FakeKubernetes, hpa, http_route
@@ -123,3 +123,31 @@ def test_a_restore_never_overwrites_a_human_edit_of_the_floor(fake: FakeKubernet
     assert restored.status is ActionStatus.SKIPPED
     assert restored.result is not None and "changed by someone else" in str(restored.result["detail"])
     assert hpa_spec(fake)["minReplicas"] == 4
+
+
+class _StopDuringHold(ManualClock):
+    """The process stops during the ramp's hold: the first step is written, the rest is left to the next process."""
+
+    def sleep(self, seconds: float) -> None:
+        raise ShutdownInterrupt("stopping in the ramp's hold")
+
+
+def test_a_restore_stopped_mid_ramp_resumes_after_its_last_step(fake: FakeKubernetes, tmp_path: Path) -> None:
+    clock = ManualClock()
+    run = dispatcher(fake, tmp_path, clock)
+    fire, resolve = incident(("shift_traffic", {"service": "chat", "version": "r1", "weight": 10}), clock.now())
+    assert [r.status for r in run.dispatch(fire)] == [ActionStatus.SUCCEEDED]
+    clock.advance(300)
+    stopping = _StopDuringHold(clock.now())
+    with pytest.raises(ShutdownInterrupt):
+        dispatcher(fake, tmp_path, stopping).dispatch(resolve)
+    assert route_writes(fake)[-1] == {"chat-r1": 50, "chat-r2": 50}  # stopped after the ramp's first step
+    # The next process resumes the same action (same key): it goes on from the step the route records, instead of
+    # taking 50/50 for someone else's change and leaving the route mid-ramp.
+    [restored] = dispatcher(fake, tmp_path, ManualClock(stopping.now())).resume()
+    assert restored.status is ActionStatus.SUCCEEDED, restored
+    assert route_writes(fake) == [
+        {"chat-r1": 10, "chat-r2": 90},
+        {"chat-r1": 50, "chat-r2": 50},
+        {"chat-r1": 90, "chat-r2": 10},
+    ]

@@ -241,7 +241,8 @@ class _WeightedRouteRouter:
         found = self._read(ref)
         if isinstance(found, KubeError):
             return found.outcome({"route": where})
-        if idempotency_key in recorded_keys(found.get("metadata", {}).get("annotations")):
+        recorded = recorded_keys(found.get("metadata", {}).get("annotations"))
+        if idempotency_key in recorded:
             return ActionOutcome(OutcomeStatus.SUCCEEDED, {"route": where, "weights": target, "replayed": True})
         try:
             start = self._weights_of(found, service)
@@ -250,22 +251,31 @@ class _WeightedRouteRouter:
         detail: dict[str, Any] = {"route": where, "from": start, "to": target}
         if start == target:
             return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": "already so"})
-        if expected is not None and start != dict(expected):
-            reason = f"changed by someone else since tailguard set {dict(expected)}: found {start}; not overwritten"
-            return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": reason})
-        if set(start) != set(target) or sum(target.values()) != 100 or min(target.values()) < 0:
+        # The ramp starts from what tailguard set (`expected`); the path is a function of that and `target`
+        # alone, so a resumed restore recomputes the same steps and goes on after the last one the route records.
+        origin = dict(expected) if expected is not None else start
+        if set(origin) != set(target) or sum(target.values()) != 100 or min(target.values()) < 0:
             return ActionOutcome(
                 OutcomeStatus.FAILED, detail, f"{where}: cannot set {target}: the route has versions {start}", False
             )
         path: list[dict[str, int]] = [target]
         if self.ramp is not None:
-            rising = max(target, key=lambda name: (target[name] - start[name], name))
-            steps = self.ramp.path(start[rising], target[rising])[:-1]
-            path = [split_weights(start, rising, step) for step in steps] + [target]
+            rising = max(target, key=lambda name: (target[name] - origin[name], name))
+            steps = self.ramp.path(origin[rising], target[rising])[:-1]
+            path = [split_weights(origin, rising, step) for step in steps] + [target]
         detail["steps"] = path
+        done = max((n for n in range(1, len(path)) if f"{idempotency_key}#step{n}" in recorded), default=0)
+        shows = path[done - 1] if done else origin
+        if start != shows:
+            reason = f"changed by someone else since tailguard set {shows}: found {start}; not overwritten"
+            return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": reason})
+        if done:
+            detail["resumed_after_step"] = done
         previous = start
         conflicts = 0
         for index, step_weights in enumerate(path):
+            if index < done:
+                continue  # written before a restart: the route records this step's key
             if index > 0 and self.ramp is not None:
                 self.clock.sleep(self.ramp.hold_seconds)
             key = idempotency_key if index == len(path) - 1 else f"{idempotency_key}#step{index + 1}"
@@ -279,7 +289,7 @@ class _WeightedRouteRouter:
 
             outcome = self._apply(ref, where, service, key, compute)
             if outcome.status is not OutcomeStatus.SUCCEEDED:
-                if index == 0:
+                if index == done:
                     return ActionOutcome(outcome.status, {**detail, **outcome.detail}, outcome.error, outcome.transient)
                 # Changed by someone else during the ramp: part of it was written, so it is not a clean skip.
                 error = outcome.error or f"{where}: the restore was interrupted: {outcome.detail.get('reason')}"
