@@ -303,8 +303,29 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
     if grafana is not None:
         # The cluster extra (grafana-client): imported only with an annotations.grafana section.
         from controller.adapters.annotations.grafana import DecisionAnnotatingDispatcher
+    # TailguardPolicy custom resources: listed now (their policies load with the files), then watched; the leader
+    # writes their status.
+    policy_paths = settings.policy_paths()
+    if cluster is not None and settings.kubernetes is not None and settings.kubernetes.policies is not None:
+        # The cluster extra (kubernetes): imported only with a kubernetes.policies section.
+        from controller.adapters.policies.crd import CrdPolicySource
+
+        crd_source = CrdPolicySource(
+            cluster.api_client,
+            settings.kubernetes.policies.namespace,
+            settings.state_path() / "crd-policies",
+            clock,
+            journal=journal,
+            is_leader=elector.is_leader if elector is not None else (lambda: True),
+            check=lambda loaded: missing_actuators(settings, loaded),
+            events=settings.kubernetes.events,
+            status_interval=settings.kubernetes.policies.statusInterval,
+        )
+        crd_source.start()
+        stack.callback(crd_source.stop)
+        policy_paths = [*policy_paths, crd_source.directory]
     controller = Controller(
-        policy_paths=settings.policy_paths(),
+        policy_paths=policy_paths,
         source=source,
         journal=journal,
         # Every decision also becomes a Grafana region (onset -> resolution) when Grafana is configured.

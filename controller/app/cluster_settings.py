@@ -121,6 +121,16 @@ class RollbackSettings(_Strict):
     )
 
 
+class PolicyResourceSettings(_Strict):
+    """`kubernetes.policies:`: TailguardPolicy custom resources as policies beside the files
+    (controller/adapters/policies/crd.py; the CRD: deploy/crds/tailguardpolicy.yaml)."""
+
+    namespace: str = Field(min_length=1, description="the namespace whose TailguardPolicies are watched")
+    statusInterval: Duration = Field(
+        default=10.0, gt=0, description="how often the leader writes their status (only what changed)"
+    )
+
+
 class KubernetesSettings(_Strict):
     """`kubernetes:` in the controller configuration."""
 
@@ -136,6 +146,9 @@ class KubernetesSettings(_Strict):
     traffic: TrafficSettings | None = Field(default=None, description="shift_traffic actions through route weights")
     rollback: RollbackSettings | None = Field(
         default=None, description="rollback actions through Deployment revisions (and Helm-owned Deployments)"
+    )
+    policies: PolicyResourceSettings | None = Field(
+        default=None, description="watch TailguardPolicy custom resources (policies beside the files)"
     )
 
     @model_validator(mode="after")

@@ -94,6 +94,28 @@ LEASE_PERMISSIONS: tuple[Permission, ...] = (
 ALL_PERMISSIONS = ACTUATOR_PERMISSIONS + HELM_PERMISSIONS + LEASE_PERMISSIONS
 
 
+# In the namespace of `kubernetes.policies` (TailguardPolicy custom resources), only with that section: kept
+# apart from ALL_PERMISSIONS (the base RBAC) like an optional component; tests/unit/test_policy_crd.py proves
+# the CRD source (controller/adapters/policies/crd.py) calls exactly these.
+POLICY_PERMISSIONS: tuple[Permission, ...] = (
+    Permission(
+        "tailguard.io",
+        "tailguardpolicies",
+        ("get", "list", "watch"),
+        "CrdPolicySource: list_namespaced_custom_object (list, then watch), get_ before a status write",
+        "controller",
+    ),
+    Permission(
+        "tailguard.io",
+        "tailguardpolicies/status",
+        ("update",),
+        "CrdPolicySource: replace_namespaced_custom_object_status (409: re-read, retry)",
+        "controller",
+    ),
+    Permission("", "events", ("create",), "CrdPolicySource: create_namespaced_event on the policy", "controller"),
+)
+
+
 def permission_triples(scope: str | None = None) -> set[tuple[str, str, str]]:
     """(apiGroup, resource, verb) for every permission (of one namespace scope, if given)."""
     return {

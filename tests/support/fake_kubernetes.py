@@ -13,6 +13,14 @@ answers like the real API server:
 - EVERY object written is validated before it is stored: core kinds with `kubernetes_validate` (strict:
   unknown fields rejected), the CRDs with their JSON Schemas from tests/support/specs/; an invalid object
   gets 422 Invalid with the field path, as the real server answers an admission failure;
+- TailguardPolicy (tailguard.io/v1alpha1) custom resources, validated against the openAPIV3Schema of
+  deploy/crds/tailguardpolicy.yaml (unknown fields rejected, as `kubectl apply`'s strict field validation does),
+  with the `status` subresource as the real server serves it for a CRD: a write to the object keeps the stored
+  status and bumps `metadata.generation` when the spec changed; a write to `/status` changes only the status
+  (a stale resourceVersion: 409 Conflict);
+- watch (`?watch=true`): the events after the given resourceVersion as JSON lines, streamed until
+  `timeoutSeconds`; a resourceVersion older than the kept history (`compact()`) gets an ERROR event with a
+  410 Gone Status, as the real server answers "too old resource version";
 - failures are injectable (`inject`): a status code (500, 503, ...), a delay (to make a client time out),
   a hook run before the request (e.g. a concurrent writer bumping the resourceVersion), or a mutation of
   the stored object after a write (e.g. another controller overriding a weight);
@@ -46,9 +54,11 @@ from urllib.parse import parse_qs, urlsplit
 import jsonschema
 import kubernetes
 import kubernetes_validate
+import yaml
 from kubernetes_validate.utils import latest_version
 
 SPECS = Path(__file__).parent / "specs"
+CRDS = Path(__file__).resolve().parent.parent.parent / "deploy" / "crds"
 KUBERNETES_VERSION = latest_version()
 
 
@@ -59,6 +69,7 @@ class ResourceType:
     resource: str  # plural, as in the URL and in RBAC rules
     kind: str
     schema_file: str | None = None  # a CRD: validated with this JSON Schema instead of kubernetes_validate
+    crd_file: str | None = None  # a CRD of ours: validated with the openAPIV3Schema of deploy/crds/<file>
 
     @property
     def api_version(self) -> str:
@@ -89,9 +100,12 @@ RESOURCE_TYPES = (
     # Pods (seeded by tests; the rotation controller patches their metadata and, through the `status`
     # subresource, recorded as `pods/status` for RBAC, their readiness-gate conditions).
     ResourceType("", "v1", "pods", "Pod"),
+    ResourceType("tailguard.io", "v1alpha1", "tailguardpolicies", "TailguardPolicy", crd_file="tailguardpolicy.yaml"),
 )
 # Subresources served on the parent object's storage: (group, version, resource, subresource).
-_SUBRESOURCES = frozenset({("", "v1", "pods", "status")})
+_SUBRESOURCES = frozenset({("", "v1", "pods", "status"), ("tailguard.io", "v1alpha1", "tailguardpolicies", "status")})
+# Kinds whose status is a subresource of a CRD: the object's writes keep the status, /status writes only it.
+_STATUS_SUBRESOURCE = frozenset({("tailguard.io", "tailguardpolicies")})
 # The annotations the deployment controller never copies from a Deployment onto its ReplicaSets.
 _CONTROLLER_SKIPPED = frozenset(
     {
@@ -139,6 +153,9 @@ class InvalidObject(ValueError):
 class _Store:
     objects: dict[tuple[str, str, str, str], dict[str, Any]] = field(default_factory=dict)
     revision: int = 1000
+    # Watch events: (resourceVersion, type, (group, resource, namespace), object); `compact()` drops them.
+    events: list[tuple[int, str, tuple[str, str, str], dict[str, Any]]] = field(default_factory=list)
+    compacted: int = 0  # a watch from a resourceVersion below this is 410 Gone
 
 
 class FakeKubernetes:
@@ -151,6 +168,7 @@ class FakeKubernetes:
         self._store = _Store()
         self._injections: list[Injection] = []
         self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
         self._stopping = threading.Event()
         self._validators: dict[str, jsonschema.protocols.Validator] = {}
         self._server: ThreadingHTTPServer | None = None
@@ -251,6 +269,65 @@ class FakeKubernetes:
             self._store.revision += 1
             obj["metadata"]["resourceVersion"] = str(self._store.revision)
 
+    def compact(self) -> None:
+        """Forget the watch history (like etcd compaction): a watch from an older resourceVersion gets 410."""
+        with self._lock:
+            self._store.events.clear()
+            self._store.compacted = self._store.revision + 1
+
+    def delete_object(self, resource: str, namespace: str, name: str) -> None:
+        rtype = next(t for t in RESOURCE_TYPES if t.resource == resource)
+        with self._lock:
+            removed = self._store.objects.pop((rtype.group, resource, namespace, name))
+            self._record_event("DELETED", rtype, namespace, removed)
+
+    def _record_event(self, kind: str, rtype: ResourceType, namespace: str, obj: dict[str, Any]) -> None:
+        """(under the lock) a watch event; a DELETED one gets a new resourceVersion, as in the real server."""
+        if kind == "DELETED":
+            self._store.revision += 1
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["resourceVersion"] = str(self._store.revision)
+        self._store.events.append(
+            (
+                int(obj["metadata"]["resourceVersion"]),
+                kind,
+                (rtype.group, rtype.resource, namespace),
+                copy.deepcopy(obj),
+            )
+        )
+        self._changed.notify_all()
+
+    def watch_events(self, rtype: ResourceType, namespace: str, since: int, timeout: float) -> Iterator[dict[str, Any]]:
+        """The watch stream: events after `since` in this namespace, until `timeout` seconds or the fake stops."""
+        deadline = threading.Event()
+        timer = threading.Timer(timeout, deadline.set)
+        timer.daemon = True
+        timer.start()
+        try:
+            with self._lock:
+                if since and since < self._store.compacted:
+                    yield {
+                        "type": "ERROR",
+                        "object": _status(410, "Expired", f"too old resource version: {since}")[1],
+                    }
+                    return
+            sent = since
+            while not deadline.is_set() and not self._stopping.is_set():
+                with self._lock:
+                    ready = [
+                        (rv, kind, obj)
+                        for rv, kind, where, obj in self._store.events
+                        if rv > sent and where == (rtype.group, rtype.resource, namespace)
+                    ]
+                    if not ready:
+                        self._changed.wait(0.05)
+                        continue
+                for rv, kind, obj in ready:
+                    sent = max(sent, rv)
+                    yield {"type": kind, "object": obj}
+        finally:
+            timer.cancel()
+
     def calls(self, verb: str | None = None, resource: str | None = None) -> list[RecordedRequest]:
         with self._lock:
             return [
@@ -284,7 +361,11 @@ class FakeKubernetes:
             sent = json.loads(body) if body else None
         except ValueError:
             sent = None
-        recorded = rtype.resource + ("/status" if parts.path.rstrip("/").endswith("/status") else "")
+        on_status = parts.path.rstrip("/").endswith("/status")
+        recorded = rtype.resource + ("/status" if on_status else "")
+        query = parse_qs(parts.query)
+        if verb == "list" and query.get("watch", [""])[0] in ("true", "1"):
+            verb = "watch"
         with self._lock:
             self.requests.append(RecordedRequest(verb, rtype.group, recorded, namespace, name, sent))
         injection = self._injection_for(verb, rtype.resource)
@@ -299,9 +380,8 @@ class FakeKubernetes:
             payload = json.loads(body) if body else None
         except ValueError:
             return _status(400, "BadRequest", "the request body is not valid JSON")
-        query = parse_qs(parts.query)
         with self._lock:
-            code, answer = self._dispatch(verb, rtype, namespace, name, content_type, payload, query)
+            code, answer = self._dispatch(verb, rtype, namespace, name, content_type, payload, query, on_status)
             if injection is not None and injection.mutate is not None and code < 300 and name is not None:
                 stored = self._store.objects.get((rtype.group, rtype.resource, namespace, name))
                 if stored is not None:
@@ -319,9 +399,12 @@ class FakeKubernetes:
         content_type: str,
         payload: Any,
         query: Mapping[str, list[str]],
+        on_status: bool = False,
     ) -> tuple[int, dict[str, Any]]:
         key = (rtype.group, rtype.resource, namespace, name or "")
         current = self._store.objects.get(key)
+        if verb == "watch":
+            return 200, {"watch": True}  # streamed by the handler (watch_events)
         if verb == "list":
             wanted = _label_selector(query.get("labelSelector", [""])[0])
             items = [
@@ -350,6 +433,7 @@ class FakeKubernetes:
             return 200, copy.deepcopy(current)
         if verb == "delete":
             del self._store.objects[key]
+            self._record_event("DELETED", rtype, namespace, current)
             return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}
         if verb == "update":
             if not isinstance(payload, dict):
@@ -361,7 +445,7 @@ class FakeKubernetes:
                 return _status(400, "BadRequest", "the name of the object does not match the name in the URL")
             payload["metadata"]["uid"] = current["metadata"]["uid"]
             payload["metadata"]["creationTimestamp"] = current["metadata"]["creationTimestamp"]
-            return self._written(rtype, namespace, payload, create=False)
+            return self._written(rtype, namespace, self._subresource(rtype, current, payload, on_status), create=False)
         # patch
         media = content_type.split(";")[0].strip()
         if media == "application/json-patch+json":
@@ -380,7 +464,30 @@ class FakeKubernetes:
             patched = _merge_patch(current, payload)
         else:
             return _status(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {media}")
-        return self._written(rtype, namespace, patched, create=False)
+        return self._written(rtype, namespace, self._subresource(rtype, current, patched, on_status), create=False)
+
+    def _subresource(
+        self, rtype: ResourceType, current: dict[str, Any], new: dict[str, Any], on_status: bool
+    ) -> dict[str, Any]:
+        """A CRD with the status subresource: /status changes only the status, the object everything but it;
+        `metadata.generation` counts the spec's changes."""
+        if (rtype.group, rtype.resource) not in _STATUS_SUBRESOURCE:
+            return new
+        if on_status:
+            result = copy.deepcopy(current)
+            if "status" in new:
+                result["status"] = copy.deepcopy(new["status"])
+            else:
+                result.pop("status", None)
+            return result
+        result = copy.deepcopy(new)
+        if "status" in current:
+            result["status"] = copy.deepcopy(current["status"])
+        else:
+            result.pop("status", None)
+        generation = int(current["metadata"].get("generation", 1))
+        result["metadata"]["generation"] = generation + (1 if new.get("spec") != current.get("spec") else 0)
+        return result
 
     def _written(
         self, rtype: ResourceType, namespace: str, obj: dict[str, Any], *, create: bool
@@ -401,11 +508,15 @@ class FakeKubernetes:
         if create:
             metadata["uid"] = str(uuid.uuid4())
             metadata["creationTimestamp"] = "2026-01-01T00:00:00Z"
+            if (rtype.group, rtype.resource) in _STATUS_SUBRESOURCE:
+                metadata["generation"] = 1
+                obj.pop("status", None)  # a create never sets the status of a kind with the subresource
+        self._validate(rtype, obj)
         self._store.revision += 1
         metadata["resourceVersion"] = str(self._store.revision)
-        self._validate(rtype, obj)
         key = (rtype.group, rtype.resource, namespace, str(metadata.get("name")))
         self._store.objects[key] = obj
+        self._record_event("ADDED" if create else "MODIFIED", rtype, namespace, obj)
         if self.deployment_controller and rtype.kind == "Deployment":
             self._roll_out(namespace, obj)
         return copy.deepcopy(obj)
@@ -481,6 +592,21 @@ class FakeKubernetes:
             )
         if not obj["metadata"].get("name"):
             raise InvalidObject("metadata.name: Required value: name is required")
+        if rtype.crd_file is not None:
+            validator = self._validators.get(rtype.crd_file)
+            if validator is None:
+                crd = yaml.safe_load((CRDS / rtype.crd_file).read_text(encoding="utf-8"))
+                schema = _openapi_to_json_schema(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+                validator = jsonschema.Draft4Validator(schema)
+                self._validators[rtype.crd_file] = validator
+            errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.path))
+            if errors:
+                first = errors[0]
+                where = ".".join(str(p) for p in first.path) or "(root)"
+                raise InvalidObject(
+                    f"{rtype.kind}.{rtype.group} {obj['metadata']['name']!r} is invalid: {where}: {first.message}"
+                )
+            return
         if rtype.schema_file is None:
             try:
                 kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
@@ -512,6 +638,30 @@ _REASONS = {
     503: "ServiceUnavailable",
     504: "Timeout",
 }
+
+
+def _openapi_to_json_schema(node: Any, *, top: bool = True) -> Any:
+    """A CRD's structural openAPIV3Schema as a Draft 4 JSON Schema the way the API server applies it:
+    `nullable` allows null, `x-kubernetes-int-or-string` an integer or a string, and an object with
+    `properties` refuses unknown fields (server-side strict field validation; metadata is the server's)."""
+    if isinstance(node, list):
+        return [_openapi_to_json_schema(item, top=False) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _openapi_to_json_schema(value, top=False) for key, value in node.items() if key != "properties"}
+    if "properties" in node:
+        out["properties"] = {
+            name: (schema if name == "metadata" and top else _openapi_to_json_schema(schema, top=False))
+            for name, schema in node["properties"].items()
+        }
+        out.setdefault("additionalProperties", False)
+    if node.get("x-kubernetes-int-or-string"):
+        out["type"] = ["integer", "string"]
+    if node.get("nullable") and "type" in out:
+        out["type"] = [*(out["type"] if isinstance(out["type"], list) else [out["type"]]), "null"]
+        if "enum" in out:
+            out["enum"] = [*out["enum"], None]
+    return out
 
 
 def _status(code: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:
@@ -633,6 +783,9 @@ def _handler_for(fake: FakeKubernetes) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
             code, answer = fake.handle(self.command, self.path, self.headers.get("Content-Type", ""), body)
+            if code == 200 and answer.get("watch") is True:
+                self._stream_watch()
+                return
             data = json.dumps(answer).encode()
             try:
                 self.send_response(code)
@@ -642,6 +795,27 @@ def _handler_for(fake: FakeKubernetes) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(data)
             except OSError:
                 pass  # the client gave up (an injected delay made it time out)
+
+        def _stream_watch(self) -> None:
+            """JSON lines until the watch's timeout; the connection closes at the end, as the server's does."""
+            parts = urlsplit(self.path)
+            route = _parse_path(parts.path)
+            assert route is not None
+            query = parse_qs(parts.query)
+            since = int(query.get("resourceVersion", ["0"])[0] or 0)
+            timeout = float(query.get("timeoutSeconds", ["30"])[0])
+            self.close_connection = True
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.flush()
+                for event in fake.watch_events(route[0], route[1], since, timeout):
+                    self.wfile.write(json.dumps(event).encode() + b"\n")
+                    self.wfile.flush()
+            except OSError:
+                pass  # the client closed the watch
 
         do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
 

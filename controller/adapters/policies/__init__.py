@@ -1,0 +1,1 @@
+"""Policy sources beside files: TailguardPolicy custom resources (crd.py; its schema: crd_schema.py)."""
