@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from controller.core.policy import policy_json_schema
+from controller.kit.errors import ConfigError
 
 GROUP = "tailguard.io"
 VERSION = "v1alpha1"
@@ -37,7 +38,7 @@ _READY_PATH = '.status.conditions[?(@.type=="Ready")].status'
 _DROPPED = {"$schema", "$id", "title", "default", "discriminator", "propertyNames", "$defs"}
 
 
-class CrdSchemaError(ValueError):
+class CrdSchemaError(ConfigError):
     """The policy models hold a construct this converter cannot make structural."""
 
 
