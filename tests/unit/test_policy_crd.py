@@ -41,6 +41,12 @@ class _Journal:
     def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]:
         return self.decisions[:limit]
 
+    def commit_evaluation(self, policy: str, state: PolicyState, decisions: Any, now: float) -> None:
+        self.states[policy] = state
+
+    def close(self) -> None:
+        pass
+
 
 def _cr(cr_name: str, **changes: Any) -> dict[str, Any]:
     spec = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))

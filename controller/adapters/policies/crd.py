@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import yaml
 from kubernetes import client as k8s
@@ -40,18 +40,12 @@ from controller.core.engine import PolicyState
 from controller.core.limits import BUDGET_WINDOW_SECONDS
 from controller.core.model import target_labels
 from controller.core.policy_files import LoadedPolicy, PolicyError, parse_policy_text
-from controller.core.ports import Clock
+from controller.core.ports import Clock, JournalPort
 
 logger = logging.getLogger("tailguard.policies.crd")
 
 WATCH_TIMEOUT_SECONDS = 300
 STATUS_CONFLICT_RETRIES = 3
-
-
-class StatusJournal(Protocol):
-    def load_state(self, policy: str) -> PolicyState | None: ...
-
-    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]: ...
 
 
 @dataclass
@@ -94,7 +88,7 @@ class CrdPolicySource:
         directory: Path,
         clock: Clock,
         *,
-        journal: StatusJournal | None = None,
+        journal: JournalPort | None = None,
         is_leader: Callable[[], bool] = lambda: True,
         check: Callable[[Sequence[LoadedPolicy]], Sequence[PolicyError]] | None = None,
         events: bool = True,
