@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the system packages tailguard needs, only when they are missing:
-#   prometheus (with promtool), prometheus-alertmanager, and python3-venv.
+#   prometheus (with promtool), prometheus-alertmanager, python3-venv, and chromium (headless browser tests).
 # Idempotent: when everything is present it changes nothing and touches no network.
 set -euo pipefail
 
@@ -11,6 +11,8 @@ command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
 # Debian splits ensurepip out of python3; without it `python3 -m venv` fails.
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
+# The status page's browser test (tests/integration/test_status_page_browser.py) renders it in headless chromium.
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 
 if [ "${#missing[@]}" -eq 0 ]; then
   exit 0

@@ -59,9 +59,10 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from controller.app.status_page import render_status_page
 from controller.core.model import TargetKey, target_key
 from controller.core.policy import Policy
-from controller.core.ports import TRIGGER_ALERT, ControllerPort, LeaderPort
+from controller.core.ports import TRIGGER_ALERT, ControllerPort, LeaderPort, OperatorPort
 from controller.kit.errors import InputError
 from controller.kit.redact import redact_value
 from controller.loop.metrics import EXPOSITION_CONTENT_TYPE
@@ -83,6 +84,7 @@ MAX_LINE_BYTES = 8190  # request line and each header (aiohttp's defaults, state
 MAX_HEADERS = 64
 DRAIN_LIMIT_BYTES = 64 * 1024  # a refused POST's body up to this is read (the connection stays usable)
 SHUTDOWN_SECONDS = 2.0
+MAX_CONTROL_BYTES = 4096  # {"by": ..., "reason": ...}
 
 
 class _Payload(BaseModel):
@@ -210,6 +212,7 @@ class ControllerAPI:
         idle_timeout: float = IDLE_TIMEOUT_SECONDS,
         body_timeout: float = BODY_TIMEOUT_SECONDS,
         workers: int = WORKER_THREADS,
+        status_links: Mapping[str, str] | None = None,
     ) -> None:
         if webhook_token is not None and not webhook_token:
             raise ValueError("webhook_token must not be empty (None leaves the webhook open)")
@@ -224,6 +227,7 @@ class ControllerAPI:
         # With leader election: a standby refuses alerts with 503 so that Alertmanager retries on the leader.
         self._leader = leader
         self.standby_retry_after = max(1, int(standby_retry_after))
+        self.status_links = dict(status_links or {})  # Grafana links on the status page
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
         self._host, self._port = self._socket.getsockname()[:2]
@@ -367,16 +371,23 @@ class ControllerAPI:
             return 403, {"error": "the bearer token is not the one configured for this webhook"}
         return None
 
-    def refuse_if_standby(self) -> tuple[int, dict[str, Any], dict[str, str]] | None:
-        """None on the leader (or without leader election); on a standby the 503 that makes Alertmanager retry."""
+    def refuse_if_standby(self, what: str = "alert") -> tuple[int, dict[str, Any], dict[str, str]] | None:
+        """None on the leader (or without leader election); on a standby the 503 that makes Alertmanager retry
+        (and a status read or a control go to the leader: one view across replicas)."""
         if self._leader is None or self._leader.is_leader():
             return None
-        logger.info("Alertmanager webhook refused on the standby (503): the leader evaluates alerts")
+        if what == "alert":
+            logger.info("Alertmanager webhook refused on the standby (503): the leader evaluates alerts")
+            error = (
+                "this replica is the standby: only the leader evaluates alerts; retry (the Service routes retries "
+                "to the leader)"
+            )
+        else:
+            error = f"this replica is the standby: ask the leader for {what} (retry: the Service routes to it)"
         return (
             503,
             {
-                "error": "this replica is the standby: only the leader evaluates alerts; retry (the Service "
-                "routes retries to the leader)",
+                "error": error,
                 "standby": True,
             },
             {"Retry-After": str(self.standby_retry_after)},
@@ -435,11 +446,25 @@ class ControllerAPI:
             if refusal is not None:
                 return _refusal(*refusal)
             return _json(*await self._call(self.decisions, request.query_string))
+        if path in ("/api/v1/status", "/status"):
+            presented = request.headers.get("Authorization")
+            if presented is None and path == "/status" and "token" in request.query:
+                presented = f"Bearer {request.query['token']}"  # a browser link cannot send a header
+            refusal = self.authorize(presented, "status request")
+            if refusal is not None:
+                return _refusal(*refusal)
+            status, document, headers = await self._call(self.status)
+            if path == "/api/v1/status" or status != 200:
+                return _json(status, document, headers)
+            page = render_status_page(document)
+            return _response(200, page.encode(), "text/html; charset=utf-8", {"Cache-Control": "no-store"})
         if path == "/api/v1/alerts":
             return _json(405, {"error": "use POST with an Alertmanager webhook payload"})
         return _json(404, {"error": f"no such endpoint: {path}"})
 
     async def _post(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
+        if _control_of(path) is not None:
+            return await self._post_control(request, path)
         if path != "/api/v1/alerts":
             status = 404 if path not in ("/healthz", "/readyz", "/metrics", "/api/v1/decisions") else 405
             return await self._answer_unread(request, _json(status, {"error": f"no POST endpoint at {path}"}))
@@ -465,6 +490,56 @@ class ControllerAPI:
         except asyncio.IncompleteReadError:
             return _refuse_body(_json(400, {"error": "the body ended before Content-Length bytes"}), request)
         return _json(*await self._call(self.alerts, body))
+
+    async def _post_control(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
+        refusal = self.authorize(request.headers.get("Authorization"), "control request")
+        if refusal is not None:
+            return await self._answer_unread(request, _refusal(*refusal))
+        standby = self.refuse_if_standby("control")
+        if standby is not None:
+            return await self._answer_unread(request, _json(*standby))
+        length = request.content_length or 0
+        if length > MAX_CONTROL_BYTES:
+            return _refuse_body(_json(413, {"error": f"a control body is at most {MAX_CONTROL_BYTES} bytes"}), request)
+        try:
+            body = await asyncio.wait_for(request.content.readexactly(length), self.body_timeout) if length else b""
+        except (TimeoutError, asyncio.IncompleteReadError):
+            return _refuse_body(_json(400, {"error": "the body did not arrive whole"}), request)
+        return _json(*await self._call(self.control, path, body))
+
+    # ----- operator endpoints (controller/core/controls.py, controller/core/status_view.py) ---------------
+
+    def status(self) -> tuple[int, dict[str, Any], dict[str, str]]:
+        if not isinstance(self.controller, OperatorPort):
+            return 404, {"error": "this controller serves no status"}, {}
+        standby = self.refuse_if_standby("status")
+        if standby is not None:
+            return standby
+        # Credential-bearing values cut to scheme+host; the configured links (no credentials) are added after.
+        document: dict[str, Any] = redact_value(self.controller.status())
+        document["links"] = {**document.get("links", {}), **self.status_links}
+        return 200, document, {}
+
+    def control(self, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        """POST /api/v1/policies/NAME/pause|resume, POST /api/v1/pause|resume (every policy: the kill switch).
+        Body (optional JSON): {"by": "who", "reason": "why"}; both are journaled with the control."""
+        parsed = _control_of(path)
+        assert parsed is not None
+        policy, paused = parsed
+        if not isinstance(self.controller, OperatorPort):
+            return 404, {"error": "this controller takes no controls"}
+        try:
+            raw = json.loads(body) if body.strip() else {}
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return 400, {"error": "the body must be JSON: {\"by\": ..., \"reason\": ...}"}
+        if not isinstance(raw, dict):
+            return 400, {"error": "the body must be a JSON object"}
+        by, reason = str(raw.get("by") or "").strip()[:200], str(raw.get("reason") or "").strip()[:1000]
+        who = f"{by or 'unnamed'} (bearer token)" if self._webhook_token is not None else by or "unauthenticated"
+        if policy is not None and policy not in self.controller.policies():
+            return 404, {"error": f"no policy named {policy!r} is loaded"}
+        control = self.controller.set_paused(policy, paused, by=who, reason=reason)
+        return 200, {"policy": policy if policy is not None else "*", "control": control.to_json()}
 
     async def _answer_unread(self, request: web.BaseRequest, answer: web.Response) -> web.Response:
         """A refusal before the body: a small body is read (the kept-alive connection stays usable, as
@@ -526,6 +601,19 @@ class _CappedServer(web.Server):
     def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
         self._busy.discard(handler)
         super().connection_lost(handler, exc)
+
+
+def _control_of(path: str) -> tuple[str | None, bool] | None:
+    """(policy or None for every policy, pause?) of a control endpoint's path; None for any other path."""
+    parts = path.strip("/").split("/")
+    if parts[:2] != ["api", "v1"]:
+        return None
+    rest = parts[2:]
+    if len(rest) == 1 and rest[0] in ("pause", "resume"):
+        return None, rest[0] == "pause"
+    if len(rest) == 3 and rest[0] == "policies" and rest[1] and rest[2] in ("pause", "resume"):
+        return rest[1], rest[2] == "pause"
+    return None
 
 
 def _response(status: int, body: bytes, content_type: str, headers: Mapping[str, str] | None = None) -> web.Response:

@@ -31,6 +31,7 @@ from controller.adapters.tier.local_tier import LocalTierClient
 from controller.app.api import ControllerAPI
 from controller.app.extras import CLUSTER, ML, require
 from controller.app.settings import ControllerSettings
+from controller.app.status_page import dashboard_link
 from controller.core.actions import ActionType
 from controller.core.policy import Condition
 from controller.core.policy_files import LoadedPolicy, PolicyError, load_policies
@@ -342,6 +343,8 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         # A hot reload that brings in an action with no actuator is a reload error (the last good set runs on).
         policy_check=lambda loaded: missing_actuators(settings, loaded),
         action_workers=dispatcher,
+        # Pauses and the kill switch survive a restart in the journal (and a leader change in the Lease).
+        controls_store=journal,
     )
     stack.callback(controller.stop)
     # Hourly: journal retention (decisions and their finished actions older than journalRetention, then an
@@ -357,6 +360,7 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
             # A standby answers alerts with 503 (Alertmanager retries, through the Service, on the leader).
             leader=elector,
             standby_retry_after=math.ceil(settings.leaderElection.retryPeriod) if settings.leaderElection else 2,
+            status_links=dashboard_link(settings.links.grafanaUrl, settings.links.dashboardUid),
         )
     except OSError as unbound:
         where = f"{settings.listen.host}:{settings.listen.port}"

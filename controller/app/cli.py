@@ -45,6 +45,9 @@ DELEGATED = {
         "evaluate a trained SLA-breach model against baselines",
     ),
     "dashboards": ("controller.tools.dashboards", "main", "generate the Grafana dashboards, or push them to Grafana"),
+    "status": ("controller.app.operate", "status_main", "what a running controller (or a journal) is doing now"),
+    "pause": ("controller.app.operate", "pause_main", "pause a policy (or --all: the kill switch) of a controller"),
+    "resume": ("controller.app.operate", "resume_main", "resume a paused policy (or --all)"),
 }
 
 logger = logging.getLogger("tailguard.cli")

@@ -25,6 +25,9 @@ Per (condition, target) the engine keeps a small state machine:
 * source errors never count as breaches and never resolve anything; after
   `maxSourceErrors` in a row the condition reports `errored` once and its
   pending streak is dropped (the evidence is no longer continuous).
+* a suspended policy (`suspend: true`; the runtime also sets it for a paused policy) decides no new
+  mutating action: the breach is reported once as `suppressed` with reason "suspended", and fires once
+  resumed if it still holds.
 * cooldown and the per-target action budget gate every decision that carries
   a mutating action (rollback, scale, shift_traffic); a gated decision is
   reported once as `suppressed` and fires when the limits allow, if the breach
@@ -66,6 +69,7 @@ from controller.core.policy import Condition, NoDataPolicy, Policy
 from controller.kit.templating import render_text
 
 EVIDENCE_POINTS = 20
+SUSPENDED_REASON = "suspended"  # the reason of a breach suppressed because its policy is suspended or paused
 
 
 class Phase(StrEnum):
@@ -397,6 +401,22 @@ def _on_breach(
         return state
     incident = decision_id(step.policy.name, condition.name, target, onset)
     chosen_actions, attribution, branch = step.choose(condition, target, onset)
+    if step.policy.suspend and _needs_limits(chosen_actions):
+        # Suspended (spec.suspend, `tailguard pause`, or the global kill switch): no new mutating action.
+        if not state.suppression_reported:
+            step.decide(
+                DecisionKind.SUPPRESSED,
+                condition,
+                target,
+                state,
+                incident=incident,
+                value=value,
+                reason=SUSPENDED_REASON,
+                attribution=attribution,
+                branch=branch,
+            )
+            state = replace(state, suppression_reported=True)
+        return state
     block = step.limits_block(target) if _needs_limits(chosen_actions) else None
     if block is not None:
         if not state.suppression_reported:

@@ -341,6 +341,11 @@ class Policy(StrictModel):
     description: str = ""
     interval: Duration = Field(default=15.0, description="evaluation interval")
     dryRun: bool = Field(default=False, description="decide and journal, but execute no action")
+    suspend: bool = Field(
+        default=False,
+        description="stop new mutating actions at once (like a CronJob's suspend): a breach that would fire is "
+        "journaled as suppressed with reason `suspended`, and fires once resumed if it still holds",
+    )
     targets: TargetSpec
     vars: dict[LabelName, str] = Field(default_factory=dict, description="constants for query templates")
     signals: list[Signal] = Field(min_length=1)

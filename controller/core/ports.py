@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from controller.core.actions import ActionRecord, ActionStatus
 from controller.core.attribution import ChangeFeed, Rollout
+from controller.core.controls import Controls
 from controller.core.engine import PolicyState
 from controller.core.handover import ActionTimes
 from controller.core.model import Decision, SignalResult, TargetKey
@@ -213,6 +214,18 @@ class JournalPort(RecentDecisions, Protocol):
     def close(self) -> None: ...
 
 
+class ControlsStorePort(Protocol):
+    """Where the operator controls persist (the journal: the set in its meta table, each control as a row)."""
+
+    def load_controls(self) -> Controls: ...
+
+    def record_control(
+        self, controls: Controls | None, action: str, subject: str, by: str, reason: str, now: float
+    ) -> None: ...
+
+    def recent_controls(self, limit: int = 50) -> list[dict[str, Any]]: ...
+
+
 class ActionJournalPort(Protocol):
     """What the dispatcher needs of the journal: the actions' rows, their decisions, their transitions."""
 
@@ -334,6 +347,16 @@ class HandoverPort(Protocol):
     def inherit_handover(self, times: ActionTimes) -> None: ...
 
 
+@runtime_checkable
+class ControlsHandoverPort(Protocol):
+    """Optional next to HandoverPort: the operator controls (pauses, the kill switch) the Lease carries from one
+    leader to the next (annotation `tailguard.io/controls`, controller/core/controls.py)."""
+
+    def controls_snapshot(self) -> Controls: ...
+
+    def inherit_controls(self, controls: Controls) -> None: ...
+
+
 class LeaderPort(Protocol):
     """What the controller needs of controller.adapters.lease.leader.LeaderElector: only the leader evaluates and
     acts, and the Lease carries its mutating-action times to the next leader (controller/core/handover.py)."""
@@ -396,3 +419,12 @@ class ControllerPort(Protocol):
         ...
 
     def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]: ...
+
+
+@runtime_checkable
+class OperatorPort(Protocol):
+    """What the operator endpoints (status, pause/resume, the kill switch) need of the controller."""
+
+    def status(self, decisions: int = 20) -> dict[str, Any]: ...
+
+    def set_paused(self, policy: str | None, paused: bool, *, by: str, reason: str) -> Any: ...

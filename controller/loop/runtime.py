@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from controller.core.controls import ALL, Control, Controls, effective_policy
 from controller.core.engine import PolicyState, action_retention, with_action_times
 from controller.core.handover import ActionTimes, merge_action_times
 from controller.core.limits import BUDGET_WINDOW_SECONDS
@@ -43,6 +44,7 @@ from controller.core.ports import (
     ActionWorkersPort,
     ChangeTrackerPort,
     Clock,
+    ControlsStorePort,
     DispatcherPort,
     JournalPort,
     LeaderPort,
@@ -52,6 +54,7 @@ from controller.core.ports import (
     RolloutAnnotatorPort,
 )
 from controller.core.signals import refused_queries
+from controller.core.status_view import status_document
 from controller.kit.clock import ShutdownInterrupt
 from controller.kit.errors import ConfigError
 from controller.loop.evaluation import (
@@ -142,6 +145,7 @@ class Controller:
         rollout_annotator: RolloutAnnotatorPort | None = None,
         policy_check: Callable[[Sequence[LoadedPolicy]], Sequence[PolicyError]] | None = None,
         action_workers: ActionWorkersPort | None = None,
+        controls_store: ControlsStorePort | None = None,
     ) -> None:
         self._paths = [Path(p) for p in policy_paths]
         # What the configuration refuses in a loaded set (e.g. an action no actuator can run): on a reload, the
@@ -162,6 +166,10 @@ class Controller:
         self._inherited: dict[str, dict[TargetKey, tuple[float, ...]]] = {}
         self._source = source
         self._journal = journal
+        # Operator controls (pause/resume, the kill switch): persisted by the store (the journal's meta table),
+        # carried in the Lease by the leader elector (controls_snapshot / inherit_controls).
+        self._controls_store = controls_store
+        self._controls = controls_store.load_controls() if controls_store is not None else Controls()
         self._dispatcher = dispatcher
         # The dispatcher's workers when actions run outside the evaluations (the app's); stopped before the
         # journal closes.
@@ -538,6 +546,62 @@ class Controller:
         with self._lock:
             self._inherited = merge_action_times(self._inherited, times)
 
+    # ----- operator controls (controller/core/controls.py) ------------------------------------------------
+
+    def controls(self) -> Controls:
+        with self._lock:
+            return self._controls
+
+    def set_paused(self, policy: str | None, paused: bool, *, by: str, reason: str) -> Control:
+        """Pause (or resume) `policy`, or every policy (None: the kill switch); journaled with who and why. Takes
+        effect at the next evaluation of each policy (a pause stops its next mutating action)."""
+        control = Control(paused, by, reason, self._clock.now())
+        key = ALL if policy is None else policy
+        with self._lock:
+            self._controls = self._controls.with_control(key, control)
+            controls = self._controls
+        if self._controls_store is not None:
+            self._controls_store.record_control(
+                controls, "pause" if paused else "resume", key, by, reason, control.at
+            )
+        logger.warning("%s %s by %s: %s", "paused" if paused else "resumed", key, by, reason or "(no reason given)")
+        return control
+
+    def controls_snapshot(self) -> Controls:
+        """What the Lease carries to the next leader."""
+        return self.controls()
+
+    def inherit_controls(self, controls: Controls) -> None:
+        """Controls read from the Lease (a previous leader's): merged, the later control of each policy winning;
+        persisted when they change ours."""
+        with self._lock:
+            merged = self._controls.merged(controls)
+            changed = merged != self._controls
+            self._controls = merged
+        if changed and self._controls_store is not None:
+            self._controls_store.record_control(merged, "inherit", "lease", "leader-election", "", self._clock.now())
+
+    def recent_controls(self, limit: int = 50) -> list[dict[str, Any]]:
+        with self._lock:
+            if not self._journal_open or self._controls_store is None:
+                return []
+        return self._controls_store.recent_controls(limit)
+
+    def states(self) -> dict[str, PolicyState]:
+        with self._lock:
+            return dict(self._states)
+
+    def status(self, decisions: int = 20) -> dict[str, Any]:
+        """The status document (controller/core/status_view.py) of this replica."""
+        return status_document(
+            self.policies(),
+            self.states(),
+            self.controls(),
+            self._clock.now(),
+            decisions=self.recent_decisions(decisions),
+            recent_controls=self.recent_controls(20),
+        )
+
     def _resume_actions(self) -> None:
         for record in self._dispatcher.resume():
             self.metrics.record_action(*action_labels(record))
@@ -567,7 +631,7 @@ class Controller:
             loaded = self._policies.get(policy_name)
             if loaded is None or self._stopped or not self._journal_open:
                 return None
-            policy = loaded.policy
+            policy = effective_policy(loaded.policy, self._controls)  # paused: runs suspended
             state = self._states.get(policy_name, PolicyState())
             inherited = self._inherited.get(policy_name)
             anchor = self._anchors.get(policy_name) if scheduled else None

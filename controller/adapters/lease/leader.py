@@ -35,13 +35,14 @@ from kubernetes import client as k8s
 
 from controller.adapters.lease.settings import LeaderElectionSettings
 from controller.adapters.scale.hpa import KubeError, kube_call
+from controller.core.controls import CONTROLS_ANNOTATION, Controls, ControlsError
 from controller.core.handover import (
     HANDOVER_ANNOTATION,
     HandoverError,
     decode_action_times,
     encode_action_times,
 )
-from controller.core.ports import Clock, HandoverPort
+from controller.core.ports import Clock, ControlsHandoverPort, HandoverPort
 from controller.kit.http import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -231,6 +232,14 @@ class LeaderElector:
                     count = sum(len(stamps) for by_target in times.values() for stamps in by_target.values())
                     log.info("lease %s/%s: inherited %d action time(s) of the previous leader",
                              self.namespace, self.name, count)  # fmt: skip
+        controls_text = (lease.metadata.annotations or {}).get(CONTROLS_ANNOTATION)
+        if controls_text and isinstance(self._handover, ControlsHandoverPort):
+            # Pauses and the kill switch survive a leader change (controller/core/controls.py).
+            try:
+                self._handover.inherit_controls(Controls.decode(controls_text))
+            except ControlsError as unreadable:
+                log.warning("lease %s/%s: annotation %s is unreadable (%s): the pauses start from this replica's "
+                            "journal", self.namespace, self.name, CONTROLS_ANNOTATION, unreadable)  # fmt: skip
         lease.metadata.annotations = self._annotations(lease.metadata.annotations)
 
     def _annotations(self, current: dict[str, str] | None) -> dict[str, str] | None:
@@ -240,7 +249,10 @@ class LeaderElector:
         if dropped:
             log.warning("lease %s/%s: %d target(s) with the oldest actions left out of %s (size limit)",
                         self.namespace, self.name, dropped, HANDOVER_ANNOTATION)  # fmt: skip
-        return {**(current or {}), HANDOVER_ANNOTATION: text}
+        annotations = {**(current or {}), HANDOVER_ANNOTATION: text}
+        if isinstance(self._handover, ControlsHandoverPort):
+            annotations[CONTROLS_ANNOTATION] = self._handover.controls_snapshot().encode()
+        return annotations
 
     def _expired(self, view: LeaseView, now: float) -> bool:
         with self._lock:

@@ -35,6 +35,7 @@ from controller.core.actions import (
     ActionStatus,
     ActionType,
 )
+from controller.core.controls import CONTROLS_META_KEY, Controls, ControlsError
 from controller.core.engine import PolicyState
 from controller.core.model import Decision, target_labels
 from controller.kit.errors import StoreError
@@ -113,6 +114,14 @@ _SCHEMA = (
         event TEXT NOT NULL,
         detail TEXT)""",
     """CREATE INDEX IF NOT EXISTS action_events_by_key ON action_events (idempotency_key, seq)""",
+    # Operator controls (pause, resume, abort): who did what, when and why (the current set is in meta).
+    """CREATE TABLE IF NOT EXISTS controls (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        at REAL NOT NULL,
+        action TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        by TEXT NOT NULL,
+        reason TEXT NOT NULL)""",
 )
 
 # The statuses an action can be started or finished from (a deferred one is retried with its key).
@@ -441,6 +450,48 @@ class Journal:
                 ]
                 out.append(body)
         return out
+
+    # -- operator controls (controller/core/controls.py) ---------------------------------------------------
+
+    def load_controls(self) -> Controls:
+        """The pauses in force (and the resumes that ended earlier ones), as last saved; none in a new journal."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (CONTROLS_META_KEY,)).fetchone()
+        if row is None:
+            return Controls()
+        try:
+            return Controls.decode(row["value"])
+        except ControlsError as unreadable:
+            raise JournalError(f"journal {self.path}: meta.{CONTROLS_META_KEY} is unreadable: {unreadable}") from None
+
+    def record_control(
+        self, controls: Controls | None, action: str, subject: str, by: str, reason: str, now: float
+    ) -> None:
+        """Journal one operator control and, in the same transaction, the control set it leaves (None: unchanged,
+        e.g. an abort)."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO controls (at, action, subject, by, reason) VALUES (?, ?, ?, ?, ?)",
+                (now, action, subject, by, reason),
+            )
+            if controls is not None:
+                db.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (CONTROLS_META_KEY, controls.encode())
+                )
+
+    def policy_names(self) -> list[str]:
+        """The policies whose engine state the journal holds."""
+        with self._lock:
+            rows = self._db.execute("SELECT policy FROM policy_meta ORDER BY policy").fetchall()
+        return [str(row["policy"]) for row in rows]
+
+    def recent_controls(self, limit: int = 50) -> list[dict[str, Any]]:
+        """Newest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT at, action, subject, by, reason FROM controls ORDER BY seq DESC LIMIT ?", (max(0, limit),)
+            ).fetchall()
+        return [dict(row) for row in rows]
 
     def _events(self, idempotency_key: str) -> list[dict[str, Any]]:
         rows = self._db.execute(

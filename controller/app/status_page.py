@@ -1,0 +1,171 @@
+"""The status page (`GET /status`): one self-contained HTML document rendered from the status document
+(controller/core/status_view.py). Read-only, no external assets (inline CSS, no script needed to read it; a
+small inline script only reloads it), every value HTML-escaped. Behind the same bearer token as the API
+(`/status?token=...` for a browser, or the Authorization header).
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+REFRESH_SECONDS = 15
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1.5rem;color:#1d232a;background:#f6f7f9}
+h1{font-size:1.4rem;margin:0 0 .3rem}h2{font-size:1.1rem;margin:1.6rem 0 .5rem}
+.meta{color:#5b6570;font-size:.85rem}
+table{border-collapse:collapse;width:100%;background:#fff;font-size:.85rem;box-shadow:0 1px 2px #0001}
+th,td{text-align:left;padding:.35rem .55rem;border-bottom:1px solid #e4e7eb;vertical-align:top}
+th{background:#eef0f3;font-weight:600}
+.phase,.kind{display:inline-block;padding:.05rem .45rem;border-radius:.6rem;font-weight:600;font-size:.78rem}
+.ok,.resolve{background:#d9f2df;color:#17612a}.pending{background:#fff1c2;color:#7a5a00}
+.firing,.fire{background:#fbd5d5;color:#9b1c1c}.stale,.suppressed{background:#e5e7eb;color:#374151}
+.errored{background:#f3d9fa;color:#6b21a8}.paused{background:#fde68a;color:#78350f}
+.banner{padding:.6rem .9rem;border-radius:.4rem;background:#fde68a;color:#78350f;font-weight:600;margin:.6rem 0}
+.timeline{list-style:none;padding:0;margin:0}
+.timeline li{background:#fff;margin:0 0 .5rem;padding:.55rem .8rem;border-left:4px solid #9ca3af}
+.timeline li.fire{border-left-color:#dc2626}.timeline li.resolve{border-left-color:#16a34a}
+.timeline li.suppressed{border-left-color:#6b7280}.timeline li.errored{border-left-color:#9333ea}
+.evidence{font-family:ui-monospace,monospace;font-size:.78rem;color:#374151}
+.actions{margin:.3rem 0 0;padding-left:1.1rem;font-size:.82rem}
+.timeline .actions li{border:0;padding:0;margin:0;box-shadow:none;background:none}
+a{color:#1d4ed8}
+"""
+
+_SCRIPT = f"setTimeout(function(){{location.reload()}},{REFRESH_SECONDS * 1000});"
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _time(at: Any) -> str:
+    if not isinstance(at, (int, float)):
+        return "-"
+    return datetime.datetime.fromtimestamp(float(at), datetime.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _target(labels: Any) -> str:
+    if isinstance(labels, Mapping):
+        return ",".join(f"{name}={value}" for name, value in sorted(labels.items())) or "(all)"
+    if isinstance(labels, list):
+        return ",".join(f"{pair[0]}={pair[1]}" for pair in labels if len(pair) == 2) or "(all)"
+    return str(labels)
+
+
+def _number(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, (int, float)) else "-"
+
+
+def _policies(document: Mapping[str, Any]) -> str:
+    rows = []
+    for policy in document.get("policies", []):
+        badges = []
+        if policy.get("paused"):
+            paused = policy["paused"]
+            badges.append(f'<span class="phase paused" title="{_e(paused.get("reason"))}">paused by '
+                          f'{_e(paused.get("by"))}</span>')  # fmt: skip
+        elif policy.get("suspend"):
+            badges.append('<span class="phase paused">suspended</span>')
+        if policy.get("dryRun"):
+            badges.append('<span class="phase stale">dry run</span>')
+        targets = policy.get("targets") or [{}]
+        for target in targets:
+            phase = target.get("phase", "ok") if target else "ok"
+            rows.append(
+                "<tr>"
+                f'<td data-policy="{_e(policy["name"])}">{_e(policy["name"])} {" ".join(badges)}</td>'
+                f"<td>{_e(target.get('condition', '-'))}</td>"
+                f"<td>{_e(_target(target.get('target', {})) if target else '-')}</td>"
+                f'<td><span class="phase {_e(phase)}" data-phase="{_e(phase)}">{_e(phase)}</span></td>'
+                f"<td>{_number(target.get('value'))} {_e(target.get('op', ''))} {_number(target.get('threshold'))}</td>"
+                f"<td>{_e(target.get('streak', 0))}</td>"
+                f"<td>{_number(target.get('cooldownLeft', 0))} s</td>"
+                f"<td>{_e(target.get('budgetUsed', 0))}/{_e(target.get('budget', '-'))}</td>"
+                f"<td>{_e(target.get('decisionId') or '-')}</td>"
+                "</tr>"
+            )
+    header = (
+        "<tr><th>policy</th><th>condition</th><th>target</th><th>phase</th><th>value vs threshold</th>"
+        "<th>streak</th><th>cooldown left</th><th>budget (1 h)</th><th>last decision</th></tr>"
+    )
+    return f'<table id="policies">{header}{"".join(rows)}</table>'
+
+
+def _timeline(document: Mapping[str, Any]) -> str:
+    links = document.get("links") or {}
+    dashboard = links.get("grafanaDashboard")
+    items = []
+    for decision in document.get("decisions", []):
+        kind = str(decision.get("kind", ""))
+        evidence = ", ".join(
+            f"{_time(point[0])[11:19]}={_number(point[1])}"
+            for point in decision.get("evidence", [])
+            if isinstance(point, list) and len(point) == 2
+        )
+        actions = []
+        for record in decision.get("action_records", []):
+            detail = record.get("error") or record.get("detail") or ""
+            actions.append(
+                f"<li>{_e(record.get('kind', record.get('type', 'action')))}: "
+                f'<b data-status="{_e(record.get("status"))}">{_e(record.get("status"))}</b> {_e(detail)}</li>'
+            )
+        link = ""
+        if dashboard and isinstance(decision.get("at"), (int, float)):
+            start, end = int((decision["at"] - 1800) * 1000), int((decision["at"] + 1800) * 1000)
+            link = f' · <a href="{_e(dashboard)}?from={start}&amp;to={end}">Grafana</a>'
+        items.append(
+            f'<li class="{_e(kind)}" data-decision="{_e(decision.get("id"))}" data-kind="{_e(kind)}">'
+            f'<span class="kind {_e(kind)}">{_e(kind)}</span> <b>{_e(decision.get("policy"))}</b> / '
+            f"{_e(decision.get('condition'))} on {_e(_target(decision.get('target', [])))} at "
+            f"{_e(_time(decision.get('at')))}{' (dry run)' if decision.get('dry_run') else ''}{link}"
+            f"<div>{_e(decision.get('reason'))} · value {_number(decision.get('value'))} vs "
+            f"{_number(decision.get('threshold'))}</div>"
+            f'<div class="evidence">evidence: {_e(evidence) or "-"}</div>'
+            f'<ul class="actions">{"".join(actions)}</ul>'
+            "</li>"
+        )
+    if not items:
+        return '<p class="meta">no decisions yet</p>'
+    return f'<ul class="timeline" id="timeline">{"".join(items)}</ul>'
+
+
+def render_status_page(document: Mapping[str, Any]) -> str:
+    """The whole page for one status document."""
+    leader = document.get("leader") or {}
+    links = document.get("links") or {}
+    kill = document.get("killSwitch")
+    banner = ""
+    if kill:
+        banner = (
+            f'<div class="banner" id="kill-switch">every policy is paused (kill switch) by {_e(kill.get("by"))}: '
+            f"{_e(kill.get('reason'))}</div>"
+        )
+    link_items = " · ".join(
+        f'<a href="{_e(url)}">{_e(name)}</a>' for name, url in sorted(links.items()) if isinstance(url, str)
+    )
+    data = html.escape(json.dumps({"now": document.get("now")}), quote=False)
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        '<meta name=viewport content="width=device-width,initial-scale=1">'
+        f"<title>tailguard status</title><style>{_CSS}</style></head><body>"
+        f"<h1>tailguard status</h1><div class=meta>as of {_e(_time(document.get('now')))}"
+        f"{' · leader ' + _e(leader.get('identity')) if leader.get('identity') else ''}"
+        f"{' · ' + link_items if link_items else ''}</div>{banner}"
+        f"<h2>Policies and targets</h2>{_policies(document)}"
+        f"<h2>Recent decisions</h2>{_timeline(document)}"
+        f'<script type="application/json" id="status-meta">{data}</script>'
+        f"<script>{_SCRIPT}</script></body></html>"
+    )
+
+
+def dashboard_link(grafana_url: str | None, dashboard_uid: str) -> dict[str, str]:
+    """The `links` of the status document from the notification links (settings `links`)."""
+    if not grafana_url:
+        return {}
+    return {"grafanaDashboard": f"{grafana_url.rstrip('/')}/d/{quote(dashboard_uid)}"}
