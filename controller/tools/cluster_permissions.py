@@ -95,8 +95,9 @@ ALL_PERMISSIONS = ACTUATOR_PERMISSIONS + HELM_PERMISSIONS + LEASE_PERMISSIONS
 
 
 # In the namespace of `kubernetes.policies` (TailguardPolicy custom resources), only with that section: kept
-# apart from ALL_PERMISSIONS (the base RBAC) like an optional component; tests/unit/test_policy_crd.py proves
-# the CRD source (controller/adapters/policies/crd.py) calls exactly these.
+# apart from ALL_PERMISSIONS (the base RBAC): the optional component deploy/components/crd-policies grants them
+# (tests/unit/test_deploy.py compares); tests/unit/test_policy_crd.py proves the CRD source
+# (controller/adapters/policies/crd.py) calls exactly these.
 POLICY_PERMISSIONS: tuple[Permission, ...] = (
     Permission(
         "tailguard.io",

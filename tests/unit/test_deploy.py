@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import os
 import shutil
 import subprocess
 from collections.abc import Iterable
@@ -370,3 +371,32 @@ def test_dockerfile_runs_the_controller_as_the_deployments_non_root_user(base: l
     pod = one(base, "Deployment")["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsUser"] == int(uid)
     assert 'ENTRYPOINT ["tailguard"]' in lines
+
+
+def test_crd_policies_component_grants_exactly_the_policy_permissions(tmp_path: Path) -> None:
+    """deploy/components/crd-policies (for a `kubernetes.policies` section): the base plus the component renders
+    valid, its Role in the controller's namespace is exactly POLICY_PERMISSIONS, bound to the controller's
+    account; the base alone reads no custom resource."""
+    from controller.tools.cluster_permissions import POLICY_PERMISSIONS
+
+    component = REPO / "deploy" / "components" / "crd-policies"
+    # An overlay like deploy/overlays/example: the base's namespace transformer puts the component's objects
+    # (which name no namespace) in the controller's namespace. kustomize takes only relative roots.
+    shutil.copy(BASE / "namespace-transformer.yaml", tmp_path / "namespace.yaml")
+    (tmp_path / "kustomization.yaml").write_text(
+        f"resources: [{os.path.relpath(BASE, tmp_path)}]\ncomponents: [{os.path.relpath(component, tmp_path)}]\n"
+        "transformers: [namespace.yaml]\n"
+    )
+    objects = render_kustomization(tmp_path)
+    assert validate_objects(objects, SPECS, latest_version()) == []
+    role = one(objects, "Role", "tailguard-policies")
+    assert role["metadata"]["namespace"] == "tailguard"
+    for rule in role["rules"]:
+        assert "*" not in [*rule["apiGroups"], *rule["resources"], *rule["verbs"]]
+    assert _triples(role["rules"]) == {(p.api_group, p.resource, v) for p in POLICY_PERMISSIONS for v in p.verbs}
+    assert {p.namespace_scope for p in POLICY_PERMISSIONS} == {"controller"}
+    binding = one(objects, "RoleBinding", "tailguard-policies")
+    assert binding["metadata"]["namespace"] == "tailguard" and binding["roleRef"]["name"] == "tailguard-policies"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tailguard", "namespace": "tailguard"}]
+    base_rules = [rule for r in by_kind(render_kustomization(BASE), "Role") for rule in r["rules"]]
+    assert not any("tailguard.io" in rule["apiGroups"] for rule in base_rules)
