@@ -547,6 +547,32 @@ def observe(
     return kind, value, error
 
 
+# transition()'s fast path for healthy targets in phase OK (tests turn it off to compare with the slow path).
+FAST_HEALTHY = True
+
+
+def _healthy(state: ConditionState, now: float, value: float) -> ConditionState:
+    """replace(replace(state, error_count=0, errors_since=None, errored=False), last_data_at=now,
+    last_value=value, stale=False) for a state in phase OK, in one constructor call (positional, field order)."""
+    return ConditionState(
+        Phase.OK,
+        state.breach_count,
+        state.onset,
+        now,
+        value,
+        False,
+        0,
+        None,
+        False,
+        state.evidence,
+        state.decision_id,
+        state.fired_at,
+        state.recover_count,
+        state.recover_since,
+        state.suppression_reported,
+    )
+
+
 def transition(
     policy: Policy,
     observations: Mapping[str, SignalResult],
@@ -576,6 +602,17 @@ def transition(
             key = (condition.name, target)
             current = step.conditions.get(key, ConditionState())
             kind, value, error = classify(result, target, now)
+            if (
+                FAST_HEALTHY
+                and kind is ObservationKind.OK
+                and current.phase is Phase.OK
+                and value is not None
+                and not condition.when.holds(value)
+            ):
+                # The common case, a healthy target staying OK: what the error reset and _on_ok would give (only
+                # last_data_at/last_value/stale and the error fields change), built once instead of two replace().
+                step.conditions[key] = _healthy(current, now, value)
+                continue
             if kind is ObservationKind.ERROR:
                 step.conditions[key] = _on_error(step, condition, target, current, error or "source error")
                 continue

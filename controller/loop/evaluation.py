@@ -13,16 +13,18 @@ tracker that raises becomes an errored signal or an attribution error, never a c
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from controller.core.attribution import Rollout, lookback
-from controller.core.engine import Phase, PolicyState, transition
+from controller.core.engine import ConditionState, Phase, PolicyState, StateKey, transition
 from controller.core.model import Decision, SignalResult, TargetKey, format_target
-from controller.core.policy import Policy
+from controller.core.policy import Policy, Signal
 from controller.core.ports import (
     TRIGGER_SCHEDULE,
     ChangeTrackerPort,
@@ -40,6 +42,21 @@ logger = logging.getLogger("tailguard.controller")
 
 # Targets spelled out in the one-line evaluation log; the rest are counted.
 LOG_TARGETS = 10
+
+# The signal queries of one evaluation run at once, bounded: one small pool shared by every policy (a policy's
+# queries are independent requests; none of them submits work to the pool, so it cannot deadlock).
+QUERY_WORKERS = 8
+_query_pool: ThreadPoolExecutor | None = None
+_query_pool_lock = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _query_pool
+    with _query_pool_lock:
+        if _query_pool is None:
+            _query_pool = ThreadPoolExecutor(max_workers=QUERY_WORKERS, thread_name_prefix="tailguard-query")
+        return _query_pool
+
 
 QuerySignals = Callable[[MetricsSource, Policy, "float | None"], Mapping[str, SignalResult]]
 
@@ -99,6 +116,7 @@ def evaluate(
     """Evaluate `policy` from `state` at `now`: decide, commit, act. `committed(new_state)` is called right after
     the journal commit, before anything is logged or acted on (the controller keeps its copy of the state there).
     `targets`: the only targets the evaluation may touch (an alert's; engine.transition), None: all of them."""
+    started = ports.clock.now()
     observations, source_errors = query(policy, ports)
     policy_errors = tuple(
         f"{name}: {result.error}" for name, result in observations.items() if result.policy_error and result.error
@@ -128,6 +146,8 @@ def evaluate(
             continue
         for record in ports.dispatcher.dispatch(decision):
             ports.metrics.record_action(*action_labels(record))
+    targets_seen = len({target for _condition, target in new_state.conditions})
+    ports.metrics.record_cycle(policy.name, ports.clock.now() - started, targets_seen)
     return EvaluationOutcome(
         policy.name, trigger, now, tuple(decisions), new_state, tuple(source_errors), policy_errors
     )
@@ -152,21 +172,19 @@ def recent_rollouts(policy: Policy, now: float, ports: EvaluationPorts) -> tuple
 
 
 def query(policy: Policy, ports: EvaluationPorts) -> tuple[dict[str, SignalResult], list[str]]:
-    """One request per signal, each timed and counted on its own (policy, signal) series; then the predictions."""
+    """One request per signal, issued at once (bounded by QUERY_WORKERS), each timed and counted on its own
+    (policy, signal) series; then the predictions. Results, metrics and errors come in the signals' order,
+    exactly as if the queries had run one after another."""
+    signals = [signal for signal in policy.signals if signal.predict is None]
+    # the prediction signals are answered below, all of them from one feature fetch
+    if len(signals) > 1:
+        answers = list(_pool().map(lambda signal: _query_one(policy, signal, ports), signals))
+    else:
+        answers = [_query_one(policy, signal, ports) for signal in signals]
     results: dict[str, SignalResult] = {}
     errors: list[str] = []
-    for signal in policy.signals:
-        if signal.predict is not None:
-            continue  # answered below, all of the policy's prediction signals from one feature fetch
-        single = policy.model_copy(update={"signals": [signal]})
-        started = ports.clock.now()
-        try:
-            answer = ports.query_signals(ports.source, single, None)
-            result = answer.get(signal.name) or SignalResult.failed("the query returned no result")
-        except Exception as failure:  # sources return errors as data; anything raised is still an error
-            logger.exception("signal %s/%s: query raised", policy.name, signal.name)
-            result = SignalResult.failed(f"query raised {type(failure).__name__}: {failure}")
-        ports.metrics.record_query(policy.name, signal.name, ports.clock.now() - started, result.ok)
+    for signal, (result, seconds) in zip(signals, answers, strict=True):
+        ports.metrics.record_query(policy.name, signal.name, seconds, result.ok)
         if result.error is not None:
             errors.append(f"{signal.name}: {result.error}")
         results[signal.name] = result
@@ -175,6 +193,19 @@ def query(policy: Policy, ports: EvaluationPorts) -> tuple[dict[str, SignalResul
             errors.append(f"{name}: {result.error}")
         results[name] = result
     return results, errors
+
+
+def _query_one(policy: Policy, signal: Signal, ports: EvaluationPorts) -> tuple[SignalResult, float]:
+    """One signal's query and how long it took; anything raised is an errored result."""
+    single = policy.model_copy(update={"signals": [signal]})
+    started = ports.clock.now()
+    try:
+        answer = ports.query_signals(ports.source, single, None)
+        result = answer.get(signal.name) or SignalResult.failed("the query returned no result")
+    except Exception as failure:  # sources return errors as data; anything raised is still an error
+        logger.exception("signal %s/%s: query raised", policy.name, signal.name)
+        result = SignalResult.failed(f"query raised {type(failure).__name__}: {failure}")
+    return result, ports.clock.now() - started
 
 
 def predict(policy: Policy, ports: EvaluationPorts) -> dict[str, SignalResult]:
@@ -245,16 +276,24 @@ class UnconfiguredPredictions:
         )
 
 
+def _describe_state(key: StateKey, condition_state: ConditionState) -> str:
+    condition, target = key
+    value = "no-data" if condition_state.last_value is None else f"{condition_state.last_value:.4g}"
+    marks = (" stale" if condition_state.stale else "") + (" errored" if condition_state.errored else "")
+    return f"{condition} {format_target(target)}={value} {condition_state.phase.value}{marks}"
+
+
 def _log_evaluation(policy: Policy, trigger: str, state: PolicyState, source_errors: Sequence[str]) -> None:
-    """One human-readable line per evaluation: every target's value and phase, per condition."""
-    parts: list[str] = []
-    for (condition, target), condition_state in sorted(state.conditions.items()):
-        value = "no-data" if condition_state.last_value is None else f"{condition_state.last_value:.4g}"
-        marks = (" stale" if condition_state.stale else "") + (" errored" if condition_state.errored else "")
-        parts.append(f"{condition} {format_target(target)}={value} {condition_state.phase.value}{marks}")
-    shown = parts[:LOG_TARGETS]
-    if len(parts) > LOG_TARGETS:
-        shown.append(f"... and {len(parts) - LOG_TARGETS} more")
+    """One human-readable line per evaluation: the first LOG_TARGETS targets' value and phase, per condition,
+    the rest counted (only what is printed is formatted)."""
+    total = len(state.conditions)
+    if total > LOG_TARGETS:
+        first = heapq.nsmallest(LOG_TARGETS, state.conditions.items(), key=_by_key)
+    else:
+        first = sorted(state.conditions.items(), key=_by_key)
+    shown = [_describe_state(key, condition_state) for key, condition_state in first]
+    if total > LOG_TARGETS:
+        shown.append(f"... and {total - LOG_TARGETS} more")
     firing = sum(1 for s in state.conditions.values() if s.phase is Phase.FIRING)
     logger.info(
         "evaluated %s (%s): %s%s",
@@ -267,12 +306,16 @@ def _log_evaluation(policy: Policy, trigger: str, state: PolicyState, source_err
                 "event": "evaluation",
                 "policy": policy.name,
                 "trigger": trigger,
-                "targets": len(parts),
+                "targets": total,
                 "firing": firing,
                 "source_errors": list(source_errors),
             }
         },
     )
+
+
+def _by_key(item: tuple[StateKey, ConditionState]) -> StateKey:
+    return item[0]
 
 
 def _log_decision(decision: Decision) -> None:

@@ -461,6 +461,26 @@ def controller_dashboard() -> dict[str, Any]:
             ],
             unit="s",
         ),
+        panel(
+            "Evaluation cycle time",
+            [
+                (
+                    (
+                        f"histogram_quantile({quantile}, sum by (le, policy) "
+                        f"(rate(tailguard_evaluation_duration_seconds_bucket{{{pol}}}[{RATE}])))"
+                    ),
+                    f"{{{{policy}}}} P{label}",
+                )
+                for quantile, label in (("0.5", "50"), ("0.95", "95"))
+            ],
+            unit="s",
+            description="One evaluation: its queries (issued at once), the engine, the journal commit, the dispatch.",
+        ),
+        panel(
+            "Targets per evaluation",
+            [(f"tailguard_evaluation_targets{{{pol}}}", "{{policy}}")],
+            description="Distinct targets with state after each policy's last evaluation (the cycle time's N).",
+        ),
         row("Decisions and actions"),
         panel(
             "Decisions by kind",
