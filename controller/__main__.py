@@ -1,5 +1,5 @@
 """`python -m controller ...` is `tailguard ...`."""
 
-from controller.app.cli import main
+from controller.cli import main
 
 raise SystemExit(main())
