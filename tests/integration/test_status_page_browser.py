@@ -63,8 +63,7 @@ conditions:
 
 @pytest.fixture
 def running(tmp_path: Path) -> Iterator[ControllerAPI]:
-    if CHROMIUM is None:
-        pytest.skip("chromium is not installed (scripts/ensure-system-deps.sh installs it)")
+    assert CHROMIUM is not None, "chromium is not installed: `make test` installs it (scripts/ensure-system-deps.sh)"
     rules = tmp_path / "rules"
     rules.mkdir()
     (rules / "checkout.yaml").write_text(POLICY)
