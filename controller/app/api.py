@@ -4,7 +4,8 @@ Served by aiohttp's low-level server on its own thread and event loop (`Controll
 timeouts, a connection cap, body and JSON-nesting limits, TCP_NODELAY; see the class for each limit.
 
 Alertmanager webhooks (payload version "4") are a second, push trigger next to
-the schedule. Matching rule, alert -> policies (see `policies_for_alert`):
+the schedule. Matching rule, alert -> policies (controller/core/alerts.py `policies_for_alert`, shared with the
+backtest):
 
 1. if the alert carries a `tailguard_policy` label, only the policy of that name
    is considered (an explicit route wins; it must still pass 2 and 3);
@@ -52,18 +53,20 @@ import socket
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from controller.app.status_page import render_status_page
-from controller.core.model import TargetKey, target_key
-from controller.core.policy import Policy
+from controller.core.alerts import (
+    AlertmanagerPayload,
+    PayloadError,
+    alert_scopes,
+    alertmanager_payload,
+)
 from controller.core.ports import TRIGGER_ALERT, ControllerPort, LeaderPort, OperatorPort
-from controller.kit.errors import InputError
 from controller.kit.redact import redact_value
 from controller.loop.metrics import EXPOSITION_CONTENT_TYPE
 
@@ -87,41 +90,8 @@ SHUTDOWN_SECONDS = 2.0
 MAX_CONTROL_BYTES = 4096  # {"by": ..., "reason": ...}
 
 
-class _Payload(BaseModel):
-    # Alertmanager adds fields over time; unknown ones are ignored, the ones used are checked.
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class AlertmanagerAlert(_Payload):
-    status: Literal["firing", "resolved"]
-    labels: dict[str, str]
-    annotations: dict[str, str] = Field(default_factory=dict)
-    startsAt: str = ""
-    endsAt: str = ""
-    generatorURL: str = ""
-    fingerprint: str = ""
-
-
-class AlertmanagerPayload(_Payload):
-    """Alertmanager's webhook body, version 4 (the only version Alertmanager has ever sent)."""
-
-    version: Literal["4"]
-    status: Literal["firing", "resolved"]
-    receiver: str = ""
-    groupKey: str = ""
-    truncatedAlerts: int = 0
-    groupLabels: dict[str, str] = Field(default_factory=dict)
-    commonLabels: dict[str, str] = Field(default_factory=dict)
-    commonAnnotations: dict[str, str] = Field(default_factory=dict)
-    externalURL: str = ""
-    alerts: list[AlertmanagerAlert]
-
-
-class PayloadError(InputError, ValueError):
-    """A webhook body that is not an Alertmanager v4 payload; the message says what is wrong, never the body."""
-
-
 def parse_alertmanager_payload(body: bytes) -> AlertmanagerPayload:
+    """The webhook body as an Alertmanager v4 payload, nesting bounded (MAX_JSON_DEPTH) before it is validated."""
     try:
         raw = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as bad:
@@ -130,20 +100,7 @@ def parse_alertmanager_payload(body: bytes) -> AlertmanagerPayload:
         raise PayloadError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
     if _depth_exceeds(raw, MAX_JSON_DEPTH):
         raise PayloadError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
-    if not isinstance(raw, dict):
-        raise PayloadError("expected a JSON object (an Alertmanager webhook payload)")
-    version = raw.get("version")
-    if version != "4":
-        got = "missing" if version is None else repr(version)[:20]
-        raise PayloadError(f'unsupported payload version {got}: expected "4" (Alertmanager webhook v4)')
-    try:
-        return AlertmanagerPayload.model_validate(raw)
-    except ValidationError as invalid:
-        # Field paths and messages only: the offending values may carry secrets (annotations, URLs).
-        problems = [
-            f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in invalid.errors()[:10]
-        ]
-        raise PayloadError("invalid Alertmanager payload: " + "; ".join(problems)) from None
+    return alertmanager_payload(raw)
 
 
 def _depth_exceeds(value: Any, limit: int) -> bool:
@@ -158,26 +115,6 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
             return True
         pending.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return False
-
-
-def policy_matches_alert(policy: Policy, labels: Mapping[str, str]) -> bool:
-    """Rules 1-3 of the module docstring for one policy and one alert's labels."""
-    wanted = labels.get(POLICY_LABEL)
-    if wanted is not None and wanted != policy.name:
-        return False
-    if any(labels.get(name) != value for name, value in policy.targets.match.items()):
-        return False
-    return all(name in labels for name in policy.targets.groupBy)
-
-
-def policies_for_alert(policies: Mapping[str, Policy], labels: Mapping[str, str]) -> list[str]:
-    return sorted(name for name, policy in policies.items() if policy_matches_alert(policy, labels))
-
-
-def alert_target(policy: Policy, labels: Mapping[str, str]) -> TargetKey:
-    """The one target of `policy` an alert that matches it names: its `targets.groupBy` labels (rule 3). A policy
-    without `groupBy` has one target, (), which every matching alert names."""
-    return target_key({name: labels[name] for name in policy.targets.groupBy})
 
 
 R = TypeVar("R")
@@ -399,11 +336,7 @@ class ControllerAPI:
         except PayloadError as bad:
             logger.warning("rejected Alertmanager webhook: %s", bad)
             return 400, {"error": str(bad)}
-        policies = self.controller.policies()
-        named: dict[str, set[TargetKey]] = {}
-        for alert in payload.alerts:
-            for name in policies_for_alert(policies, alert.labels):
-                named.setdefault(name, set()).add(alert_target(policies[name], alert.labels))
+        named = alert_scopes(self.controller.policies(), (alert.labels for alert in payload.alerts))
         triggered = self.controller.trigger(sorted(named), TRIGGER_ALERT, targets=named) if named else []
         logger.info(
             "Alertmanager webhook (%s, %d alerts, group %s): triggered %s",

@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.adapters.stores.journal import Journal
-from controller.app.api import ControllerAPI, PayloadError, parse_alertmanager_payload, policies_for_alert
+from controller.app.api import ControllerAPI, PayloadError, parse_alertmanager_payload
+from controller.core.alerts import policies_for_alert
 from controller.core.model import SignalResult, target_key
 from controller.core.policy_files import load_policies
 from controller.kit.clock import ManualClock
