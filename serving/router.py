@@ -13,9 +13,10 @@ The body is forwarded byte for byte, so a request's `priority` reaches vLLM unch
 the version's profile sets `scheduling_policy: priority`; lower values are served first); the router also
 labels its latency histogram with it.
 
-Priority classes (serving.priority, the seed's batching windows): a request of priority <= 0 is `interactive`
-(held at most 5 ms, released in batches of up to 8), any other is `batch` (20 ms / 32); each service has its own
-windows, and a due interactive window is released before a due batch one. The latency per class, window wait
+Priority classes (serving.priority, the seed's batching windows; on with `batching_windows=True`, the tier's
+`priority_windows: true`): a request of priority <= 0 is `interactive` (held at most 5 ms, released in batches of
+up to 8), any other is `batch` (20 ms / 32); each service has its own windows, and a due interactive window is
+released before a due batch one. The latency per class, window wait
 included, is `tailguard_serving_request_latency_seconds{service, priority="interactive"|"batch"}`.
 
 Network/proxy overhead (`tailguard_router_proxy_overhead_seconds`, the network dimension of the SLA model):
@@ -137,7 +138,7 @@ class Router:
         now: Callable[[], float] = time.monotonic,
         registry: CollectorRegistry | None = None,
         priority_classes: Sequence[PriorityClass] = SEED_CLASSES,
-        batching_windows: bool = True,
+        batching_windows: bool = False,
     ):
         self.priority_classes = tuple(priority_classes)
         # False: requests go straight through (still labelled by class); True: the classes' batching windows.

@@ -117,6 +117,10 @@ class TierConfig(_Strict):
     # simulator: in-process simulated replicas (fast tests); vllm: supervised real vLLM processes.
     engine: Literal["simulator", "vllm"] = "simulator"
     vllm: VllmConfig = Field(default_factory=VllmConfig)
+    # The router's priority batching windows (serving/priority.py: interactive 5 ms / 8, batch 20 ms / 32). Off by
+    # default: holding and releasing requests in batches changes the latency every existing scenario was tuned on
+    # (the real-vLLM demo's stable P99 crossed its 2 s threshold during a replica's cold start with them on).
+    priority_windows: bool = False
 
 
 def load_tier_config(path: str | Path) -> TierConfig:
@@ -308,6 +312,7 @@ class Tier:
     _engine_args: dict[tuple[str, str], EngineArgs] = field(default_factory=dict)  # (service, version) -> args
 
     def __post_init__(self) -> None:
+        self.router.batching_windows = self.config.priority_windows
         self.router.registry.register(EngineArgCollector(self.listed_replicas))
         if self.config.engine == "vllm":
             self.supervisor = Supervisor(

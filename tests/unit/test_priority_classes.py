@@ -24,6 +24,7 @@ from serving.manifests import DEPLOY_POLICIES_DIR, EXAMPLE_POLICIES_DIR
 from serving.priority import BATCH, INTERACTIVE, SEED_CLASSES, BatchWindows, PriorityClass, classify
 from serving.profiles import resolve_profile
 from serving.router import ReplicaTarget, Router, VersionTarget
+from serving.tier import TierConfig
 
 
 def test_the_seed_windows() -> None:
@@ -108,7 +109,7 @@ def test_the_router_batches_by_class_and_exports_per_priority_latency() -> None:
 
     async def scenario() -> dict[str, float]:
         engine_runner, engine_url = await _serve(_engine(seen))
-        router = Router(registry=registry, priority_classes=slow)
+        router = Router(registry=registry, priority_classes=slow, batching_windows=True)
         router.set_service("chat", "tiny", [VersionTarget("r1", 100, (ReplicaTarget("a", engine_url),))])
         router_runner, router_url = await _serve(router.app())
         took: dict[str, float] = {}
@@ -145,9 +146,12 @@ def test_the_router_batches_by_class_and_exports_per_priority_latency() -> None:
     assert sample("tailguard_router_priority_batch_size_count", "interactive") == 1
 
 
-def test_the_seed_windows_are_the_routers_default() -> None:
+def test_the_seed_classes_are_the_routers_default_and_the_tier_switches_their_windows_on() -> None:
     router = Router(registry=CollectorRegistry())
-    assert router.priority_classes == SEED_CLASSES and router.batching_windows
+    assert router.priority_classes == SEED_CLASSES and not router.batching_windows
+    services = [{"name": "chat", "model": "tiny"}]
+    assert TierConfig.model_validate({"services": services}).priority_windows is False
+    assert TierConfig.model_validate({"services": services, "priority_windows": True}).priority_windows is True
 
 
 def test_the_example_policy_guards_interactive_first_and_lets_batch_degrade() -> None:
