@@ -66,7 +66,8 @@ from controller.core.alerts import (
     alert_scopes,
     alertmanager_payload,
 )
-from controller.core.ports import TRIGGER_ALERT, ControllerPort, LeaderPort, OperatorPort
+from controller.core.controls import MAX_ABORT_REASON, AbortState
+from controller.core.ports import TRIGGER_ALERT, AbortControlPort, ControllerPort, LeaderPort, OperatorPort
 from controller.kit.redact import redact_value
 from controller.loop.metrics import EXPOSITION_CONTENT_TYPE
 
@@ -396,7 +397,7 @@ class ControllerAPI:
         return _json(404, {"error": f"no such endpoint: {path}"})
 
     async def _post(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
-        if _control_of(path) is not None:
+        if _control_of(path) is not None or _abort_of(path) is not None:
             return await self._post_control(request, path)
         if path != "/api/v1/alerts":
             status = 404 if path not in ("/healthz", "/readyz", "/metrics", "/api/v1/decisions") else 405
@@ -438,7 +439,7 @@ class ControllerAPI:
             body = await asyncio.wait_for(request.content.readexactly(length), self.body_timeout) if length else b""
         except (TimeoutError, asyncio.IncompleteReadError):
             return _refuse_body(_json(400, {"error": "the body did not arrive whole"}), request)
-        return _json(*await self._call(self.control, path, body))
+        return _json(*await self._call(self.abort if _abort_of(path) is not None else self.control, path, body))
 
     # ----- operator endpoints (controller/core/controls.py, controller/core/status_view.py) ---------------
 
@@ -473,6 +474,38 @@ class ControllerAPI:
             return 404, {"error": f"no policy named {policy!r} is loaded"}
         control = self.controller.set_paused(policy, paused, by=who, reason=reason)
         return 200, {"policy": policy if policy is not None else "*", "control": control.to_json()}
+
+    def abort(self, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        """POST /api/v1/decisions/ID/abort, body {"reason": "why" (required), "by": "who"}: stop the decision's
+        actions (controller/loop/dispatcher.py `abort`). 202: one is in flight and stops at its next step; 200: the
+        queued and deferred ones are cancelled before they ran; 409: it had already finished; 404: unknown id."""
+        decision_id = _abort_of(path)
+        assert decision_id is not None
+        if not isinstance(self.controller, AbortControlPort):
+            return 404, {"error": "this controller takes no aborts"}
+        try:
+            raw = json.loads(body) if body.strip() else {}
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return 400, {"error": "the body must be JSON: {\"reason\": ..., \"by\": ...}"}
+        if not isinstance(raw, dict):
+            return 400, {"error": "the body must be a JSON object"}
+        reason, by = raw.get("reason"), raw.get("by")
+        if not isinstance(reason, str) or not reason.strip():
+            return 400, {"error": "reason is required: say why (it is journaled with the abort)"}
+        if len(reason.strip()) > MAX_ABORT_REASON:
+            return 400, {"error": f"reason is {len(reason.strip())} characters; at most {MAX_ABORT_REASON}"}
+        if by is not None and not isinstance(by, str):
+            return 400, {"error": "by must be a string"}
+        by = (by or "").strip()[:200]
+        who = f"{by or 'unnamed'} (bearer token)" if self._webhook_token is not None else by or "unauthenticated"
+        result = self.controller.abort_decision(decision_id, by=who, reason=reason.strip())
+        status = {AbortState.IN_FLIGHT: 202, AbortState.CANCELLED: 200, AbortState.FINISHED: 409}
+        answer = {**result.to_json(), "by": who, "reason": reason.strip()}
+        if result.state not in status:
+            return 404, {**answer, "error": result.message}
+        if result.state is AbortState.FINISHED:
+            answer["error"] = result.message
+        return status[result.state], answer
 
     async def _answer_unread(self, request: web.BaseRequest, answer: web.Response) -> web.Response:
         """A refusal before the body: a small body is read (the kept-alive connection stays usable, as
@@ -546,6 +579,14 @@ def _control_of(path: str) -> tuple[str | None, bool] | None:
         return None, rest[0] == "pause"
     if len(rest) == 3 and rest[0] == "policies" and rest[1] and rest[2] in ("pause", "resume"):
         return rest[1], rest[2] == "pause"
+    return None
+
+
+def _abort_of(path: str) -> str | None:
+    """The decision id of `/api/v1/decisions/ID/abort`; None for any other path."""
+    parts = path.strip("/").split("/")
+    if len(parts) == 5 and parts[:3] == ["api", "v1", "decisions"] and parts[3] and parts[4] == "abort":
+        return parts[3]
     return None
 
 

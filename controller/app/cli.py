@@ -48,6 +48,7 @@ DELEGATED = {
     "status": ("controller.app.operate", "status_main", "what a running controller (or a journal) is doing now"),
     "pause": ("controller.app.operate", "pause_main", "pause a policy (or --all: the kill switch) of a controller"),
     "resume": ("controller.app.operate", "resume_main", "resume a paused policy (or --all)"),
+    "abort": ("controller.app.operate", "abort_main", "stop a decision's actions (a ramp or sync wait in flight)"),
 }
 
 logger = logging.getLogger("tailguard.cli")

@@ -1,11 +1,13 @@
-"""Operate a running controller: `tailguard status`, `tailguard pause`, `tailguard resume`.
+"""Operate a running controller: `tailguard status`, `tailguard pause`, `tailguard resume`, `tailguard abort`.
 
     tailguard status  --url URL [--token-file F] [--watch [SECONDS]] [--output table|json]
     tailguard status  --journal FILE [--output table|json]           (offline: the journal's states and decisions)
     tailguard pause   POLICY | --all  --url URL [--token-file F] [--by WHO] --reason WHY
     tailguard resume  POLICY | --all  --url URL [--token-file F] [--by WHO] [--reason WHY]
+    tailguard abort   DECISION        --url URL [--token-file F] [--by WHO] --reason WHY
 
-Exit codes: 0 done; 1 the controller refused or could not be reached (the message says why); 2 the command line.
+Exit codes: 0 done; 1 the controller refused or could not be reached (the message says why; an abort of a decision
+that had already finished, or of an unknown one, too); 2 the command line.
 A control is journaled by the controller with who (`--by`, default the local user) and why (`--reason`).
 """
 
@@ -19,10 +21,12 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import requests
 
 from controller.adapters.stores.journal import Journal, JournalError
+from controller.core.controls import MAX_ABORT_REASON
 from controller.core.status_view import journal_policy_status
 from controller.kit.errors import TailguardError
 
@@ -53,7 +57,9 @@ def _token(path: Path | None) -> str | None:
         raise OperateError(f"{path}: cannot read the token: {unreadable.strerror or unreadable}") from None
 
 
-def _request(method: str, url: str, token: str | None, body: Mapping[str, Any] | None = None) -> Any:
+def _request(
+    method: str, url: str, token: str | None, body: Mapping[str, Any] | None = None, *, accept: Sequence[int] = (200,)
+) -> Any:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         answer = requests.request(method, url, headers=headers, json=body, timeout=TIMEOUT_SECONDS)
@@ -63,7 +69,7 @@ def _request(method: str, url: str, token: str | None, body: Mapping[str, Any] |
         value = answer.json()
     except ValueError:
         value = {"error": answer.text[:200]}
-    if answer.status_code != 200:
+    if answer.status_code not in accept:
         error = value.get("error") if isinstance(value, dict) else None
         raise OperateError(f"{url}: HTTP {answer.status_code}: {error or value}")
     return value
@@ -247,3 +253,38 @@ def pause_main(argv: Sequence[str]) -> int:
 
 def resume_main(argv: Sequence[str]) -> int:
     return _control_main("resume", argv)
+
+
+def abort_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tailguard abort",
+        description="stop a decision's actions: a traffic ramp or an Argo CD sync wait in flight stops at its next "
+        "step; its queued or deferred actions never run",
+    )
+    parser.add_argument("decision", metavar="DECISION", help="the decision id (tailguard status, /api/v1/decisions)")
+    _connection(parser, journal=False)
+    parser.add_argument("--by", default=None, help="who (journaled; default: the local user name)")
+    parser.add_argument("--reason", default="", help="why (required; journaled)")
+    args = parser.parse_args(list(argv))
+    if not args.decision.strip() or "/" in args.decision:
+        parser.error(f"DECISION must be a decision id, got {args.decision!r}")
+    if not args.reason.strip():
+        parser.error("--reason is required: say why (it is journaled with the abort)")
+    if len(args.reason.strip()) > MAX_ABORT_REASON:
+        parser.error(f"--reason is {len(args.reason.strip())} characters; at most {MAX_ABORT_REASON}")
+    try:
+        by = args.by or getpass.getuser()
+    except (KeyError, OSError):
+        by = "unknown"
+    url = f"{args.url.rstrip('/')}/api/v1/decisions/{quote(args.decision, safe='')}/abort"
+    try:
+        body = {"by": by, "reason": args.reason}
+        answer = _request("POST", url, _token(args.token_file), body, accept=(200, 202))
+    except OperateError as failed:
+        print(f"tailguard abort: {failed}", file=sys.stderr)
+        return EXIT_FAILED
+    state = "in flight: stops at its next step" if answer.get("state") == "in_flight" else "cancelled"
+    print(f"aborted {args.decision} ({state}; by {answer.get('by')}): {answer.get('message')}")
+    for action in answer.get("actions", []):
+        print(f"  {action.get('type')} on {action.get('resource')}: {action.get('status')}")
+    return EXIT_OK

@@ -207,6 +207,9 @@ class ActionStatus(StrEnum):
     DEFERRED = "deferred"  # the global cooldown or budget refused it for now: retried while its condition holds
     SUPPRESSED = "suppressed"  # never run: e.g. its condition resolved while it was deferred (the error says why)
     DRY_RUN = "dry_run"  # the policy is in dry-run: recorded, never executed
+    # An operator aborted its decision (`tailguard abort`): never ran, or stopped at a step; the result says what
+    # state it left behind. Never retried.
+    ABORTED = "aborted"
 
 
 TERMINAL_STATUSES = frozenset(
@@ -216,6 +219,7 @@ TERMINAL_STATUSES = frozenset(
         ActionStatus.SKIPPED,
         ActionStatus.SUPPRESSED,
         ActionStatus.DRY_RUN,
+        ActionStatus.ABORTED,
     }
 )
 # What resume() finishes at start-up. A deferred action is not among them: it runs only after an evaluation of its

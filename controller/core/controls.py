@@ -1,4 +1,5 @@
-"""Operator controls: pause/resume of one policy and the global kill switch (`tailguard pause --all`).
+"""Operator controls: pause/resume of one policy, the global kill switch (`tailguard pause --all`), and the abort
+of one decision's actions (`tailguard abort DECISION`: `AbortRequest`, run by controller/loop/dispatcher.py).
 
 A paused policy runs as if its document said `suspend: true` (`effective_policy`): it keeps evaluating and
 journaling, and the engine turns every would-be mutating fire into a `suppressed` decision with reason
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from controller.core.policy import Policy
@@ -106,3 +108,50 @@ def effective_policy(policy: Policy, controls: Controls) -> Policy:
     if policy.suspend or controls.pause_of(policy.name) is None:
         return policy
     return policy.model_copy(update={"suspend": True})
+
+
+# ----- abort: stop the actions of one decision (`tailguard abort DECISION`) -----------------------------------
+
+ABORT = "abort"  # the control's name in the journal's controls table (its subject: the decision id)
+MAX_ABORT_REASON = 1000  # characters: the reason is required and journaled as given, never cut
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    """An operator's abort of a decision's actions: who, why, when."""
+
+    decision_id: str
+    by: str
+    reason: str
+    at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"decision_id": self.decision_id, "by": self.by, "reason": self.reason, "at": self.at}
+
+    def phrase(self) -> str:
+        return f"aborted by {self.by}: {self.reason}"
+
+
+class AbortState(StrEnum):
+    IN_FLIGHT = "in_flight"  # an action is running: it stops at its next step (its outcome says where)
+    CANCELLED = "cancelled"  # none was running: the queued and deferred ones end `aborted` without running
+    FINISHED = "finished"  # every action had already ended: nothing to abort
+    UNKNOWN = "unknown"  # no action of that decision in the journal
+
+
+@dataclass(frozen=True)
+class AbortResult:
+    """What an abort found and did: its state, and each action of the decision as the journal has it after."""
+
+    decision_id: str
+    state: AbortState
+    message: str
+    actions: tuple[Mapping[str, Any], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "decision_id": self.decision_id,
+            "state": self.state.value,
+            "message": self.message,
+            "actions": [dict(action) for action in self.actions],
+        }

@@ -12,6 +12,7 @@ The top of the core: it may import the rest of the core and the kit, nothing abo
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -19,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from controller.core.actions import ActionRecord, ActionStatus
 from controller.core.attribution import ChangeFeed, Rollout
-from controller.core.controls import Controls
+from controller.core.controls import AbortRequest, AbortResult, Controls
 from controller.core.engine import PolicyState
 from controller.core.handover import ActionTimes
 from controller.core.model import Decision, SignalResult, TargetKey
@@ -58,6 +59,8 @@ class OutcomeStatus(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     SKIPPED = "skipped"  # nothing to do (e.g. already at that weight, no earlier good revision)
+    # An operator's abort stopped it between steps (AbortSignal); the detail says exactly what it left behind.
+    ABORTED = "aborted"
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,32 @@ class ActionOutcome:
         }
 
 
+@runtime_checkable
+class WakeableClock(Clock, Protocol):
+    """A clock whose wait another thread can end early (the kit's SystemClock and ManualClock are): an operator's
+    abort cuts a ramp's hold or a sync poll short instead of waiting it out."""
+
+    def sleep_unless(self, seconds: float, wake: threading.Event) -> bool:
+        """Wait `seconds`, or less once `wake` is set: True when woken (at once when already set). Raises
+        ShutdownInterrupt like sleep()."""
+        ...
+
+
+class AbortSignal(Protocol):
+    """The operator's abort of the action in flight (`tailguard abort DECISION`), as a port that works in steps sees
+    it: a traffic ramp asks before each weight step, an Argo CD sync wait at each poll. A port stops only BETWEEN
+    steps (a step's write is never cut in half) and answers OutcomeStatus.ABORTED with the state it left."""
+
+    def requested(self) -> AbortRequest | None:
+        """The abort, once an operator asked for it; None until then."""
+        ...
+
+    def hold(self, seconds: float) -> AbortRequest | None:
+        """Wait `seconds` through the clock (a ramp's hold, a poll interval), cut short by an abort: the abort, or
+        None after the whole wait. Raises ShutdownInterrupt like the clock's sleep."""
+        ...
+
+
 class RollbackPort(Protocol):
     """Rolls a service back to its last good revision (Argo CD; the local tier)."""
 
@@ -94,10 +123,12 @@ class RollbackPort(Protocol):
         idempotency_key: str,
         rollout_revision: str | None = None,
         plan: Mapping[str, Any] | None = None,
+        abort: AbortSignal | None = None,
     ) -> ActionOutcome:
         """Make the rollback `plan` describes (None: plan it now). Idempotent against the world: SUCCEEDED without
         acting when the service already runs `to_revision`; SKIPPED, writing nothing, when it runs neither
-        `from_revision` nor `to_revision` (changed by someone else since the plan); never a new target."""
+        `from_revision` nor `to_revision` (changed by someone else since the plan); never a new target. One that
+        waits for the rollback to finish stops waiting on `abort` (ABORTED, saying what was sent)."""
         ...
 
 
@@ -146,8 +177,11 @@ class ScaleLimitsPort(Protocol):
 
 
 class TrafficRouter(Protocol):
-    def set_weight(self, service: str, version: str, weight: int, *, idempotency_key: str) -> ActionOutcome:
-        """Set `version`'s share (percent) of `service`'s traffic, then read it back to verify."""
+    def set_weight(
+        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
+    ) -> ActionOutcome:
+        """Set `version`'s share (percent) of `service`'s traffic, then read it back to verify. A ramped router
+        stops before its next step on `abort` (ABORTED, with the weights of the last whole step in place)."""
         ...
 
     def weights(self, service: str) -> Mapping[str, int]:
@@ -161,8 +195,10 @@ class TrafficRouter(Protocol):
         *,
         expected: Mapping[str, int] | None,
         idempotency_key: str,
+        abort: AbortSignal | None = None,
     ) -> ActionOutcome:
-        """Set every version's weight at once (ramped where the router ramps), then verify. SKIPPED, writing
+        """Set every version's weight at once (ramped where the router ramps, stopping on `abort` like set_weight),
+        then verify. SKIPPED, writing
         nothing, when the current weights are not `expected` (changed by someone else) or already `weights`."""
         ...
 
@@ -257,6 +293,16 @@ class ActionJournalPort(Protocol):
 
     def decision(self, decision_id: str, kind: str) -> dict[str, Any] | None: ...
 
+    def abort_actions(self, request: AbortRequest, now: float) -> list[ActionRecord]:
+        """One transaction: the decision's planned and deferred actions end `aborted` (they never run), its started
+        ones get an `abort_requested` event (the next step, or the next process, ends them); every action of the
+        decision is returned as it is after."""
+        ...
+
+    def abort_requested(self, idempotency_key: str) -> AbortRequest | None:
+        """The abort journaled for a started action (its `abort_requested` event), or None."""
+        ...
+
 
 class DispatcherPort(Protocol):
     """What the controller needs of controller.loop.dispatcher.Dispatcher (and of wrappers around it)."""
@@ -272,6 +318,15 @@ class DispatcherPort(Protocol):
 
     def deferred_policies(self) -> set[str]:
         """The policies that have deferred actions in the journal."""
+        ...
+
+
+@runtime_checkable
+class DecisionAborterPort(Protocol):
+    """Optional next to DispatcherPort: the abort of one decision's actions (controller/loop/dispatcher.py)."""
+
+    def abort(self, request: AbortRequest) -> AbortResult:
+        """Stop the decision's actions: the queued and deferred never run; the one running stops at its next step."""
         ...
 
 
@@ -428,3 +483,10 @@ class OperatorPort(Protocol):
     def status(self, decisions: int = 20) -> dict[str, Any]: ...
 
     def set_paused(self, policy: str | None, paused: bool, *, by: str, reason: str) -> Any: ...
+
+
+@runtime_checkable
+class AbortControlPort(Protocol):
+    """What `POST /api/v1/decisions/ID/abort` needs of the controller: the abort, journaled as a control."""
+
+    def abort_decision(self, decision_id: str, *, by: str, reason: str) -> AbortResult: ...

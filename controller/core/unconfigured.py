@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from controller.core.actions import ActionType
-from controller.core.ports import ActionOutcome, Annotation, OutcomeStatus
+from controller.core.ports import AbortSignal, ActionOutcome, Annotation, OutcomeStatus
 from controller.kit.errors import ActuatorError
 
 ROLLBACK_MISSING = "no actuator configured for rollback: add argocd (or tier)"
@@ -55,6 +55,7 @@ class UnconfiguredRollback:
         idempotency_key: str,
         rollout_revision: str | None = None,
         plan: Mapping[str, Any] | None = None,
+        abort: AbortSignal | None = None,
     ) -> ActionOutcome:
         return _failed({"service": service}, self.message)
 
@@ -91,7 +92,9 @@ class UnconfiguredRouter:
     def __init__(self, message: str = missing("router", ActionType.SHIFT_TRAFFIC)) -> None:
         self.message = message
 
-    def set_weight(self, service: str, version: str, weight: int, *, idempotency_key: str) -> ActionOutcome:
+    def set_weight(
+        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
+    ) -> ActionOutcome:
         return _failed({"service": service, "version": version, "weight": weight}, self.message)
 
     def weights(self, service: str) -> Mapping[str, int]:
@@ -104,6 +107,7 @@ class UnconfiguredRouter:
         *,
         expected: Mapping[str, int] | None,
         idempotency_key: str,
+        abort: AbortSignal | None = None,
     ) -> ActionOutcome:
         return _failed({"service": service, "weights": dict(weights)}, self.message)
 

@@ -13,6 +13,11 @@ import threading
 import time
 from typing import Protocol
 
+# How often a real-time wait that another thread may cut short (an operator's abort; `sleep_unless`, the
+# WakeableClock of controller/core/ports.py) looks at its event and at shutdown: the longest an abort waits during a
+# ramp's hold or a sync poll.
+WAKE_CHECK_SECONDS = 0.2
+
 
 class Clock(Protocol):
     """The clock every wait goes through (kept here, in the kit, because the kit's HTTP call waits too;
@@ -47,6 +52,15 @@ class SystemClock:
         if self._stopping.wait(max(0.0, seconds)):  # True at once when already interrupted
             raise ShutdownInterrupt("the controller is stopping")
 
+    def sleep_unless(self, seconds: float, wake: threading.Event) -> bool:
+        deadline = time.monotonic() + max(0.0, seconds)
+        while not wake.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self.sleep(min(left, WAKE_CHECK_SECONDS))  # raises at once on shutdown
+        return wake.is_set()
+
     def interrupt(self) -> None:
         """Wake every current sleep and make every later one raise ShutdownInterrupt at once."""
         self._stopping.set()
@@ -72,6 +86,14 @@ class ManualClock:
         if self._stopping:
             raise ShutdownInterrupt("the controller is stopping")
         self.advance(max(0.0, seconds))
+
+    def sleep_unless(self, seconds: float, wake: threading.Event) -> bool:
+        """One sleep() (time moves by `seconds`) unless `wake` is already set; a test sets it from a sleep()
+        override to stand for an abort that arrives during the wait."""
+        if wake.is_set():
+            return True
+        self.sleep(seconds)
+        return wake.is_set()
 
     def interrupt(self) -> None:
         self._stopping = True

@@ -64,6 +64,7 @@ from controller.core.actions import (
     RenderedScale,
     ShiftTrafficAction,
 )
+from controller.core.controls import AbortRequest, AbortResult, AbortState
 from controller.core.engine import Phase, PolicyState
 from controller.core.model import Decision, DecisionKind, TargetKey, target_key
 from controller.core.policy import Duration
@@ -79,6 +80,7 @@ from controller.core.ports import (
     ScaleLimitsPort,
     ScalePort,
     TrafficRouter,
+    WakeableClock,
 )
 from controller.core.unconfigured import (
     UnconfiguredAnnotator,
@@ -99,7 +101,8 @@ log = logging.getLogger(__name__)
 _PLANNED = frozenset({ActionType.ROLLBACK, ActionType.SCALE, ActionType.SHIFT_TRAFFIC, ActionType.RESTORE})
 
 # Statuses that count against the global limits: the change happened, or may have (outcome unknown).
-LIMITED_STATUSES = frozenset({ActionStatus.STARTED, ActionStatus.SUCCEEDED})
+# An aborted action that had started counts too (`actions_since` lists started ones only): it may have written a step.
+LIMITED_STATUSES = frozenset({ActionStatus.STARTED, ActionStatus.SUCCEEDED, ActionStatus.ABORTED})
 
 
 class GlobalLimits(BaseModel):
@@ -230,6 +233,33 @@ def scale_limits(params: Mapping[str, Any]) -> dict[str, Any]:
     return limits
 
 
+class ActionAbort:
+    """The AbortSignal (controller/core/ports.py) of one action: `Dispatcher.abort` sets it, the action's port asks
+    it between steps. Its hold is the clock's sleep, cut short when an abort arrives (a WakeableClock)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._event = threading.Event()
+        self._request: AbortRequest | None = None
+
+    def set(self, request: AbortRequest) -> None:
+        if self._request is None:  # the first abort is the one that stopped it
+            self._request = request
+        self._event.set()
+
+    def requested(self) -> AbortRequest | None:
+        return self._request
+
+    def hold(self, seconds: float) -> AbortRequest | None:
+        if self._request is not None:
+            return self._request
+        if isinstance(self._clock, WakeableClock):
+            self._clock.sleep_unless(seconds, self._event)
+        else:
+            self._clock.sleep(seconds)
+        return self._request
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -263,8 +293,12 @@ class Dispatcher:
         self.may_act = may_act
         self._locks_guard = threading.Lock()
         self._service_locks: dict[str, threading.Lock] = {}
+        # Aborts: the signal of each action started in this process (by key), and the guard that makes an abort and
+        # a start (or a deferral) of the same action happen one after the other, never interleaved.
+        self._abort_guard = threading.Lock()
+        self._signals: dict[str, ActionAbort] = {}
         # action type -> the call of its port
-        self._ports: dict[ActionType, Callable[[ActionRecord, ActionRequest], ActionOutcome]] = {
+        self._ports: dict[ActionType, Callable[[ActionRecord, ActionRequest, ActionAbort], ActionOutcome]] = {
             ActionType.ROLLBACK: self._rollback,
             ActionType.SCALE: self._scale,
             ActionType.SHIFT_TRAFFIC: self._shift_traffic,
@@ -307,6 +341,57 @@ class Dispatcher:
             ]
             self._submit(_lane(siblings or [record], record.policy), record.idempotency_key)
         return []
+
+    def abort(self, request: AbortRequest) -> AbortResult:
+        """Stop the actions of `request.decision_id` (`tailguard abort`): each planned or deferred one ends `aborted`
+        at once and never runs (nor after a restart); a started one is told through its AbortSignal and stops at its
+        next step (a ramp before its next weight step, an Argo CD wait at its next poll), its outcome saying what it
+        left; a started one a restart left behind ends `aborted` when resumed, without acting. Never a retry."""
+        decision_id = request.decision_id
+        with self._abort_guard:
+            before = self.journal.actions_for(decision_id)
+            if not before:
+                return AbortResult(
+                    decision_id,
+                    AbortState.UNKNOWN,
+                    f"no action of decision {decision_id!r} is in the journal (an unknown id, or a decision that "
+                    "acted on nothing)",
+                )
+            if all(record.terminal for record in before):
+                ended = ", ".join(f"{record.type.value} {record.status.value}" for record in before)
+                return AbortResult(
+                    decision_id,
+                    AbortState.FINISHED,
+                    f"decision {decision_id!r} has already finished ({ended}); nothing to abort",
+                    tuple(_brief(record) for record in before),
+                )
+            after = self.journal.abort_actions(request, self.clock.now())
+            running = [record for record in after if record.status is ActionStatus.STARTED]
+            for record in running:
+                self._signals.setdefault(record.idempotency_key, ActionAbort(self.clock)).set(request)
+        was_open = {record.idempotency_key for record in before if not record.terminal}
+        cancelled = [r for r in after if r.idempotency_key in was_open and r.status is ActionStatus.ABORTED]
+        for record in cancelled:
+            log.warning("%s on %s aborted before it ran (%s): %s", record.type.value, record.resource,
+                        record.idempotency_key, request.phrase())  # fmt: skip
+            self._report(record)
+        actions = tuple(_brief(record) for record in after)
+        if running:
+            names = ", ".join(f"{record.type.value} on {record.resource}" for record in running)
+            log.warning("abort of %s: %s in flight, stops at its next step (%s)", decision_id, names, request.phrase())
+            return AbortResult(
+                decision_id,
+                AbortState.IN_FLIGHT,
+                f"{names} in flight: stops at its next step (its outcome will say what it left in place); "
+                f"{len(cancelled)} queued or deferred action(s) cancelled",
+                actions,
+            )
+        return AbortResult(
+            decision_id,
+            AbortState.CANCELLED,
+            f"{len(cancelled)} queued or deferred action(s) cancelled before they ran",
+            actions,
+        )
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no action is queued or running on the workers (always True without workers)."""
@@ -394,16 +479,36 @@ class Dispatcher:
         if record.status is ActionStatus.DEFERRED and not retry:
             return record  # only retry_deferred runs it again, once its condition is known to still hold
         if record.status in (ActionStatus.PLANNED, ActionStatus.DEFERRED) and record.mutating:
-            block = self._limits_block(record)
-            if block is not None:
+            with self._abort_guard:  # an abort between the read above and the deferral: it ended the action
+                current = self.journal.get_action(key)
+                assert current is not None
+                if current.terminal:
+                    return current
+                block = self._limits_block(record)
+                deferred = self.journal.defer(key, self.clock.now(), block) if block is not None else None
+            if deferred is not None:
                 log.warning("deferred %s on %s (%s): %s", record.type.value, record.resource, key, block)
-                deferred = self.journal.defer(key, self.clock.now(), block)
                 self._report(deferred)
                 return deferred
         return self._execute(record)
 
     def _execute(self, record: ActionRecord) -> ActionRecord:
+        key = record.idempotency_key
+        with self._abort_guard:
+            signal = self._signals.setdefault(key, ActionAbort(self.clock))
+        try:
+            return self._execute_with(record, signal)
+        finally:
+            with self._abort_guard:
+                self._signals.pop(key, None)
+
+    def _execute_with(self, record: ActionRecord, signal: ActionAbort) -> ActionRecord:
         plan = dict(record.plan) if record.plan is not None else None
+        if record.status is ActionStatus.STARTED:
+            # A resume (after a restart, or a requeue): an abort journaled since it started ends it here, unrun.
+            aborted = signal.requested() or self.journal.abort_requested(record.idempotency_key)
+            if aborted is not None:
+                return self._finish_aborted(record, aborted, None, resumed=True)
         if record.status is ActionStatus.STARTED and plan is not None:
             # A resume: the world may already show the planned target (the call went through before the crash).
             shown = self._shows_target(record, plan)
@@ -426,9 +531,18 @@ class Dispatcher:
                 else:
                     plan = planned
             if record.type not in _PLANNED or plan is not None:
-                record = self.journal.mark_started(record.idempotency_key, self.clock.now(), plan)
+                with self._abort_guard:  # an abort and this start never interleave
+                    current = self.journal.get_action(record.idempotency_key)
+                    assert current is not None
+                    if current.terminal:  # aborted before it ran
+                        return current
+                    aborted = signal.requested()
+                    if aborted is None:
+                        record = self.journal.mark_started(record.idempotency_key, self.clock.now(), plan)
+                if aborted is not None:  # between two attempts: never retried
+                    return self._finish_aborted(current, aborted, outcome, resumed=False)
                 self._hook("after-start", record)
-                outcome = self._call(record)
+                outcome = self._call(record, signal)
                 called = True
                 self._hook("after-execute", record)
             assert outcome is not None
@@ -444,16 +558,21 @@ class Dispatcher:
                 self.attempts,
                 delay,
             )
-            self.clock.sleep(delay)
+            signal.hold(delay)  # an abort during the backoff is found before the next attempt starts
         assert outcome is not None
         status = {
             OutcomeStatus.SUCCEEDED: ActionStatus.SUCCEEDED,
             OutcomeStatus.SKIPPED: ActionStatus.SKIPPED,
             OutcomeStatus.FAILED: ActionStatus.FAILED,
+            OutcomeStatus.ABORTED: ActionStatus.ABORTED,
         }[outcome.status]
         result = outcome.to_json()
-        if status is ActionStatus.SUCCEEDED and record.type in _PLANNED:
+        if status in (ActionStatus.SUCCEEDED, ActionStatus.ABORTED) and record.type in _PLANNED:
             result["after"] = restore.after_state(record, self.actuators.router, self.actuators.scale)
+        late = signal.requested()
+        if late is not None and status is not ActionStatus.ABORTED:
+            # The abort came after the port's last step: the action ended as it would have; said in the result.
+            result["detail"]["abort_requested"] = {**late.to_json(), "note": "arrived after the action's last step"}
         if called:
             # The port made one attempt per call; how many calls it took is the dispatcher's to say (the
             # journal's count, so an attempt before a crash counts too).
@@ -463,6 +582,34 @@ class Dispatcher:
     def _delay(self, attempt: int) -> float:
         return backoff_delay(attempt, backoff=self.backoff, max_backoff=self.max_backoff)
 
+    def _finish_aborted(
+        self, record: ActionRecord, request: AbortRequest, last: ActionOutcome | None, *, resumed: bool
+    ) -> ActionRecord:
+        """End an action its port did not get to stop: one a restart left started (not resumed), or one between two
+        attempts (not retried). The result says what state it left, read now where the dispatcher can read it."""
+        detail: dict[str, Any] = {"aborted": request.to_json()}
+        if resumed:
+            detail["ran"] = "started before a restart; not resumed"
+            if record.type is ActionType.ROLLBACK:
+                detail["left"] = (
+                    "a rollback request sent before the restart stays with the deployer (not undone); its state was "
+                    "not read"
+                )
+        else:
+            detail["ran"] = f"{record.attempts} attempt(s); not retried"
+            if last is not None:
+                detail["last_attempt"] = last.to_json()
+        result: dict[str, Any] = {
+            "status": ActionStatus.ABORTED.value,
+            "detail": detail,
+            "error": None,
+            "transient": False,
+        }
+        if record.type in _PLANNED:
+            result["after"] = restore.after_state(record, self.actuators.router, self.actuators.scale)
+        error = f"{request.phrase()}; " + ("not resumed after a restart" if resumed else "not retried")
+        return self._finish(record, ActionStatus.ABORTED, result, error)
+
     def _hook(self, point: str, record: ActionRecord) -> None:
         if self.crash_hook is not None:
             self.crash_hook(point, record)
@@ -471,7 +618,7 @@ class Dispatcher:
         self, record: ActionRecord, status: ActionStatus, result: Mapping[str, Any] | None, error: str | None
     ) -> ActionRecord:
         finished = self.journal.finish(record.idempotency_key, status, self.clock.now(), result=result, error=error)
-        if status in (ActionStatus.FAILED, ActionStatus.SUPPRESSED):
+        if status in (ActionStatus.FAILED, ActionStatus.SUPPRESSED, ActionStatus.ABORTED):
             log.warning(
                 "%s %s on %s: %s (%s)",
                 record.type.value,
@@ -604,10 +751,11 @@ class Dispatcher:
             return ActionOutcome(OutcomeStatus.SKIPPED, {"current": current, "desired": desired}, None)
         return {"service": service, "current": current, "desired": desired, **({"limits": limits} if limits else {})}
 
-    def _call(self, record: ActionRecord) -> ActionOutcome:
-        """One attempt: the port of the action's type, with the typed action's fields as its arguments."""
+    def _call(self, record: ActionRecord, signal: ActionAbort) -> ActionOutcome:
+        """One attempt: the port of the action's type, with the typed action's fields as its arguments (and the
+        action's abort signal, which the ports that work in steps ask between steps)."""
         try:
-            return self._ports[record.type](record, record.request())
+            return self._ports[record.type](record, record.request(), signal)
         except AttributeError as exc:
             if exc.name is None:
                 raise
@@ -619,7 +767,7 @@ class Dispatcher:
             transient = bool(getattr(exc, "transient", isinstance(exc, (ConnectionError, TimeoutError))))
             return ActionOutcome(OutcomeStatus.FAILED, {}, f"{type(exc).__name__}: {exc}", transient)
 
-    def _rollback(self, record: ActionRecord, request: ActionRequest) -> ActionOutcome:
+    def _rollback(self, record: ActionRecord, request: ActionRequest, abort: ActionAbort) -> ActionOutcome:
         action = request.action
         assert isinstance(action, RenderedRollback)
         # The plan journaled before the first start (from- and to-revision): a resume acts on the same one.
@@ -628,9 +776,10 @@ class Dispatcher:
             idempotency_key=request.idempotency_key,
             rollout_revision=action.rollout_revision,
             plan=record.plan,
+            abort=abort,
         )
 
-    def _scale(self, record: ActionRecord, request: ActionRequest) -> ActionOutcome:
+    def _scale(self, record: ActionRecord, request: ActionRequest, abort: ActionAbort) -> ActionOutcome:
         assert isinstance(request.action, RenderedScale) and record.plan is not None
         # The count planned (and journaled) before the first start, so a resume asks for the same one.
         service, plan, key = str(record.plan["service"]), record.plan, request.idempotency_key
@@ -666,27 +815,26 @@ class Dispatcher:
         detail = {"floor": dict(floor.detail), "limits": dict(hpa.detail)}
         return ActionOutcome(status, detail, hpa.error, hpa.transient)
 
-    def _shift_traffic(self, record: ActionRecord, request: ActionRequest) -> ActionOutcome:
+    def _shift_traffic(self, record: ActionRecord, request: ActionRequest, abort: ActionAbort) -> ActionOutcome:
         action = request.action
         assert isinstance(action, ShiftTrafficAction)
         return self.actuators.router.set_weight(
-            action.service, action.version, int(action.weight), idempotency_key=request.idempotency_key
+            action.service, action.version, int(action.weight), idempotency_key=request.idempotency_key, abort=abort
         )
 
-    def _restore(self, record: ActionRecord, request: ActionRequest) -> ActionOutcome:
+    def _restore(self, record: ActionRecord, request: ActionRequest, abort: ActionAbort) -> ActionOutcome:
         assert record.plan is not None
         # The plan journaled before the first start: per state the incident changed, its target and expected state.
-        return restore.run_restore(
-            record.plan, self.actuators.router, self.actuators.scale, idempotency_key=request.idempotency_key
-        )
+        router, scale = self.actuators.router, self.actuators.scale
+        return restore.run_restore(record.plan, router, scale, idempotency_key=request.idempotency_key, abort=abort)
 
-    def _annotate(self, record: ActionRecord, request: ActionRequest) -> ActionOutcome:
+    def _annotate(self, record: ActionRecord, request: ActionRequest, abort: ActionAbort) -> ActionOutcome:
         assert isinstance(request.action, AnnotateAction)
         return self.actuators.annotator.annotate(
             self._annotation(record, request.action), idempotency_key=request.idempotency_key
         )
 
-    def _notify(self, record: ActionRecord, request: ActionRequest) -> ActionOutcome:
+    def _notify(self, record: ActionRecord, request: ActionRequest, abort: ActionAbort) -> ActionOutcome:
         action = request.action
         assert isinstance(action, NotifyAction)
         return self.actuators.notifier.notify(
@@ -734,6 +882,17 @@ class Dispatcher:
             "actions": actions,
             "links": dict(self.links_for(decision)) if self.links_for is not None else {},
         }
+
+
+def _brief(record: ActionRecord) -> dict[str, Any]:
+    """An action as an abort's answer lists it."""
+    return {
+        "idempotency_key": record.idempotency_key,
+        "type": record.type.value,
+        "resource": record.resource,
+        "status": record.status.value,
+        "error": record.error,
+    }
 
 
 def _lane(records: Sequence[ActionRecord], policy: str) -> str:

@@ -30,7 +30,14 @@ from typing import Any
 
 from controller.core.actions import RESTORABLE_ACTIONS, ActionRecord, ActionStatus, ActionType
 from controller.core.model import DecisionKind
-from controller.core.ports import ActionJournalPort, ActionOutcome, OutcomeStatus, ScalePort, TrafficRouter
+from controller.core.ports import (
+    AbortSignal,
+    ActionJournalPort,
+    ActionOutcome,
+    OutcomeStatus,
+    ScalePort,
+    TrafficRouter,
+)
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +119,15 @@ def restore_plan(journal: ActionJournalPort, record: ActionRecord) -> dict[str, 
 
 
 def run_restore(
-    plan: Mapping[str, Any], router: TrafficRouter, scale: ScalePort, *, idempotency_key: str
+    plan: Mapping[str, Any],
+    router: TrafficRouter,
+    scale: ScalePort,
+    *,
+    idempotency_key: str,
+    abort: AbortSignal | None = None,
 ) -> ActionOutcome:
-    """One attempt: each planned kind through its port (keys `{key}#traffic`, `{key}#scale`), one outcome."""
+    """One attempt: each planned kind through its port (keys `{key}#traffic`, `{key}#scale`), one outcome. An
+    abort stops a ramped traffic restore before its next step, and any kind not yet begun (ABORTED)."""
     service = str(plan["service"])
     parts: dict[str, Any] = {}
     outcomes: list[ActionOutcome] = []
@@ -122,13 +135,20 @@ def run_restore(
         entry = plan.get(kind)
         if not isinstance(entry, Mapping):
             continue
+        request = abort.requested() if abort is not None else None
+        if request is not None and "skip" not in entry:
+            parts[kind] = {"status": OutcomeStatus.ABORTED.value, "reason": f"not begun: {request.phrase()}"}
+            outcomes.append(ActionOutcome(OutcomeStatus.ABORTED, {"reason": parts[kind]["reason"]}))
+            continue
         if "skip" in entry:
             parts[kind] = {"status": OutcomeStatus.SKIPPED.value, "reason": entry["skip"]}
             outcomes.append(ActionOutcome(OutcomeStatus.SKIPPED, {"reason": entry["skip"]}))
             continue
         key = f"{idempotency_key}#{kind}"
         if kind == TRAFFIC:
-            outcome = router.set_weights(service, entry["target"], expected=entry["expected"], idempotency_key=key)
+            outcome = router.set_weights(
+                service, entry["target"], expected=entry["expected"], idempotency_key=key, abort=abort
+            )
         else:
             outcome = scale.restore_scale(service, entry["target"], expected=entry["expected"], idempotency_key=key)
         parts[kind] = outcome.to_json()
@@ -137,6 +157,9 @@ def run_restore(
     if not outcomes:
         reason = f"the incident changed nothing of {service!r} that a restore puts back"
         return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": reason})
+    if any(outcome.status is OutcomeStatus.ABORTED for outcome in outcomes):
+        error = "; ".join(f"{kind}: {part.get('status')}" for kind, part in parts.items())
+        return ActionOutcome(OutcomeStatus.ABORTED, detail, f"restore of {service!r} aborted ({error})")
     failed = [outcome for outcome in outcomes if outcome.status is OutcomeStatus.FAILED]
     if failed:
         error = "; ".join(str(outcome.error) for outcome in failed)

@@ -31,7 +31,16 @@ from typing import Any, NamedTuple
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from controller.core.controls import ALL, Control, Controls, effective_policy
+from controller.core.controls import (
+    ABORT,
+    ALL,
+    AbortRequest,
+    AbortResult,
+    AbortState,
+    Control,
+    Controls,
+    effective_policy,
+)
 from controller.core.engine import PolicyState, action_retention, with_action_times
 from controller.core.handover import ActionTimes, merge_action_times
 from controller.core.limits import BUDGET_WINDOW_SECONDS
@@ -45,6 +54,7 @@ from controller.core.ports import (
     ChangeTrackerPort,
     Clock,
     ControlsStorePort,
+    DecisionAborterPort,
     DispatcherPort,
     JournalPort,
     LeaderPort,
@@ -566,6 +576,19 @@ class Controller:
             )
         logger.warning("%s %s by %s: %s", "paused" if paused else "resumed", key, by, reason or "(no reason given)")
         return control
+
+    def abort_decision(self, decision_id: str, *, by: str, reason: str) -> AbortResult:
+        """Abort the actions of `decision_id` (controller/loop/dispatcher.py `abort`): journaled as a control (who,
+        why, when, the decision) and as events of its actions, when there was something to abort."""
+        request = AbortRequest(decision_id, by, reason, self._clock.now())
+        if not isinstance(self._dispatcher, DecisionAborterPort):
+            return AbortResult(decision_id, AbortState.UNKNOWN, "this controller's dispatcher cannot abort actions")
+        result = self._dispatcher.abort(request)
+        if result.state in (AbortState.IN_FLIGHT, AbortState.CANCELLED):
+            if self._controls_store is not None:
+                self._controls_store.record_control(None, ABORT, decision_id, by, reason, request.at)
+            logger.warning("abort of decision %s by %s (%s): %s", decision_id, by, reason, result.message)
+        return result
 
     def controls_snapshot(self) -> Controls:
         """What the Lease carries to the next leader."""

@@ -26,6 +26,7 @@ from controller.core.handover import ActionTimes
 from controller.core.model import Decision, DecisionKind, SignalResult, decision_id, target_key
 from controller.core.policy import Policy
 from controller.core.ports import (
+    AbortSignal,
     ActionOutcome,
     Annotation,
     HandoverPort,
@@ -41,6 +42,15 @@ def transient_failure(message: str = "503 Service Unavailable") -> ActionOutcome
 
 def permanent_failure(message: str = "400 Bad Request") -> ActionOutcome:
     return ActionOutcome(OutcomeStatus.FAILED, {}, message, transient=False)
+
+
+def _aborted(abort: AbortSignal | None, left: Mapping[str, Any] | None = None) -> ActionOutcome | None:
+    """The fakes act in one step: an abort already requested when they are called stops them before acting."""
+    stopped = abort.requested() if abort is not None else None
+    if stopped is None:
+        return None
+    detail = {**(left or {}), "aborted": stopped.to_json()}
+    return ActionOutcome(OutcomeStatus.ABORTED, detail, f"{stopped.phrase()}; nothing written")
 
 
 @dataclass
@@ -111,8 +121,12 @@ class FakeRollback(_Recorder):
         idempotency_key: str,
         rollout_revision: str | None = None,
         plan: Mapping[str, Any] | None = None,
+        abort: AbortSignal | None = None,
     ) -> ActionOutcome:
         def act() -> ActionOutcome:
+            stopped = _aborted(abort)
+            if stopped is not None:
+                return stopped
             current = self.active_revision.get(service, 2)
             planned = plan if plan is not None else self.plan_rollback(service, rollout_revision=rollout_revision)
             if isinstance(planned, ActionOutcome):
@@ -198,8 +212,13 @@ class FakeRouter(_Recorder):
     def weights(self, service: str) -> Mapping[str, int]:
         return dict(self.routes.get(service, {}))
 
-    def set_weight(self, service: str, version: str, weight: int, *, idempotency_key: str) -> ActionOutcome:
+    def set_weight(
+        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
+    ) -> ActionOutcome:
         def act() -> ActionOutcome:
+            stopped = _aborted(abort, {"weights": dict(self.routes.get(service, {}))})
+            if stopped is not None:
+                return stopped
             route = self.routes.setdefault(service, {})
             others = [name for name in route if name != version]
             total = sum(route[name] for name in others)
@@ -224,8 +243,12 @@ class FakeRouter(_Recorder):
         *,
         expected: Mapping[str, int] | None,
         idempotency_key: str,
+        abort: AbortSignal | None = None,
     ) -> ActionOutcome:
         def act() -> ActionOutcome:
+            stopped = _aborted(abort, {"weights": dict(self.routes.get(service, {}))})
+            if stopped is not None:
+                return stopped
             current, wanted = dict(self.routes.get(service, {})), dict(weights)
             detail: dict[str, Any] = {"from": current, "to": wanted, "replayed": False}
             if current == wanted:

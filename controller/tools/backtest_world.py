@@ -24,7 +24,7 @@ from typing import Any
 from controller.core.actions import ActionRecord, ActionStatus
 from controller.core.alerts import PayloadError, alertmanager_payload
 from controller.core.attribution import ChangeFeed, Rollout
-from controller.core.ports import ActionOutcome, Annotation, Clock, OutcomeStatus
+from controller.core.ports import AbortSignal, ActionOutcome, Annotation, Clock, OutcomeStatus
 from controller.kit.cli_args import UsageError, parse_time
 
 WOULD_RUN = "would_run"
@@ -64,6 +64,7 @@ class WouldRun:
         idempotency_key: str,
         rollout_revision: str | None = None,
         plan: Mapping[str, Any] | None = None,
+        abort: AbortSignal | None = None,
     ) -> ActionOutcome:
         return self._would("rollback", idempotency_key, service=service, rollout_revision=rollout_revision)
 
@@ -94,12 +95,20 @@ class WouldRun:
     def weights(self, service: str) -> Mapping[str, int]:
         return dict(self.routes.get(service, {}))
 
-    def set_weight(self, service: str, version: str, weight: int, *, idempotency_key: str) -> ActionOutcome:
+    def set_weight(
+        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
+    ) -> ActionOutcome:
         self.routes.setdefault(service, {})[version] = weight
         return self._would("set_weight", idempotency_key, service=service, version=version, weight=weight)
 
     def set_weights(
-        self, service: str, weights: Mapping[str, int], *, expected: Mapping[str, int] | None, idempotency_key: str
+        self,
+        service: str,
+        weights: Mapping[str, int],
+        *,
+        expected: Mapping[str, int] | None,
+        idempotency_key: str,
+        abort: AbortSignal | None = None,
     ) -> ActionOutcome:
         if dict(weights) == self.weights(service):
             return ActionOutcome(OutcomeStatus.SKIPPED, {"reason": "already so"})

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.adapters.stores.journal import Journal
-from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
+from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.testing import make_decision
 
@@ -35,6 +35,7 @@ class _OneCall:
         idempotency_key: str,
         rollout_revision: str | None = None,
         plan: Mapping[str, Any] | None = None,
+        abort: AbortSignal | None = None,
     ) -> ActionOutcome:
         self.calls += 1
         return self.act()

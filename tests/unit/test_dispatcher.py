@@ -464,11 +464,13 @@ def test_a_slow_change_on_one_service_does_not_hold_up_another(tmp_path: Path) -
     entered, release = threading.Event(), threading.Event()
     original = rig.router.set_weight
 
-    def slow_for_chat(service: str, version: str, weight: int, *, idempotency_key: str) -> ActionOutcome:
+    def slow_for_chat(
+        service: str, version: str, weight: int, *, idempotency_key: str, abort: Any = None
+    ) -> ActionOutcome:
         if service == "chat":
             entered.set()
             release.wait(timeout=30)  # e.g. a ramp holding between weight steps
-        return original(service, version, weight, idempotency_key=idempotency_key)
+        return original(service, version, weight, idempotency_key=idempotency_key, abort=abort)
 
     rig.router.set_weight = slow_for_chat  # type: ignore[method-assign]
     try:

@@ -32,12 +32,14 @@ from grafana_client.client import GrafanaException, GrafanaTimeoutError
 
 from controller.adapters.annotations.settings import GrafanaSettings
 from controller.adapters.stores.outbox import Backoff, DeliveryResult, Outbox, OutboxItem, OutboxWorker, deliver_due
+from controller.core.controls import AbortRequest, AbortResult, AbortState
 from controller.core.engine import PolicyState
 from controller.core.model import Decision, format_target, target_key
 from controller.core.ports import (
     ActionOutcome,
     Annotation,
     Clock,
+    DecisionAborterPort,
     DecisionSink,
     DispatcherPort,
     GrafanaPort,
@@ -464,6 +466,12 @@ class DecisionAnnotatingDispatcher:
 
     def deferred_policies(self) -> set[str]:
         return self.inner.deferred_policies()
+
+    def abort(self, request: AbortRequest) -> AbortResult:
+        """The inner dispatcher's abort (no new decision: nothing to annotate)."""
+        if not isinstance(self.inner, DecisionAborterPort):
+            return AbortResult(request.decision_id, AbortState.UNKNOWN, "this dispatcher cannot abort actions")
+        return self.inner.abort(request)
 
 
 def _failure(answer: HttpAnswer, doing: str) -> DeliveryResult:

@@ -18,6 +18,11 @@ and auto-sync was disabled); the dispatcher alone retries, and each retry starts
 GETs, the polls) retry through the kit's read call. Done keys are kept in the bad-revision record, so a resumed
 action does not act twice either.
 
+Abort: an operator's abort (`tailguard abort DECISION`, the dispatcher's AbortSignal) before the POST sends
+nothing; after it, the wait for sync and health stops at its next poll (the poll interval is cut short). The
+rollback request already sent stays with Argo CD (it is not undone); the ABORTED outcome says so and what Argo CD
+was last seen doing (operation phase, health).
+
 Plan first: `plan_rollback` reads the application once and names the rollback (from-revision, to-revision and
 its history id); the dispatcher journals it before `rollback(plan=...)` acts. A resume (after a crash, a
 restart, or a failover in which the old leader later takes the Lease back) acts on the journaled plan: the
@@ -41,7 +46,8 @@ from urllib.parse import quote
 import requests
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
+from controller.core.controls import AbortRequest
+from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus
 from controller.kit.errors import ActuatorError
 from controller.kit.http import HttpAnswer, RetryPolicy, redact_url, request_with_retry
 
@@ -364,9 +370,11 @@ class ArgoCDRollback:
         idempotency_key: str,
         rollout_revision: str | None = None,
         plan: Mapping[str, Any] | None = None,
+        abort: AbortSignal | None = None,
     ) -> ActionOutcome:
         """Make the planned rollback (None: plan it now): done when the app already runs `to_revision`, skipped
-        when it runs neither the plan's `from_revision` nor `to_revision` (someone else changed it)."""
+        when it runs neither the plan's `from_revision` nor `to_revision` (someone else changed it). On `abort`:
+        nothing sent when it came before the POST, else the wait stops at its next poll."""
         app_settings = self.apps.get(service)
         if app_settings is None:
             known = ", ".join(sorted(self.apps)) or "none"
@@ -421,10 +429,15 @@ class ArgoCDRollback:
             log.warning("Argo CD application %s: %s", name, detail["reason"])
             return ActionOutcome(OutcomeStatus.SKIPPED, detail, detail["reason"])
         if running is None:
+            stopped = abort.requested() if abort is not None else None
+            if stopped is not None:
+                detail.update({"aborted": stopped.to_json(), "rollback_request": "not sent"})
+                error = f"rollback of {name!r} to {target.revision} {stopped.phrase()} before it was sent; nothing sent"
+                return ActionOutcome(OutcomeStatus.ABORTED, detail, error)
             started = self._start(app_settings, app, target, idempotency_key, detail)
             if started is not None:
                 return started
-        return self._wait(app_settings, bad, target, idempotency_key, detail)
+        return self._wait(app_settings, bad, target, idempotency_key, detail, abort)
 
     # -- steps ----------------------------------------------------------------------------------------------
 
@@ -543,6 +556,7 @@ class ArgoCDRollback:
         target: HistoryEntry,
         idempotency_key: str,
         detail: dict[str, Any],
+        abort: AbortSignal | None = None,
     ) -> ActionOutcome:
         name = settings.name
         deadline = self.clock.now() + self.wait_timeout
@@ -578,7 +592,40 @@ class ArgoCDRollback:
                     f"{self.wait_timeout:g}s ({state})",
                     False,
                 )
-            self.clock.sleep(self.poll_interval)
+            if abort is None:
+                self.clock.sleep(self.poll_interval)
+                continue
+            stopped = abort.hold(self.poll_interval)
+            if stopped is not None:
+                return self._aborted_wait(name, target, detail, stopped, last_error)
+
+    def _aborted_wait(
+        self,
+        name: str,
+        target: HistoryEntry,
+        detail: dict[str, Any],
+        request: AbortRequest,
+        last_error: str | None,
+    ) -> ActionOutcome:
+        """ABORTED while waiting for the sync: the rollback request stays with Argo CD; what it was last seen doing."""
+        sent = "sent by this attempt" if detail.get("post_attempts") else "already running when this attempt began"
+        seen = f"operation {detail.get('operation_phase') or 'unknown'}, health {detail.get('health') or 'unknown'}"
+        if last_error is not None:
+            seen += f" (the last poll failed: {last_error})"
+        detail.update(
+            {
+                "aborted": request.to_json(),
+                "rollback_request": f"{sent}; it stays with Argo CD (not undone): only tailguard's wait stopped",
+                "last_seen": seen,
+            }
+        )
+        log.warning("Argo CD rollback of %s: wait %s; last seen %s", name, request.phrase(), seen)
+        return ActionOutcome(
+            OutcomeStatus.ABORTED,
+            detail,
+            f"rollback of {name!r} to {target.revision}: wait for sync and health {request.phrase()} after "
+            f"{detail.get('polls', 0)} poll(s); the rollback request stays with Argo CD; last seen: {seen}",
+        )
 
     def _finish(
         self, name: str, bad: str, idempotency_key: str, detail: dict[str, Any], app: Mapping[str, Any]

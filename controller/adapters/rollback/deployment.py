@@ -58,7 +58,7 @@ from controller.adapters.scale.hpa import (
     recorded_keys,
     with_key,
 )
-from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
+from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus
 from controller.kit.http import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -310,6 +310,7 @@ class DeploymentRollback:
         idempotency_key: str,
         rollout_revision: str | None = None,
         plan: Mapping[str, Any] | None = None,
+        abort: AbortSignal | None = None,
     ) -> ActionOutcome:
         """Make the planned rollback (None: plan it now): done when the Deployment already runs the target's
         template, skipped (nothing written) when it runs neither the plan's `from_revision` nor its target."""

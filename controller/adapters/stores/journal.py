@@ -11,6 +11,8 @@ INSERT OR IGNORE, and an action whose status is terminal is never run again.
 An action the global limits refuse is `deferred` (not terminal): each refusal is a row of `action_events`
 (created with IF NOT EXISTS, so a journal written before it keeps working), and so are the start of a deferred
 action once allowed and its final outcome (e.g. `suppressed`: its condition resolved while it was deferred).
+An operator's abort is journaled the same way: `aborted` for an action it stopped before it ran, and
+`abort_requested` (who, why, when, as JSON) for a started one, which a resume after a restart honours.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from controller.core.actions import (
     ActionStatus,
     ActionType,
 )
-from controller.core.controls import CONTROLS_META_KEY, Controls, ControlsError
+from controller.core.controls import CONTROLS_META_KEY, AbortRequest, Controls, ControlsError
 from controller.core.engine import PolicyState
 from controller.core.model import Decision, target_labels
 from controller.kit.errors import StoreError
@@ -123,6 +125,8 @@ _SCHEMA = (
         by TEXT NOT NULL,
         reason TEXT NOT NULL)""",
 )
+
+ABORT_REQUESTED = "abort_requested"  # the action_events row of an abort of a started action
 
 # The statuses an action can be started or finished from (a deferred one is retried with its key).
 _OPEN = (ActionStatus.PLANNED.value, ActionStatus.STARTED.value, ActionStatus.DEFERRED.value)
@@ -420,6 +424,55 @@ class Journal:
         if row is None:
             raise JournalError(f"journal {self.path}: no action {idempotency_key!r}")
         return _record(row)
+
+    # -- abort (controller/core/controls.py AbortRequest) ----------------------------------------------------
+
+    def abort_actions(self, request: AbortRequest, now: float) -> list[ActionRecord]:
+        """One transaction: the decision's planned and deferred actions end `aborted` (they never ran; the event and
+        the error say who and why), each started one gets an `abort_requested` event (its next step, or a resume
+        by the next process, ends it). Every action of the decision is returned as it is after, oldest first."""
+        phrase = request.phrase()
+        with self._transaction() as db:
+            rows = db.execute(
+                "SELECT idempotency_key, status FROM actions WHERE decision_id = ? ORDER BY seq", (request.decision_id,)
+            ).fetchall()
+            for row in rows:
+                key, status = row["idempotency_key"], row["status"]
+                if status in (ActionStatus.PLANNED.value, ActionStatus.DEFERRED.value):
+                    result = {
+                        "status": ActionStatus.ABORTED.value,
+                        "detail": {"aborted": request.to_json(), "ran": False},
+                        "error": None,
+                        "transient": False,
+                    }
+                    db.execute(
+                        "UPDATE actions SET status = ?, result = ?, error = ?, finished_at = ?, updated_at = ? "
+                        "WHERE idempotency_key = ?",
+                        (ActionStatus.ABORTED.value, json_column(result), f"{phrase}; never ran", now, now, key),
+                    )
+                    _event(db, key, now, ActionStatus.ABORTED.value, f"{phrase}; never ran (was {status})")
+                elif status == ActionStatus.STARTED.value:
+                    _event(db, key, now, ABORT_REQUESTED, json.dumps(request.to_json(), sort_keys=True))
+            found = db.execute(
+                "SELECT * FROM actions WHERE decision_id = ? ORDER BY seq", (request.decision_id,)
+            ).fetchall()
+        return [_record(row) for row in found]
+
+    def abort_requested(self, idempotency_key: str) -> AbortRequest | None:
+        """The abort journaled for a started action (its latest `abort_requested` event), or None."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT detail FROM action_events WHERE idempotency_key = ? AND event = ? ORDER BY seq DESC LIMIT 1",
+                (idempotency_key, ABORT_REQUESTED),
+            ).fetchone()
+        if row is None:
+            return None
+        try:
+            raw = json.loads(row["detail"])
+            return AbortRequest(str(raw["decision_id"]), str(raw["by"]), str(raw["reason"]), float(raw["at"]))
+        except (TypeError, ValueError, KeyError):
+            # Unreadable, yet an operator asked for an abort: still honoured, without who and why.
+            return AbortRequest("", "unknown", f"unreadable abort event: {row['detail']!r}"[:200], 0.0)
 
     # -- decisions ----------------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 import requests
 
-from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
+from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus
 from controller.kit.errors import ActuatorError
 from controller.kit.http import HttpAnswer, RetryPolicy, redact_url, request_with_retry
 
@@ -161,6 +161,7 @@ class LocalTierClient:
         idempotency_key: str,
         rollout_revision: str | None = None,
         plan: Mapping[str, Any] | None = None,
+        abort: AbortSignal | None = None,
     ) -> ActionOutcome:
         # The tier keeps its own record of bad revisions and rolls back to its last good one; with a plan, to the
         # planned revision, and only from the planned one (a resume acts against what the tier shows).
@@ -236,6 +237,7 @@ class LocalTierClient:
         *,
         expected: Mapping[str, int] | None,
         idempotency_key: str,
+        abort: AbortSignal | None = None,
     ) -> ActionOutcome:
         """Every version's weight at once (the tier's `{"weights": ...}` form), then verified; SKIPPED without a
         write when the tier does not show `expected` (changed by someone else) or already shows `weights`."""
@@ -268,7 +270,9 @@ class LocalTierClient:
             )
         return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
 
-    def set_weight(self, service: str, version: str, weight: int, *, idempotency_key: str) -> ActionOutcome:
+    def set_weight(
+        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
+    ) -> ActionOutcome:
         body = {"version": version, "weight": weight, "idempotency_key": idempotency_key}
         answer = self._call("POST", self._url("services", service, "weights"), body, idempotency_key)
         if not answer.ok:

@@ -19,6 +19,11 @@ is configured per router (the controller configuration), not per policy: the dis
 final weight, and a ramp belongs to the route anyway. Each step is a write with its own derived key
 (`{key}#step{n}`) and the final write carries the action's key, so a resumed ramp continues where it was.
 
+Abort. An operator's abort (`tailguard abort DECISION`, the dispatcher's AbortSignal) is asked before each step
+and cuts a hold short: the ramp stops BEFORE its next write, never inside one. Each step is one PUT of the whole
+object (every backend's weight at once) read back and verified, so the route holds the last whole step; the
+ABORTED outcome names it (`weights`, read again at the stop), the steps written and those not.
+
 Which backend is `version`: HTTPRoute backendRefs map to versions through `version_of(service, backend)`
 (default: Services named `{service}-{version}`); Istio routes by `destination.subset == version` (default).
 """
@@ -42,7 +47,8 @@ from controller.adapters.scale.hpa import (
     recorded_keys,
     with_key,
 )
-from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
+from controller.core.controls import AbortRequest
+from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus
 from controller.kit.errors import ActuatorError
 from controller.kit.http import RetryPolicy
 
@@ -157,7 +163,9 @@ class _WeightedRouteRouter:
             raise KubernetesActuatorError(found)
         return found
 
-    def set_weight(self, service: str, version: str, weight: int, *, idempotency_key: str) -> ActionOutcome:
+    def set_weight(
+        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
+    ) -> ActionOutcome:
         ref = self.route(service)
         where = f"{self.kind} {ref.namespace}/{ref.name}"
         found = self._read(ref)
@@ -177,7 +185,9 @@ class _WeightedRouteRouter:
         for index, step in enumerate(path):
             last = index == len(path) - 1
             if previous is not None and self.ramp is not None:
-                self.clock.sleep(self.ramp.hold_seconds)
+                stopped = self._hold(self.ramp.hold_seconds, abort)
+                if stopped is not None:
+                    return self._aborted(service, where, detail, stopped, index, start, previous, f"{weight}%")
                 try:
                     now = self.read_weights(service)
                 except WeightError as exc:
@@ -191,6 +201,9 @@ class _WeightedRouteRouter:
                         f"{where}: the ramp to {weight}% was interrupted: weights changed to {now} during the hold",
                         False,
                     )
+            stopped = abort.requested() if abort is not None else None
+            if stopped is not None:  # before this step's write (the first one too: then nothing was written)
+                return self._aborted(service, where, detail, stopped, index, start, previous, f"{weight}%")
             # A step's key names its rank among the ramp's steps (not its index in this path): a resume that goes
             # on from a step already written writes the next step under its own key instead of finding the
             # previous step's key and skipping it.
@@ -230,6 +243,7 @@ class _WeightedRouteRouter:
         *,
         expected: Mapping[str, int] | None,
         idempotency_key: str,
+        abort: AbortSignal | None = None,
     ) -> ActionOutcome:
         """Every version's weight at once (a restore): SKIPPED without a write when the route does not show
         `expected` (someone else changed it) or already shows `weights`. Ramped like `set_weight`: the version
@@ -276,8 +290,13 @@ class _WeightedRouteRouter:
         for index, step_weights in enumerate(path):
             if index < done:
                 continue  # written before a restart: the route records this step's key
+            stopped = None
             if index > 0 and self.ramp is not None:
-                self.clock.sleep(self.ramp.hold_seconds)
+                stopped = self._hold(self.ramp.hold_seconds, abort)
+            stopped = stopped or (abort.requested() if abort is not None else None)
+            if stopped is not None:
+                written = previous if index > 0 else None  # steps before `done` were written by an earlier process
+                return self._aborted(service, where, detail, stopped, index, start, written, f"{target}")
             key = idempotency_key if index == len(path) - 1 else f"{idempotency_key}#step{index + 1}"
 
             def compute(
@@ -308,6 +327,58 @@ class _WeightedRouteRouter:
         return ActionOutcome(
             OutcomeStatus.SUCCEEDED,
             {**detail, "weights": previous, "verified": True, "conflicts": conflicts, "replayed": False},
+        )
+
+    # -- abort ------------------------------------------------------------------------------------------
+
+    def _hold(self, seconds: float, abort: AbortSignal | None) -> AbortRequest | None:
+        """A ramp's hold: the clock's sleep, cut short by an abort (which it returns)."""
+        if abort is None:
+            self.clock.sleep(seconds)
+            return None
+        return abort.hold(seconds)
+
+    def _aborted(
+        self,
+        service: str,
+        where: str,
+        detail: Mapping[str, Any],
+        request: AbortRequest,
+        index: int,
+        start: Mapping[str, int],
+        written: Mapping[str, int] | None,
+        goal: str,
+    ) -> ActionOutcome:
+        """ABORTED before step `index` of the ramp in `detail["steps"]`: the weights in place (read again now), which
+        whole step they are, and the steps written and not written."""
+        steps = list(detail.get("steps") or [])
+        last_written = dict(written) if written is not None else dict(start)
+        try:
+            observed = self.read_weights(service)
+        except WeightError as exc:  # edited into a shape we cannot weigh
+            observed = KubeError(str(exc), None, False)
+        in_place = last_written if isinstance(observed, KubeError) else observed
+        if written is None:
+            state = f"before its first step: nothing written, weights stay {in_place}"
+        else:
+            state = f"before step {index + 1} of {len(steps)}: weights left at {in_place}, step {index}'s, whole"
+        if not isinstance(observed, KubeError) and observed != last_written:
+            state += f" (tailguard last wrote {last_written}: changed by someone else since)"
+        elif isinstance(observed, KubeError):
+            state += f" (as last written and verified; reading the route again failed: {observed.message})"
+        outcome_detail = {
+            **detail,
+            "aborted": request.to_json(),
+            "weights": in_place,
+            "reached": dict(written) if written is not None else None,
+            "steps_written": steps[:index],
+            "steps_not_written": steps[index:],
+            # Each step is one write of every backend's weight, verified by reading it back: never half-written.
+            "consistent_step": True,
+        }
+        log.warning("%s: ramp to %s %s (%s)", where, goal, state, request.phrase())
+        return ActionOutcome(
+            OutcomeStatus.ABORTED, outcome_detail, f"{where}: ramp to {goal} {request.phrase()}; stopped {state}"
         )
 
     # -- one write: read, compute, PUT (409 -> again), read back and verify ---------------------------
