@@ -1,7 +1,7 @@
 """`tailguard abort DECISION` in the dispatcher: the queued and deferred actions of a decision never run (nor after a
 restart), the one in flight stops at its next step through its AbortSignal, a finished or unknown decision is
 refused, and an abort never leads to a retry. (Against the real journal; the routes and Argo CD adapters' stops are
-in tests/integration/test_abort.py, the API and the CLI in tests/unit/test_abort_api.py.)"""
+in tests/integration/test_abort_ramps_and_sync.py, the API and the CLI in tests/unit/test_abort_api.py.)"""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.stores.journal import ActionRecord, ActionStatus, Journal
+from controller.adapters.stores.journal import Journal
+from controller.core.actions import ActionRecord, ActionStatus
 from controller.core.controls import AbortRequest, AbortState
 from controller.core.ports import AbortSignal, ActionOutcome, OutcomeStatus
 from controller.kit.clock import ManualClock, SystemClock

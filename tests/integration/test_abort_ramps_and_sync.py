@@ -15,8 +15,9 @@ import pytest
 from kubernetes import client as k8s
 
 from controller.adapters.rollback.argocd import ArgoCDApp, ArgoCDClient, ArgoCDRollback, BadRevisionRecord
-from controller.adapters.stores.journal import ActionStatus, Journal
+from controller.adapters.stores.journal import Journal
 from controller.adapters.traffic.routes import HttpRouteRouter, Ramp, VirtualServiceRouter
+from controller.core.actions import ActionStatus
 from controller.core.controls import AbortRequest, AbortState
 from controller.kit.clock import ManualClock, ShutdownInterrupt
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
