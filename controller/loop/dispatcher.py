@@ -30,6 +30,12 @@ against the world: "the system already shows the planned target" is done, a stat
 start nor its target was changed by someone else (never overwritten), and an actuator with keys (the tier, the
 routes, the HPA) answers a repeated key with its first answer instead of acting twice.
 
+An operator's abort of a decision (`abort`, `tailguard abort DECISION`) ends its planned and deferred actions
+`aborted` (they never run, nor after a restart) and tells a started one through its AbortSignal, passed into the
+port call: a port that works in steps (a traffic ramp, an Argo CD sync wait) stops before its next step and answers
+ABORTED with what it left. An aborted action is never retried; an abort in a retry backoff ends it there; a resume
+of a started action whose abort is journaled ends it `aborted` without calling the port.
+
 With `workers=True` (the running controller) actions run on per-lane worker threads, outside the evaluation
 that decided them: `dispatch`, `resume` and `retry_deferred` journal and queue, and return at once (what they
 return is the journal's record as queued; each result reaches `on_action`). A lane is a service (the resource
