@@ -500,7 +500,8 @@ class ControllerAPI:
         who = f"{by or 'unnamed'} (bearer token)" if self._webhook_token is not None else by or "unauthenticated"
         result = self.controller.abort_decision(decision_id, by=who, reason=reason.strip())
         status = {AbortState.IN_FLIGHT: 202, AbortState.CANCELLED: 200, AbortState.FINISHED: 409}
-        answer = {**result.to_json(), "by": who, "reason": reason.strip()}
+        # The actions' errors may name a URL: cut to scheme+host, as in /api/v1/decisions.
+        answer: dict[str, Any] = redact_value({**result.to_json(), "by": who, "reason": reason.strip()})
         if result.state not in status:
             return 404, {**answer, "error": result.message}
         if result.state is AbortState.FINISHED:
