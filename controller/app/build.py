@@ -361,11 +361,17 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
             leader=elector,
             standby_retry_after=math.ceil(settings.leaderElection.retryPeriod) if settings.leaderElection else 2,
             status_links=dashboard_link(settings.links.grafanaUrl, settings.links.dashboardUid),
+            forward_timeout=settings.leaderElection.forwardTimeout if settings.leaderElection else 5.0,
         )
     except OSError as unbound:
         where = f"{settings.listen.host}:{settings.listen.port}"
         raise ConfigError(f"cannot listen on {where}: {unbound.strerror}") from unbound
     stack.callback(api.stop)
+    if elector is not None and settings.leaderElection is not None:
+        # One view across replicas: the leader publishes where its API answers (the bound port: 0 picks one).
+        advertised = settings.leaderElection.advertised_url(api.port)
+        if advertised is not None:
+            elector.advertise(advertised)
     return Application(settings, controller, api, grafana, elector, housekeeper)
 
 
