@@ -56,7 +56,9 @@ class _Query:
 
 def _queries(loaded: Sequence[LoadedPolicy]) -> list[_Query]:
     return [
-        _Query(entry, signal, text) for entry in loaded for signal, text in render_signal_queries(entry.policy).items()
+        _Query(entry, signal, text)
+        for entry in loaded
+        for signal, text in render_signal_queries(entry.policy).items()
     ]
 
 

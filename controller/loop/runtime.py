@@ -561,7 +561,9 @@ class Controller:
             self._controls = self._controls.with_control(key, control)
             controls = self._controls
         if self._controls_store is not None:
-            self._controls_store.record_control(controls, "pause" if paused else "resume", key, by, reason, control.at)
+            self._controls_store.record_control(
+                controls, "pause" if paused else "resume", key, by, reason, control.at
+            )
         logger.warning("%s %s by %s: %s", "paused" if paused else "resumed", key, by, reason or "(no reason given)")
         return control
 

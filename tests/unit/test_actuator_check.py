@@ -24,7 +24,9 @@ ARGOCD = "argocd: {url: 'http://127.0.0.1:9', tokenEnv: TG_TEST_ARGOCD_TOKEN, ap
 TIER = "tier: {url: 'http://127.0.0.1:9'}\n"
 KUBE_HPA = "kubernetes: {inCluster: false, kubeconfig: kubeconfig.yaml, hpa: {maxReplicas: 4}}\n"
 KUBE_ROLLBACK = "kubernetes: {inCluster: false, kubeconfig: kubeconfig.yaml, rollback: {helm: true}}\n"
-KUBE_TRAFFIC = "kubernetes: {inCluster: false, kubeconfig: kubeconfig.yaml, traffic: {routes: {chat: {name: chat}}}}\n"
+KUBE_TRAFFIC = (
+    "kubernetes: {inCluster: false, kubeconfig: kubeconfig.yaml, traffic: {routes: {chat: {name: chat}}}}\n"
+)
 
 ACTIONS = {
     "rollback": '{type: rollback, service: "{{ service }}"}',

@@ -135,6 +135,8 @@ def _json_value(value: float | None) -> float | None:
     return value
 
 
+
+
 def _decision_body(decision: Decision) -> dict[str, Any]:
     body = decision.to_json()
     body["value"] = _json_value(decision.value)

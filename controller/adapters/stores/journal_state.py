@@ -61,6 +61,8 @@ def _signature(state: ConditionState, evaluated_at: float | None) -> Signature:
     return _DURABLE(state), (_FRESH if last == evaluated_at else last)
 
 
+
+
 def _target_text(target: TargetKey) -> str:
     return json.dumps([list(pair) for pair in target], separators=(",", ":"))
 
