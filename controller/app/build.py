@@ -272,10 +272,8 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         annotators.append(grafana)
     # Rollbacks to Argo CD (or the tier), replica counts to the HPA (or the tier), weights to the routes (or the tier).
     router: TrafficRouter | None = cluster.router if cluster is not None and cluster.router is not None else tier
-    scale: ScalePort = (
-        cluster.scaler
-        if cluster is not None and cluster.scaler is not None
-        else tier or (UnconfiguredScale(SCALE_MISSING))
+    scale: ScalePort = cluster.scaler if cluster is not None and cluster.scaler is not None else tier or (
+        UnconfiguredScale(SCALE_MISSING)
     )
     annotator: Annotator | None = (
         FanoutAnnotator(annotators) if len(annotators) > 1 else (annotators[0] if annotators else None)
