@@ -6,8 +6,9 @@ bring a second event loop, its own leadership (peering) and handler retries besi
 
 Policies: list, then watch from the list's resourceVersion; a 410 Gone (the history was compacted) re-lists;
 any other failure retries after a bounded backoff (0.5 s doubling to `backoff_max`). Each valid custom resource
-is written as one policy file into `directory`, which the controller reads beside its own policy paths (a file
-reload picks it up within `reloadInterval`): so a CR's policy runs exactly as the same document in a file would,
+is written as one policy file into `directory`, which the controller reads beside its own policy paths (a changed
+file calls `on_change`, the controller's reload, at once; the periodic reload is the fallback): so a CR's
+policy runs exactly as the same document in a file would,
 and a deleted CR removes its file. A CR whose spec the controller refuses (what the schema cannot say: the fields
 of each action type, references between signals and conditions, an action no actuator is configured for) keeps
 its last good file, and the refusal goes into its status (`invalid`: "field: reason", `Degraded`).
@@ -116,6 +117,9 @@ class CrdPolicySource:
         self._started_at = clock.now()
         self.relists = 0
         self.status_writes = 0
+        # Called (from the watch thread) after a policy file changed: the controller reloads at once, so a
+        # `spec.suspend: true` stops the next action without waiting for the periodic reload (build.py sets it).
+        self.on_change: Callable[[], object] | None = None
         directory.mkdir(parents=True, exist_ok=True)
 
     # ----- lifecycle ------------------------------------------------------------------------------
@@ -194,15 +198,31 @@ class CrdPolicySource:
             entry.policy = loaded[0].policy.name
             entry.good_generation = generation
         target = self._file(name)
+        content = f"# from {file} generation {generation}\n{text}"
+        try:
+            if target.read_text(encoding="utf-8") == content:
+                return entry  # a status write or a metadata change: the policy is the same, nothing to reload
+        except OSError:
+            pass
         temporary = target.with_suffix(".tmp")
-        temporary.write_text(f"# from {file} generation {generation}\n{text}", encoding="utf-8")
+        temporary.write_text(content, encoding="utf-8")
         os.replace(temporary, target)
+        self._changed()
         return entry
+
+    def _changed(self) -> None:
+        if self.on_change is None:
+            return
+        try:
+            self.on_change()
+        except Exception:  # the periodic reload picks the change up anyway
+            logger.exception("reloading after a TailguardPolicy change failed")
 
     def delete(self, name: str) -> None:
         with self._lock:
             self._entries.pop(name, None)
         self._file(name).unlink(missing_ok=True)
+        self._changed()
 
     def _watch_loop(self, resource_version: str) -> None:
         failures = 0
