@@ -46,6 +46,7 @@ from controller.core.ports import Clock, JournalPort
 logger = logging.getLogger("tailguard.policies.crd")
 
 WATCH_TIMEOUT_SECONDS = 300
+WATCH_READ_MARGIN_SECONDS = 30
 STATUS_CONFLICT_RETRIES = 3
 
 
@@ -239,6 +240,9 @@ class CrdPolicySource:
                     PLURAL,
                     resource_version=resource_version,
                     timeout_seconds=self._watch_timeout,
+                    # Each read of the stream: the server ends the watch after timeoutSeconds, so a read waiting
+                    # longer than that (plus a margin) is a dead connection; the watch is then re-opened.
+                    _request_timeout=(5, self._watch_timeout + WATCH_READ_MARGIN_SECONDS),
                 ):
                     if self._stop.is_set():
                         return
