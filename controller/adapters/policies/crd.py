@@ -15,7 +15,9 @@ its last good file, and the refusal goes into its status (`invalid`: "field: rea
 
 Status (`status` subresource, only while this replica leads): every `status_interval` seconds, built from the
 journal (the committed engine state and the recent decisions), written only when it changed since the last
-write; a 409 Conflict re-reads the object and retries. Kubernetes Events on the CR: every fire, resolve and
+write, and for each policy only once this replica has evaluated it as leader (a new leader never replaces the
+previous leader's status with its own empty or stale journal); a 409 Conflict re-reads the object and retries.
+Kubernetes Events on the CR: every fire, resolve and
 action outcome (once each, from the decisions journaled after the source started).
 """
 
@@ -118,6 +120,10 @@ class CrdPolicySource:
         self._started_at = clock.now()
         self.relists = 0
         self.status_writes = 0
+        # When this replica's current leadership began (the status loop sets it): until it has evaluated a
+        # policy as leader, that policy's status is left as the previous leader wrote it, never replaced by this
+        # replica's own journal (empty on a standby that never led, stale on one that led long ago).
+        self._leading_since: float | None = None
         # Called (from the watch thread) after a policy file changed: the controller reloads at once, so a
         # `spec.suspend: true` stops the next action without waiting for the periodic reload (build.py sets it).
         self.on_change: Callable[[], object] | None = None
@@ -278,8 +284,12 @@ class CrdPolicySource:
     def _status_loop(self) -> None:
         while not self._stop.wait(self._status_interval):
             try:
-                if self._is_leader():
-                    self.write_statuses()
+                if not self._is_leader():
+                    self._leading_since = None
+                    continue
+                if self._leading_since is None:
+                    self._leading_since = self._clock.now()  # a new leadership: see write_statuses
+                self.write_statuses()
             except Exception:  # the status is best effort; the next interval tries again
                 logger.exception("writing TailguardPolicy status failed")
 
@@ -290,6 +300,8 @@ class CrdPolicySource:
             entries = list(self._entries.values())
         writes = 0
         for entry in entries:
+            if not self._evaluated_as_leader(entry):
+                continue
             mine = [d for d in decisions if entry.policy is not None and d.get("policy") == entry.policy]
             status = self.policy_status(entry, mine)
             if status != entry.written_status and self._write_status(entry.name, status):
@@ -299,6 +311,15 @@ class CrdPolicySource:
                 self._record_events(entry, mine)
         self.status_writes += writes
         return writes
+
+    def _evaluated_as_leader(self, entry: _Entry) -> bool:
+        """Whether this replica evaluated `entry`'s policy since its leadership began (always true outside the
+        status loop, and for a CR with no valid policy: its refusal is this replica's own finding)."""
+        since = self._leading_since
+        if since is None or entry.policy is None or self._journal is None:
+            return True
+        state = self._journal.load_state(entry.policy)
+        return state is not None and state.last_evaluated_at is not None and state.last_evaluated_at >= since
 
     def policy_status(self, entry: _Entry, decisions: list[dict[str, Any]]) -> dict[str, Any]:
         now = self._clock.now()
