@@ -37,10 +37,15 @@ the NetworkPolicy in deploy/base admits the API port from Prometheus and
 Alertmanager only. Receiver URLs and credential-bearing values in decisions are
 cut to scheme+host (`controller.kit.redact`).
 
-Standby: with leader election, only the leader evaluates. A replica that is not the leader answers
-`POST /api/v1/alerts` with 503, a `Retry-After` header and `{"standby": true, ...}` instead of accepting an alert
-it would drop: Alertmanager retries a 5xx (notify/util.go `Retrier.Check`: 5xx are retried, 4xx are not), and
-through the Service a retry reaches the leader. Nothing is evaluated on the standby, so nothing acts twice.
+Standby: with leader election, only the leader evaluates. One view across replicas: when the elector knows
+where the leader's API answers (the Lease annotation `tailguard.io/api-url`), a standby authenticates every
+`/api/v1/*` and `/status` request itself and answers with the leader's answer (controller/app/forwarding.py:
+timeout, bounded size, one hop at most); alerts too, so an alert that reaches the standby is evaluated by the
+leader. With no leader known or reachable (or without a published URL), a standby answers those requests with
+503, a `Retry-After` header and `{"standby": true, ...}` instead of accepting an alert it would drop: Alertmanager
+retries a 5xx (notify/util.go `Retrier.Check`: 5xx are retried, 4xx are not), and a retry reaches the leader.
+Nothing is evaluated on the standby, so nothing acts twice. With leader election every answer names the replica
+whose controller gave it (`X-Tailguard-Answered-By`).
 """
 
 from __future__ import annotations
@@ -59,6 +64,13 @@ from urllib.parse import parse_qs
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from controller.app.forwarding import (
+    ANSWERED_BY_HEADER,
+    FORWARD_TIMEOUT_SECONDS,
+    FORWARDED_HEADER,
+    LeaderForwarder,
+    forwarded_path,
+)
 from controller.app.status_page import render_status_page
 from controller.core.alerts import (
     AlertmanagerPayload,
@@ -67,7 +79,14 @@ from controller.core.alerts import (
     alertmanager_payload,
 )
 from controller.core.controls import MAX_ABORT_REASON, AbortState
-from controller.core.ports import TRIGGER_ALERT, AbortControlPort, ControllerPort, LeaderPort, OperatorPort
+from controller.core.ports import (
+    TRIGGER_ALERT,
+    AbortControlPort,
+    ControllerPort,
+    LeaderDirectoryPort,
+    LeaderPort,
+    OperatorPort,
+)
 from controller.kit.redact import redact_value
 from controller.loop.metrics import EXPOSITION_CONTENT_TYPE
 
@@ -151,6 +170,7 @@ class ControllerAPI:
         body_timeout: float = BODY_TIMEOUT_SECONDS,
         workers: int = WORKER_THREADS,
         status_links: Mapping[str, str] | None = None,
+        forward_timeout: float = FORWARD_TIMEOUT_SECONDS,
     ) -> None:
         if webhook_token is not None and not webhook_token:
             raise ValueError("webhook_token must not be empty (None leaves the webhook open)")
@@ -165,6 +185,12 @@ class ControllerAPI:
         # With leader election: a standby refuses alerts with 503 so that Alertmanager retries on the leader.
         self._leader = leader
         self.standby_retry_after = max(1, int(standby_retry_after))
+        # One view across replicas: a standby forwards to the leader's published API (an elector that says where).
+        self._forwarder = (
+            LeaderForwarder(leader, timeout=forward_timeout, retry_after=self.standby_retry_after)
+            if isinstance(leader, LeaderDirectoryPort)
+            else None
+        )
         self.status_links = dict(status_links or {})  # Grafana links on the status page
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
@@ -233,6 +259,8 @@ class ControllerAPI:
         )
         self._runner = web.ServerRunner(self._server, shutdown_timeout=SHUTDOWN_SECONDS)
         await self._runner.setup()
+        if self._forwarder is not None:
+            await self._forwarder.open()
         site = web.SockSite(self._runner, self._socket, backlog=LISTEN_BACKLOG)
         await site.start()
 
@@ -242,6 +270,8 @@ class ControllerAPI:
             runner = self._runner
             try:
                 asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=SHUTDOWN_SECONDS + 5)
+                if self._forwarder is not None:
+                    asyncio.run_coroutine_threadsafe(self._forwarder.close(), loop).result(timeout=5)
             except Exception:  # stopping must go on: the loop is stopped below either way
                 logger.warning("the API did not shut down cleanly", exc_info=True)
             loop.call_soon_threadsafe(loop.stop)
@@ -356,8 +386,23 @@ class ControllerAPI:
         return await loop.run_in_executor(self._workers, function, *args)
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        response = await self._answer(request)
+        if self._forwarder is not None:
+            # Which replica's controller answered (a forwarded answer already names the leader).
+            response.headers.setdefault(ANSWERED_BY_HEADER, self._forwarder.identity)
+        return response
+
+    async def _answer(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
         try:
+            if (
+                self._forwarder is not None
+                and request.method in ("GET", "POST")
+                and forwarded_path(path)
+                and self._leader is not None
+                and not self._leader.is_leader()
+            ):
+                return await self._forward(request)
             if request.method == "GET":
                 return await self._get(request, path)
             if request.method == "POST":
@@ -441,6 +486,40 @@ class ControllerAPI:
             return _refuse_body(_json(400, {"error": "the body did not arrive whole"}), request)
         return _json(*await self._call(self.abort if _abort_of(path) is not None else self.control, path, body))
 
+    async def _forward(self, request: web.BaseRequest) -> web.StreamResponse:
+        """On a standby: authenticate here, then the leader's answer (controller/app/forwarding.py)."""
+        assert self._forwarder is not None
+        presented = request.headers.get("Authorization")
+        if presented is None and request.path == "/status" and "token" in request.query:
+            presented = f"Bearer {request.query['token']}"  # the status page's link form, checked here too
+        refusal = self.authorize(presented, f"{request.method} {request.path} on the standby")
+        if refusal is not None:
+            return await self._answer_unread(request, _refusal(*refusal))
+        body = b""
+        if request.method == "POST":
+            length = request.content_length
+            if length is None and request.body_exists:
+                return _refuse_body(_json(411, {"error": "Content-Length is required"}), request)
+            if length is not None and length > self.max_body_bytes:
+                limit = self.max_body_bytes
+                return _refuse_body(
+                    _json(413, {"error": f"body of {length} bytes exceeds the limit of {limit}"}), request
+                )
+            try:
+                body = await asyncio.wait_for(request.content.readexactly(length or 0), self.body_timeout)
+            except (TimeoutError, asyncio.IncompleteReadError):
+                return _refuse_body(_json(400, {"error": "the body did not arrive whole"}), request)
+        answer = await self._forwarder.forward(
+            request.method,
+            request.path_qs,
+            dict(request.headers),
+            body,
+            hop=request.headers.get(FORWARDED_HEADER),
+        )
+        headers = dict(answer.headers)
+        content_type = headers.pop("Content-Type", "application/octet-stream")
+        return _response(answer.status, answer.body, content_type, headers)
+
     # ----- operator endpoints (controller/core/controls.py, controller/core/status_view.py) ---------------
 
     def status(self) -> tuple[int, dict[str, Any], dict[str, str]]:
@@ -465,7 +544,7 @@ class ControllerAPI:
         try:
             raw = json.loads(body) if body.strip() else {}
         except (UnicodeDecodeError, json.JSONDecodeError):
-            return 400, {"error": "the body must be JSON: {\"by\": ..., \"reason\": ...}"}
+            return 400, {"error": 'the body must be JSON: {"by": ..., "reason": ...}'}
         if not isinstance(raw, dict):
             return 400, {"error": "the body must be a JSON object"}
         by, reason = str(raw.get("by") or "").strip()[:200], str(raw.get("reason") or "").strip()[:1000]

@@ -49,6 +49,7 @@ from predictors.serving import PredictionProvider
 if TYPE_CHECKING:  # the cluster extra (kubernetes, grafana-client): imported where a section needs it
     from controller.adapters.annotations.grafana import GrafanaAnnotator
     from controller.adapters.lease.leader import LeaderElector
+    from controller.adapters.policies.crd import CrdPolicySource
     from controller.app.cluster import ClusterActuators
 
 logger = logging.getLogger("tailguard.cli")
@@ -307,6 +308,7 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
     # TailguardPolicy custom resources: listed now (their policies load with the files), then watched; the leader
     # writes their status.
     policy_paths = settings.policy_paths()
+    crd_source: CrdPolicySource | None = None
     if cluster is not None and settings.kubernetes is not None and settings.kubernetes.policies is not None:
         # The cluster extra (kubernetes): imported only with a kubernetes.policies section.
         from controller.adapters.policies.crd import CrdPolicySource
@@ -347,6 +349,9 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         controls_store=journal,
     )
     stack.callback(controller.stop)
+    if crd_source is not None:
+        # A changed TailguardPolicy (e.g. `spec.suspend: true`) is loaded at once, not at the next periodic reload.
+        crd_source.on_change = lambda: controller.reload() if controller.running else None
     # Hourly: journal retention (decisions and their finished actions older than journalRetention, then an
     # incremental vacuum) and the Grafana outbox's delivered entries. Stopped before the outbox and journal close.
     housekeeper = Housekeeper(_retention_tasks(settings, journal, grafana), clock)
@@ -361,11 +366,17 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
             leader=elector,
             standby_retry_after=math.ceil(settings.leaderElection.retryPeriod) if settings.leaderElection else 2,
             status_links=dashboard_link(settings.links.grafanaUrl, settings.links.dashboardUid),
+            forward_timeout=settings.leaderElection.forwardTimeout if settings.leaderElection else 5.0,
         )
     except OSError as unbound:
         where = f"{settings.listen.host}:{settings.listen.port}"
         raise ConfigError(f"cannot listen on {where}: {unbound.strerror}") from unbound
     stack.callback(api.stop)
+    if elector is not None and settings.leaderElection is not None:
+        # One view across replicas: the leader publishes where its API answers (the bound port: 0 picks one).
+        advertised = settings.leaderElection.advertised_url(api.port)
+        if advertised is not None:
+            elector.advertise(advertised)
     return Application(settings, controller, api, grafana, elector, housekeeper)
 
 

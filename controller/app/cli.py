@@ -20,6 +20,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from types import FrameType
 
+import yaml
+
+from controller.adapters.policies.crd_schema import policy_manifest
 from controller.app.build import PolicyConfigError, build, check_policies
 from controller.app.logging_setup import configure_logging
 from controller.app.query_check import ParserUnavailable, prometheus_errors, promtool_errors, promtool_path
@@ -70,6 +73,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     schema = rules_commands.add_parser("schema", help="print the policy JSON Schema")
     schema.add_argument("--output", "-o", type=Path, help="write it to this file instead of stdout")
+    to_cr = rules_commands.add_parser(
+        "to-cr", help="print policy files as TailguardPolicy manifests (migrating from ConfigMap policies)"
+    )
+    to_cr.add_argument("paths", nargs="+", metavar="PATH", help="policy files or directories")
+    to_cr.add_argument("--namespace", "-n", required=True, help="the namespace kubernetes.policies watches")
 
     run = commands.add_parser("run", help="run the controller until SIGTERM/SIGINT")
     run.add_argument("--config", "-c", type=Path, required=True, help="controller configuration (YAML)")
@@ -88,6 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return validate_rules(args.paths, prometheus=args.prometheus)
     if args.command == "rules" and args.rules_command == "schema":
         return write_schema(args.output)
+    if args.command == "rules" and args.rules_command == "to-cr":
+        return policies_to_manifests(args.paths, args.namespace)
     if args.command == "run":
         return run_controller(args.config)
     raise AssertionError(f"unhandled command {args.command}")  # argparse only accepts the commands above
@@ -143,6 +153,24 @@ def _parser_errors(loaded: Sequence[LoadedPolicy], prometheus: str | None) -> li
     if promtool is None:
         raise ParserUnavailable("promtool is not on PATH and no --prometheus URL was given")
     return promtool_errors(loaded, promtool)
+
+
+def policies_to_manifests(paths: Sequence[str], namespace: str) -> int:
+    """Every policy of `paths` (validated first: an invalid one is an error, never a manifest) as a TailguardPolicy
+    manifest on stdout, `---` between them: `tailguard rules to-cr rules/ -n tailguard | kubectl apply -f -`."""
+    loaded, errors = load_policies(policy_paths(paths))
+    for error in errors:
+        print(error, file=sys.stderr)
+    if errors:
+        return EXIT_INVALID
+    manifests: list[dict[str, object]] = []
+    for file in sorted({entry.file for entry in loaded}):
+        text = Path(file).read_text(encoding="utf-8")
+        for document in yaml.safe_load_all(text):
+            if isinstance(document, dict) and document.get("kind", "Policy") == "Policy" and "name" in document:
+                manifests.append(policy_manifest(document, namespace))
+    sys.stdout.write(yaml.safe_dump_all(manifests, sort_keys=False))
+    return EXIT_OK
 
 
 def write_schema(output: Path | None) -> int:

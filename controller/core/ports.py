@@ -423,6 +423,17 @@ class LeaderPort(Protocol):
     def publish(self) -> bool: ...
 
 
+@runtime_checkable
+class LeaderDirectoryPort(Protocol):
+    """Optional next to LeaderPort: who this replica is and where the leader's API answers, so a standby can give
+    the leader's answer to a read, a control or an alert (controller/app/forwarding.py). The elector implements it
+    from the Lease annotation `tailguard.io/api-url`."""
+
+    identity: str
+
+    def leader_api_url(self) -> str | None: ...
+
+
 # ----- what the HTTP API needs of the controller -----------------------------------------------------------
 
 

@@ -25,8 +25,8 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, TypeVar, cast
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import requests
 import urllib3.exceptions
@@ -106,9 +106,15 @@ def _urllib3_total(timeout: Any) -> float | None:
     return total_seconds(timeout)
 
 
+def _is_watch(url: str) -> bool:
+    values = parse_qs(urlsplit(url).query).get("watch", [])
+    return any(value.lower() in ("true", "1") for value in values)
+
+
 class DeadlinePoolManager:
     """A urllib3 PoolManager whose every request ends within its timeout IN TOTAL (connect, headers, the whole
-    body): for the Kubernetes client, which hands urllib3 a per-read timeout only (`_request_timeout`). The
+    body; a watch, which never ends, each of its reads): for the Kubernetes client, which hands urllib3 a
+    per-read timeout only (`_request_timeout`). The
     timeout becomes (connect, read) = (min(total, CONNECT_SECONDS), what is left), the body is read under the
     deadline (a trickle is cut: DeadlineExceeded, an OSError, so "no answer" to the adapters), and a request
     without a timeout gets `default_total`. Everything else is the wrapped pool's."""
@@ -119,6 +125,12 @@ class DeadlinePoolManager:
 
     def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> urllib3.BaseHTTPResponse:
         total = _urllib3_total(kwargs.pop("timeout", None)) or self.default_total
+        if _is_watch(url):
+            # A Kubernetes watch (`?watch=true`) is a stream the caller reads event by event: it has no end to
+            # wait for, so the timeout bounds the connect and each read, and the caller bounds the whole (the
+            # watch's timeoutSeconds, and its `_request_timeout` above that).
+            kwargs["timeout"] = urllib3.Timeout(connect=min(total, CONNECT_SECONDS), read=total)
+            return cast(urllib3.BaseHTTPResponse, self._pool.request(method, url, *args, **kwargs))
         started = time.monotonic()
         deadline = started + total
         kwargs["timeout"] = urllib3.Timeout(connect=min(total, CONNECT_SECONDS), read=total)

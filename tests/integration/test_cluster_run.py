@@ -133,7 +133,8 @@ class ControllerProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: kill() can always take all of it down
-                env={**os.environ, "PYTHONPATH": str(REPO), "POD_NAME": name},
+                # POD_IP: the leader publishes its API URL in the Lease; the standby forwards to it.
+                env={**os.environ, "PYTHONPATH": str(REPO), "POD_NAME": name, "POD_IP": "127.0.0.1"},
             )
 
     def tail(self, limit: int = 3000) -> str:
@@ -306,16 +307,16 @@ def test_only_the_leader_acts_and_the_standby_takes_over_after_sigterm(stack: St
         second = ControllerProcess(stack, "tailguard-b", leader_election=True)
         standby = second
         poll("tailguard-b ready as a follower", lambda: True if standby.following() else None, first, standby)
-        # An alert that reaches the standby is refused with 503 (Alertmanager retries a 5xx, through the Service,
-        # until the leader has it), not accepted and dropped.
+        # An alert that reaches the standby is handed to the leader (one view across replicas), not accepted and
+        # dropped: the answer is the leader's.
         alert = {
             "version": "4",
             "status": "firing",
             "alerts": [{"status": "firing", "labels": {"tailguard_policy": "queue-scale", "service": SERVICE}}],
         }
-        refused = requests.post(f"http://127.0.0.1:{standby.port}/api/v1/alerts", json=alert, timeout=5)
-        assert refused.status_code == 503 and refused.json()["standby"] is True
-        assert int(refused.headers["Retry-After"]) >= 1
+        forwarded = requests.post(f"http://127.0.0.1:{standby.port}/api/v1/alerts", json=alert, timeout=5)
+        assert forwarded.status_code == 202 and "triggered" in forwarded.json(), forwarded.text
+        assert forwarded.headers["X-Tailguard-Answered-By"] == "tailguard-a"
 
         set_waiting(stack, 50.0)
         poll(
@@ -330,7 +331,10 @@ def test_only_the_leader_acts_and_the_standby_takes_over_after_sigterm(stack: St
             standby,
         )
         assert hpa_updates(stack) == 1, "exactly one HPA update: the follower did not act"
-        assert standby.following() and standby.get("/api/v1/decisions") == []
+        assert standby.following()
+        # The standby's decisions are the leader's (its own journal has none).
+        leader_decisions = first.get("/api/v1/decisions")
+        assert leader_decisions and standby.get("/api/v1/decisions") == leader_decisions
 
         set_waiting(stack, 1.0)  # the breach is over before the leader goes away
         first.terminate()

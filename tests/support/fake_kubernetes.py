@@ -131,6 +131,7 @@ class RecordedRequest:
     body: Any = field(
         default=None, compare=False
     )  # the JSON body as sent (None: none or not JSON), e.g. the weights of each route write
+    status: int | None = field(default=None, compare=False)  # the answer's code (None: not answered yet)
 
 
 @dataclass
@@ -366,8 +367,9 @@ class FakeKubernetes:
         query = parse_qs(parts.query)
         if verb == "list" and query.get("watch", [""])[0] in ("true", "1"):
             verb = "watch"
+        record = RecordedRequest(verb, rtype.group, recorded, namespace, name, sent)
         with self._lock:
-            self.requests.append(RecordedRequest(verb, rtype.group, recorded, namespace, name, sent))
+            self.requests.append(record)
         injection = self._injection_for(verb, rtype.resource)
         if injection is not None:
             if injection.hook is not None:
@@ -375,6 +377,7 @@ class FakeKubernetes:
             if injection.delay > 0 and self._stopping.wait(injection.delay):
                 return _status(503, "ServiceUnavailable", "the fake is stopping")
             if injection.status is not None:
+                object.__setattr__(record, "status", injection.status)  # frozen: set once, when answered
                 return _status(injection.status, _REASONS.get(injection.status, "InternalError"), "injected failure")
         try:
             payload = json.loads(body) if body else None
@@ -382,6 +385,7 @@ class FakeKubernetes:
             return _status(400, "BadRequest", "the request body is not valid JSON")
         with self._lock:
             code, answer = self._dispatch(verb, rtype, namespace, name, content_type, payload, query, on_status)
+            object.__setattr__(record, "status", code)  # frozen: set once, when answered
             if injection is not None and injection.mutate is not None and code < 300 and name is not None:
                 stored = self._store.objects.get((rtype.group, rtype.resource, namespace, name))
                 if stored is not None:

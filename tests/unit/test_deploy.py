@@ -160,6 +160,8 @@ def test_probes_and_leader_election(base: list[dict[str, Any]], overlay: list[di
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["TAILGUARD_LEASE_NAME"]["value"] == LEASE_NAME
+    # The leader publishes http://POD_IP:<listen port> in its Lease (one view across replicas).
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     # The Lease the replicas compete for is the one the Role lets them update.
     role = one(base, "Role", "tailguard-leader-election")
     named = [rule for rule in role["rules"] if rule.get("resourceNames")]

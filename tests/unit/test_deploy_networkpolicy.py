@@ -37,9 +37,17 @@ def test_ingress_is_prometheus_and_alertmanager_on_the_api_port_only(rendered: l
     assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
     container_ports = one(rendered, "Deployment")["spec"]["template"]["spec"]["containers"][0]["ports"]
     assert "http" in {port["name"] for port in container_ports}
-    apps = {peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for peer in rule["from"]}
+    monitoring = [peer for peer in rule["from"] if "namespaceSelector" in peer]
+    apps = {peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for peer in monitoring}
     assert apps == {"prometheus", "alertmanager"}
-    assert all("namespaceSelector" in peer and "ipBlock" not in peer for peer in rule["from"])
+    assert all("ipBlock" not in peer for peer in rule["from"])
+    # The only other peer: the controller's own pods (the standby forwards to the leader), in its namespace.
+    (replica,) = [peer for peer in rule["from"] if "namespaceSelector" not in peer]
+    pod_labels = one(rendered, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert (
+        replica == {"podSelector": policy["spec"]["podSelector"]}
+        and replica["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    )
 
 
 def test_egress_is_dns_the_api_server_and_the_configured_systems_only(rendered: list[dict[str, Any]]) -> None:
@@ -59,7 +67,12 @@ def test_egress_is_dns_the_api_server_and_the_configured_systems_only(rendered: 
     config = yaml.safe_load(config_map["data"]["controller.yaml"])
     urls = [config["prometheus"]["url"], config["argocd"]["url"], config["annotations"]["grafana"]["url"]]
     urls += [receiver["url"] for receiver in config["receivers"].values()]
-    allowed = set().union(*(namespaces(rule["to"]) for rule in rules if "to" in rule))
+    # The other replica's API port, in the controller's own namespace (a podSelector alone).
+    replica = [rule for rule in rules if any("namespaceSelector" not in peer for peer in rule.get("to", []))]
+    assert replica == [
+        {"to": [{"podSelector": policy["spec"]["podSelector"]}], "ports": [{"port": 9464, "protocol": "TCP"}]}
+    ]
+    allowed = set().union(*(namespaces(rule["to"]) for rule in rules if "to" in rule and rule not in replica))
     for url in urls:
         host = urlsplit(url).hostname or ""
         assert host.endswith(".svc") or ".svc." in host, f"{url}: an in-cluster Service"

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from controller.adapters.lease.leader import LeaderElector
+from controller.adapters.lease.leader import API_URL_ANNOTATION, LeaderElector
+from controller.adapters.lease.settings import LeaderElectionSettings
 from controller.app.settings import SettingsError, load_settings
 from controller.kit.clock import ManualClock
 from tests.support.fake_kubernetes import FakeKubernetes
@@ -145,3 +146,40 @@ def test_leader_election_settings_errors_are_located(tmp_path: Path, section: st
         load_settings(config)
     text = str(raised.value)
     assert message in text and f"{config}:" in text
+
+
+def test_the_holder_publishes_its_api_url_and_the_follower_reads_it_only_while_the_lease_holds(
+    fake: FakeKubernetes,
+) -> None:
+    clock = ManualClock()
+    a, b = elector(fake, "pod-a", clock), elector(fake, "pod-b", clock)
+    a.advertise("http://10.0.0.1:9464")
+    b.advertise("http://10.0.0.2:9464")
+    assert a.run_once() is True and b.run_once() is False
+    lease = fake.get_object("leases", "llm", "tailguard")
+    assert lease is not None and lease["metadata"]["annotations"][API_URL_ANNOTATION] == "http://10.0.0.1:9464"
+    assert b.leader_api_url() == "http://10.0.0.1:9464"
+    assert a.leader_api_url() is None, "the leader forwards nothing"
+    # a dies without releasing: once its Lease expired b takes over and publishes its own URL; b forwards no more
+    clock.advance(10)
+    assert b.run_once() is False and b.leader_api_url() == "http://10.0.0.1:9464"
+    clock.advance(15)
+    assert b.run_once() is True and b.leader_api_url() is None
+    lease = fake.get_object("leases", "llm", "tailguard")
+    assert lease is not None and lease["metadata"]["annotations"][API_URL_ANNOTATION] == "http://10.0.0.2:9464"
+    assert a.run_once() is False and a.leader_api_url() == "http://10.0.0.2:9464"
+    # b releases on stop: the Lease names nobody, so a has no URL to forward to until it leads
+    b.release()
+    clock.advance(1)
+    assert a.run_once() is True and a.leader_api_url() is None
+
+
+def test_the_advertised_url_comes_from_the_pod_ip_and_the_listen_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = LeaderElectionSettings(namespace="tailguard")
+    monkeypatch.delenv("POD_IP", raising=False)
+    assert settings.advertised_url(9464) is None
+    monkeypatch.setenv("POD_IP", "10.1.2.3")
+    assert settings.advertised_url(9464) == "http://10.1.2.3:9464"
+    monkeypatch.setenv("POD_IP", "fd00::7")
+    assert settings.advertised_url(9464) == "http://[fd00::7]:9464"
+    assert LeaderElectionSettings(namespace="t", advertiseAddressEnv=None).advertised_url(9464) is None

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from kubernetes import client as k8s
 
 from controller.app.build import build
 from controller.app.settings import parse_settings_text
@@ -137,7 +138,7 @@ def test_a_tailguard_policy_is_loaded_evaluated_and_its_status_shows_the_target_
             "journal": "journal.db",
             "stateDir": "state",
             "listen": "127.0.0.1:0",
-            "reloadInterval": "1s",
+            "reloadInterval": "1h",  # a CR change must not wait for it (see the end)
             "annotations": {"path": "annotations.jsonl"},
             "kubernetes": {
                 "inCluster": False,
@@ -195,3 +196,10 @@ def test_a_tailguard_policy_is_loaded_evaluated_and_its_status_shows_the_target_
         )
         assert events
         assert kube.calls("update", "tailguardpolicies/status") or kube.calls("update", "tailguardpolicies")
+
+        # A change of the CR arrives through the watch (the cluster client's deadline pool lets a watch stream)
+        # and is loaded at once (reloadInterval is far longer than this test waits).
+        k8s.CustomObjectsApi(kube.api_client()).patch_namespaced_custom_object(
+            "tailguard.io", "v1alpha1", NAMESPACE, "tailguardpolicies", "p99-annotate", {"spec": {"suspend": True}}
+        )
+        poll("the suspended policy loaded", lambda: application.controller.policies()["p99-annotate"].suspend or None)

@@ -19,6 +19,11 @@ whoever acquires the Lease hands the previous holder's times to its controller b
 new leader's cooldowns and budgets count what the old one did. `publish()` renews at once, so the controller
 can publish a new action's time before it acts. Rounds are serialised (the background loop and `publish`
 would otherwise race each other into a 409).
+
+One view across replicas: with `advertise(url)` every write also carries this replica's API URL in the Lease
+annotation `tailguard.io/api-url`, and every round records the URL the current holder published
+(`leader_api_url()`), so a standby can forward reads and alerts to the leader (controller/app/forwarding.py). The
+URL of a holder whose Lease expired or was released is never returned: a request then gets a 503, not a guess.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ from controller.core.ports import Clock, ControlsHandoverPort, HandoverPort
 from controller.kit.http import RetryPolicy
 
 log = logging.getLogger(__name__)
+
+API_URL_ANNOTATION = "tailguard.io/api-url"  # the holder's API (http://POD_IP:PORT), for the standby to forward to
 
 T = TypeVar("T")
 
@@ -92,6 +99,8 @@ class LeaderElector:
         self._lock = threading.Lock()
         self._round = threading.Lock()  # one acquire/renew round at a time (background loop and publish)
         self._handover: HandoverPort | None = None
+        self._advertised_url: str | None = None  # ours, written with every Lease write
+        self._holder_url: str | None = None  # the current (other) holder's, read each round
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -113,6 +122,16 @@ class LeaderElector:
     def is_leader(self) -> bool:
         with self._lock:
             return self.clock.now() < self._leader_until
+
+    def leader_api_url(self) -> str | None:
+        """The API URL the current leader published, when another replica holds an unexpired Lease; else None
+        (we lead, nobody leads, or the holder published none)."""
+        with self._lock:
+            return self._holder_url
+
+    def advertise(self, url: str) -> None:
+        """Publish `url` (this replica's API) in the Lease from the next write on."""
+        self._advertised_url = url
 
     # -- one round ----------------------------------------------------------------------------------
 
@@ -141,11 +160,16 @@ class LeaderElector:
             return self.is_leader()
         view = _view(found)
         if view.holder == self.identity:
+            self._set_holder_url(None)
             return self._write(found, started, acquiring=False)
         if view.holder and not self._expired(view, started):
             with self._lock:
                 self._leader_until = 0.0
+            self._set_holder_url(
+                ((found.metadata.annotations if found.metadata else None) or {}).get(API_URL_ANNOTATION)
+            )
             return False
+        self._set_holder_url(None)
         log.info("lease %s/%s %s; %s takes it", self.namespace, self.name,
                  f"held by {view.holder!r} expired" if view.holder else "is free", self.identity)  # fmt: skip
         return self._write(found, started, acquiring=True)
@@ -214,9 +238,10 @@ class LeaderElector:
         """Before writing `lease`: hand the action times it carries to our controller, then set the annotation
         to the union. On every write, not only on acquiring: a leader restarted in its container renews
         before it has loaded its journal, and must not overwrite its own published times with nothing."""
-        if self._handover is None:
-            return
         lease.metadata = lease.metadata or k8s.V1ObjectMeta()
+        if self._handover is None:
+            lease.metadata.annotations = self._annotations(lease.metadata.annotations)
+            return
         text = (lease.metadata.annotations or {}).get(HANDOVER_ANNOTATION)
         if text:
             try:
@@ -242,7 +267,13 @@ class LeaderElector:
                             "journal", self.namespace, self.name, CONTROLS_ANNOTATION, unreadable)  # fmt: skip
         lease.metadata.annotations = self._annotations(lease.metadata.annotations)
 
+    def _set_holder_url(self, url: str | None) -> None:
+        with self._lock:
+            self._holder_url = url or None
+
     def _annotations(self, current: dict[str, str] | None) -> dict[str, str] | None:
+        if self._advertised_url is not None:
+            current = {**(current or {}), API_URL_ANNOTATION: self._advertised_url}
         if self._handover is None:
             return current
         text, dropped = encode_action_times(self._handover.handover_snapshot())

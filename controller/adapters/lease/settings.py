@@ -27,6 +27,16 @@ class LeaderElectionSettings(BaseModel):
     leaseDuration: Duration = Field(default=15.0, description="a holder silent this long may be replaced")
     renewDeadline: Duration = Field(default=10.0, description="a leader not renewed this long stops acting")
     retryPeriod: Duration = Field(default=2.0, description="interval of acquire/renew rounds")
+    advertiseAddressEnv: str | None = Field(
+        default="POD_IP",
+        min_length=1,
+        description="environment variable holding this replica's address (the downward API's status.podIP): the "
+        "leader publishes http://ADDRESS:listen.port in its Lease and a standby forwards reads, controls and alerts "
+        "there (one view across replicas); null or unset: nothing is published and a standby answers 503",
+    )
+    forwardTimeout: Duration = Field(
+        default=5.0, gt=0, description="a standby waits this long for the leader's answer to a forwarded request"
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> LeaderElectionSettings:
@@ -36,6 +46,14 @@ class LeaderElectionSettings(BaseModel):
                 f"{self.retryPeriod:g}s, {self.renewDeadline:g}s, {self.leaseDuration:g}s"
             )
         return self
+
+    def advertised_url(self, port: int) -> str | None:
+        """This replica's API URL for the Lease (None: the address variable is not configured or not set)."""
+        address = os.environ.get(self.advertiseAddressEnv, "").strip() if self.advertiseAddressEnv else ""
+        if not address:
+            return None
+        host = f"[{address}]" if ":" in address else address
+        return f"http://{host}:{port}"
 
     def resolved_identity(self) -> str:
         return self.identity or os.environ.get("POD_NAME") or socket.gethostname()

@@ -6,15 +6,18 @@ bring a second event loop, its own leadership (peering) and handler retries besi
 
 Policies: list, then watch from the list's resourceVersion; a 410 Gone (the history was compacted) re-lists;
 any other failure retries after a bounded backoff (0.5 s doubling to `backoff_max`). Each valid custom resource
-is written as one policy file into `directory`, which the controller reads beside its own policy paths (a file
-reload picks it up within `reloadInterval`): so a CR's policy runs exactly as the same document in a file would,
+is written as one policy file into `directory`, which the controller reads beside its own policy paths (a changed
+file calls `on_change`, the controller's reload, at once; the periodic reload is the fallback): so a CR's
+policy runs exactly as the same document in a file would,
 and a deleted CR removes its file. A CR whose spec the controller refuses (what the schema cannot say: the fields
 of each action type, references between signals and conditions, an action no actuator is configured for) keeps
 its last good file, and the refusal goes into its status (`invalid`: "field: reason", `Degraded`).
 
 Status (`status` subresource, only while this replica leads): every `status_interval` seconds, built from the
 journal (the committed engine state and the recent decisions), written only when it changed since the last
-write; a 409 Conflict re-reads the object and retries. Kubernetes Events on the CR: every fire, resolve and
+write, and for each policy only once this replica has evaluated it as leader (a new leader never replaces the
+previous leader's status with its own empty or stale journal); a 409 Conflict re-reads the object and retries.
+Kubernetes Events on the CR: every fire, resolve and
 action outcome (once each, from the decisions journaled after the source started).
 """
 
@@ -45,6 +48,7 @@ from controller.core.ports import Clock, JournalPort
 logger = logging.getLogger("tailguard.policies.crd")
 
 WATCH_TIMEOUT_SECONDS = 300
+WATCH_READ_MARGIN_SECONDS = 30
 STATUS_CONFLICT_RETRIES = 3
 
 
@@ -116,6 +120,13 @@ class CrdPolicySource:
         self._started_at = clock.now()
         self.relists = 0
         self.status_writes = 0
+        # When this replica's current leadership began (the status loop sets it): until it has evaluated a
+        # policy as leader, that policy's status is left as the previous leader wrote it, never replaced by this
+        # replica's own journal (empty on a standby that never led, stale on one that led long ago).
+        self._leading_since: float | None = None
+        # Called (from the watch thread) after a policy file changed: the controller reloads at once, so a
+        # `spec.suspend: true` stops the next action without waiting for the periodic reload (build.py sets it).
+        self.on_change: Callable[[], object] | None = None
         directory.mkdir(parents=True, exist_ok=True)
 
     # ----- lifecycle ------------------------------------------------------------------------------
@@ -194,15 +205,31 @@ class CrdPolicySource:
             entry.policy = loaded[0].policy.name
             entry.good_generation = generation
         target = self._file(name)
+        content = f"# from {file} generation {generation}\n{text}"
+        try:
+            if target.read_text(encoding="utf-8") == content:
+                return entry  # a status write or a metadata change: the policy is the same, nothing to reload
+        except OSError:
+            pass
         temporary = target.with_suffix(".tmp")
-        temporary.write_text(f"# from {file} generation {generation}\n{text}", encoding="utf-8")
+        temporary.write_text(content, encoding="utf-8")
         os.replace(temporary, target)
+        self._changed()
         return entry
+
+    def _changed(self) -> None:
+        if self.on_change is None:
+            return
+        try:
+            self.on_change()
+        except Exception:  # the periodic reload picks the change up anyway
+            logger.exception("reloading after a TailguardPolicy change failed")
 
     def delete(self, name: str) -> None:
         with self._lock:
             self._entries.pop(name, None)
         self._file(name).unlink(missing_ok=True)
+        self._changed()
 
     def _watch_loop(self, resource_version: str) -> None:
         failures = 0
@@ -219,6 +246,9 @@ class CrdPolicySource:
                     PLURAL,
                     resource_version=resource_version,
                     timeout_seconds=self._watch_timeout,
+                    # Each read of the stream: the server ends the watch after timeoutSeconds, so a read waiting
+                    # longer than that (plus a margin) is a dead connection; the watch is then re-opened.
+                    _request_timeout=(5, self._watch_timeout + WATCH_READ_MARGIN_SECONDS),
                 ):
                     if self._stop.is_set():
                         return
@@ -254,8 +284,12 @@ class CrdPolicySource:
     def _status_loop(self) -> None:
         while not self._stop.wait(self._status_interval):
             try:
-                if self._is_leader():
-                    self.write_statuses()
+                if not self._is_leader():
+                    self._leading_since = None
+                    continue
+                if self._leading_since is None:
+                    self._leading_since = self._clock.now()  # a new leadership: see write_statuses
+                self.write_statuses()
             except Exception:  # the status is best effort; the next interval tries again
                 logger.exception("writing TailguardPolicy status failed")
 
@@ -266,6 +300,8 @@ class CrdPolicySource:
             entries = list(self._entries.values())
         writes = 0
         for entry in entries:
+            if not self._evaluated_as_leader(entry):
+                continue
             mine = [d for d in decisions if entry.policy is not None and d.get("policy") == entry.policy]
             status = self.policy_status(entry, mine)
             if status != entry.written_status and self._write_status(entry.name, status):
@@ -275,6 +311,15 @@ class CrdPolicySource:
                 self._record_events(entry, mine)
         self.status_writes += writes
         return writes
+
+    def _evaluated_as_leader(self, entry: _Entry) -> bool:
+        """Whether this replica evaluated `entry`'s policy since its leadership began (always true outside the
+        status loop, and for a CR with no valid policy: its refusal is this replica's own finding)."""
+        since = self._leading_since
+        if since is None or entry.policy is None or self._journal is None:
+            return True
+        state = self._journal.load_state(entry.policy)
+        return state is not None and state.last_evaluated_at is not None and state.last_evaluated_at >= since
 
     def policy_status(self, entry: _Entry, decisions: list[dict[str, Any]]) -> dict[str, Any]:
         now = self._clock.now()

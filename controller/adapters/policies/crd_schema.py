@@ -259,3 +259,15 @@ def render_crd() -> str:
         "# tests/unit/test_policy_crd.py fails when it is out of date. Install: kubectl apply -f deploy/crds/\n"
     )
     return header + yaml.safe_dump(crd_manifest(), sort_keys=True, width=120)
+
+
+def policy_manifest(document: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """A policy file's document as a TailguardPolicy manifest (the inverse of crd.policy_document): the name goes
+    to metadata.name, everything else (as written: durations stay strings) under spec."""
+    spec = {key: value for key, value in document.items() if key not in ("apiVersion", "kind", "name")}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {"name": str(document["name"]), "namespace": namespace},
+        "spec": spec,
+    }
