@@ -249,7 +249,7 @@ def test_a_tailguard_policy_rolls_back_is_suspended_and_resumed_and_the_standby_
     assert {"type": "rollback", "status": "succeeded"} in row["lastDecision"]["actions"]
     assert row["lastValue"] > 0.8 and row["condition"] == "p99-above-800ms"
     cr = get_cr()
-    assert cr["status"]["targetsFiring"] == 1 and cr["status"]["lastAction"].endswith("succeeded")
+    assert cr["status"]["targetsFiring"] == 1 and cr["status"]["lastAction"] == "rollback succeeded"
     conditions = {c["type"]: c["status"] for c in cr["status"]["conditions"]}
     assert conditions == {"Ready": "True", "Suspended": "False", "Degraded": "False"}
     assert stack.argocd.app(SERVICE)["status"]["sync"]["revision"] == "good1"

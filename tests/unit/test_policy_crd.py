@@ -223,7 +223,8 @@ def test_the_source_calls_exactly_the_policy_permissions(tmp_path: Path) -> None
                     "target": {"service": "llama"},
                     "at": clock.t,
                     "recorded_at": clock.t + 1,
-                    "action_records": [
+                    "action_records": [  # the annotation comes first; the status headlines the rollback
+                        {"idempotency_key": "d1:annotate:0", "type": "annotate", "resource": "g", "status": "failed"},
                         {
                             "idempotency_key": "d1:rollback:0",
                             "type": "rollback",
@@ -242,7 +243,7 @@ def test_the_source_calls_exactly_the_policy_permissions(tmp_path: Path) -> None
         recorded = {(r.api_group, r.resource, r.verb) for r in fake.requests}
         reasons = sorted(e["reason"] for e in fake.objects("events", "llm"))
         status = fake.get_object("tailguardpolicies", "llm", "p99")["status"]  # type: ignore[index]
-    assert reasons == ["ActionDone", "Fired"]
+    assert reasons == ["ActionDone", "ActionFailed", "Fired"]
     assert status["lastAction"] == "rollback succeeded"
     from controller.tools.cluster_permissions import POLICY_PERMISSIONS
 

@@ -39,6 +39,7 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
 from controller.adapters.policies.crd_schema import GROUP, KIND, PLURAL, VERSION
+from controller.core.actions import MUTATING_ACTIONS
 from controller.core.engine import PolicyState
 from controller.core.limits import BUDGET_WINDOW_SECONDS
 from controller.core.model import target_labels
@@ -50,6 +51,8 @@ logger = logging.getLogger("tailguard.policies.crd")
 WATCH_TIMEOUT_SECONDS = 300
 WATCH_READ_MARGIN_SECONDS = 30
 STATUS_CONFLICT_RETRIES = 3
+# ActionType is a StrEnum: journaled action types compare equal to its members
+_MUTATING_TYPES = frozenset(str(t) for t in MUTATING_ACTIONS)
 
 
 @dataclass
@@ -386,7 +389,7 @@ class CrdPolicySource:
             status["policy"] = entry.policy
         if entry.invalid:
             status["invalid"] = list(entry.invalid)
-        last_action = next((a for d in decisions for a in d.get("action_records", [])), None)
+        last_action = _headline_action(decisions)
         if last_action is not None:
             status["lastAction"] = f"{last_action['type']} {last_action['status']}"
         return status
@@ -499,3 +502,14 @@ def _decision_summary(decision: dict[str, Any]) -> dict[str, Any]:
         for a in decision.get("action_records", [])
     ]
     return summary
+
+
+def _headline_action(decisions: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest decision's action an operator asks about: its mutating one (the rollback, not the annotation
+    written before it), else its last."""
+    for decision in decisions:
+        records = decision.get("action_records") or []
+        if records:
+            mutating = [r for r in records if r.get("type") in _MUTATING_TYPES]
+            return dict(mutating[0] if mutating else records[-1])
+    return None
