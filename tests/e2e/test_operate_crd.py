@@ -37,6 +37,7 @@ import requests
 import yaml
 from kubernetes import client as k8s
 
+from controller.core.actions import TERMINAL_STATUSES
 from serving.promstack import free_port
 from tests.e2e.test_shipped_config import (
     ALERTMANAGER_TOKEN,
@@ -239,7 +240,7 @@ def test_a_tailguard_policy_rolls_back_is_suspended_and_resumed_and_the_standby_
     def rolled_back(service: str) -> dict[str, Any] | None:
         row = target_row(service)
         actions = ((row or {}).get("lastDecision") or {}).get("actions") or []
-        finished = actions and all(a["status"] not in ("pending", "started") for a in actions)
+        finished = actions and all(a["status"] in TERMINAL_STATUSES for a in actions)
         fired = ((row or {}).get("lastDecision") or {}).get("kind") == "fire"
         return row if row is not None and row["phase"] == "firing" and fired and finished else None
 
