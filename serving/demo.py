@@ -590,8 +590,27 @@ class _LogRelay:
                 _log(self.start, "controller | " + raw.split(": ", 1)[-1])
 
 
+SCENARIOS = ("rollback", "surge")
+
+
 def main(argv: list[str] | None = None) -> int:
+    # `--scenario surge` is serving/surge.py (prevention: none vs reactive vs predictive scaling, virtual time);
+    # the default scenario is the rollback below.
+    chooser = argparse.ArgumentParser(add_help=False)
+    chooser.add_argument("--scenario", choices=SCENARIOS, default="rollback")
+    chosen, rest = chooser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if chosen.scenario == "surge":
+        from serving.surge import main as surge_main
+
+        return surge_main(rest)
+    argv = rest
     parser = argparse.ArgumentParser(prog="tailguard demo", description=__doc__.split("\n")[0] if __doc__ else "")
+    parser.add_argument(
+        "--scenario",
+        choices=SCENARIOS,
+        default="rollback",
+        help="rollback: a bad rollout rolled back (this); surge: no controller vs reactive vs predictive scaling",
+    )
     parser.add_argument("--out", default="demo-output", help="directory for logs, journal and the incident report")
     parser.add_argument("--warmup", type=float, default=DemoTimings.warmup_s, help="seconds of load before the rollout")
     parser.add_argument(

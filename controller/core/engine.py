@@ -29,7 +29,7 @@ Per (condition, target) the engine keeps a small state machine:
   mutating action: the breach is reported once as `suppressed` with reason "suspended", and fires once
   resumed if it still holds.
 * cooldown and the per-target action budget gate every decision that carries
-  a mutating action (rollback, scale, shift_traffic); a gated decision is
+  a mutating action (rollback, scale, shift_traffic, restore); a gated decision is
   reported once as `suppressed` and fires when the limits allow, if the breach
   still holds.
 """
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from controller.core.actions import ActionRequest, ActionType
+from controller.core.actions import MUTATING_ACTIONS, ActionRequest, ActionType
 from controller.core.attribution import (
     AttributedDecision,
     Attribution,
@@ -342,10 +342,9 @@ class _Step:
 
 
 def _needs_limits(actions: list[Any]) -> bool:
-    return any(
-        ActionType(action.type) in (ActionType.ROLLBACK, ActionType.SCALE, ActionType.SHIFT_TRAFFIC)
-        for action in actions
-    )
+    # A recovery's `restore` changes the tier as much as the scale-out it undoes: the cooldown and the budget gate
+    # it too (a scale-in right after a scale-out is the flapping the cooldown exists to stop).
+    return any(ActionType(action.type) in MUTATING_ACTIONS for action in actions)
 
 
 def _on_error(
