@@ -27,6 +27,13 @@ class LeaderElectionSettings(BaseModel):
     leaseDuration: Duration = Field(default=15.0, description="a holder silent this long may be replaced")
     renewDeadline: Duration = Field(default=10.0, description="a leader not renewed this long stops acting")
     retryPeriod: Duration = Field(default=2.0, description="interval of acquire/renew rounds")
+    shards: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="split the policies over this many shards, each owned through its own Lease "
+        "<leaseName>-shard-<i> (1: one Lease <leaseName>, one leader); docs/deploy.md 'Sharding'",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> LeaderElectionSettings:
