@@ -62,6 +62,12 @@ class ObservingElector(LeaderElector):
             return LeaseSeen(view.holder, False)
         return LeaseSeen(view.holder, self._expired(view, self.clock.now()))
 
+    def renew(self) -> bool:
+        """Renew (writing the current action times) only if we lead: never takes the Lease, even a free one. The
+        check and the write are one round, so a release by the sharding round cannot slip in between."""
+        with self._round:
+            return self.is_leader() and self._round_unlocked()
+
     def _merge_controls(self, lease: k8s.V1Lease) -> None:
         text = ((lease.metadata.annotations if lease.metadata else None) or {}).get(CONTROLS_ANNOTATION)
         if not text or not isinstance(self._handover, ControlsHandoverPort):
@@ -190,16 +196,12 @@ class ShardedElector:
 
     def publish_for(self, policy: str) -> bool:
         """Renew the policy's shard Lease now (with the current action times); never takes a shard not held."""
-        elector = self.electors[shard_of(policy, self.shards)]
-        if not elector.is_leader():
-            return False
-        return elector.publish()
+        return self.electors[shard_of(policy, self.shards)].renew()
 
     def publish(self) -> bool:
         """Renew every held shard now; whether any is still led."""
         for elector in self.electors:
-            if elector.is_leader():
-                elector.publish()
+            elector.renew()
         return self.is_leader()
 
     # -- one round --------------------------------------------------------------------------------------------
@@ -215,7 +217,7 @@ class ShardedElector:
         member = self._member_round()
         held: set[int] = set()
         for index, elector in enumerate(self.electors):
-            if elector.is_leader() and elector.run_once():
+            if elector.renew():
                 held.add(index)
         seen = {
             index: found
@@ -244,8 +246,8 @@ class ShardedElector:
     def _member_round(self) -> bool:
         """Renew our member slot, or take a free or expired one (at most one). Whether we hold one now."""
         for member in self.members:
-            if member.is_leader():
-                return member.run_once()
+            if member.is_leader() and member.renew():
+                return True
         for j in preference(self.identity, len(self.members)):
             seen = self.members[j].observe()
             if seen is not None and seen.available_to(self.identity) and self.members[j].run_once():
