@@ -54,7 +54,7 @@ from tests.support.openmetrics import VLLM_E2E, VLLM_E2E_BUCKETS, OpenMetricsWri
 
 T0 = 1_700_000_000.0
 STEP = 15.0
-POINTS = 9  # two minutes of 15 s scrapes: enough for rate(...[1m])
+POINTS = 6  # 75 s of 15 s scrapes: five points in the rate(...[1m]) window at AT, a third fewer samples to backfill
 AT = T0 + (POINTS - 1) * STEP
 NAMESPACE = "benchshard"
 LEASE_NAMESPACE = "tailguard"
@@ -224,7 +224,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="cycles per measurement; medians are reported")
     parser.add_argument("--extrapolate", type=int, default=50_000)
     parser.add_argument("--no-baseline", action="store_true", help="skip the one-process cycle over all targets")
-    parser.add_argument("--lease", type=float, default=6.0, help="leaseDuration of the shard Leases (s)")
+    parser.add_argument(
+        "--lease",
+        type=float,
+        default=30.0,
+        help="leaseDuration of the shard Leases (s): long, so that replicas busy "
+        "evaluating on a loaded machine keep their shards while they are measured",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     for hidden in ("--identity", "--prometheus", "--kube", "--names", "--work"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
@@ -242,7 +248,7 @@ def main(argv: list[str]) -> int:
         work = Path(tmp)
         started = time.perf_counter()
         text, samples = history(args.targets, names)
-        backfill_openmetrics(text, work / "data", expected_samples=samples)
+        backfill_openmetrics(text, work / "data", expected_samples=samples, timeout=1800)
         del text
         print(f"backfilled {args.targets:,} targets ({samples:,} samples) in {time.perf_counter() - started:.1f} s",
               flush=True)  # fmt: skip
