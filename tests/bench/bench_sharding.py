@@ -149,6 +149,8 @@ class Evaluator:
         self.pool = ThreadPoolExecutor(max_workers=max(1, len(self.policies)))
         self.cycle()  # warm: every target has state
         self.targets = sum(len(state.conditions) for state in self.states.values()) // len(SIGNALS)
+        if self.targets * len(SIGNALS) != sum(len(state.conditions) for state in self.states.values()):
+            raise SystemExit("bench: the policies' targets do not all have state after the warm cycle")
 
     def cycle(self) -> float:
         self.tick += 1
@@ -342,7 +344,8 @@ def report(args: argparse.Namespace, names: list[str], rows: list[dict[str, Any]
         print(f"{row['identity']:>10} | {','.join(map(str, row['shards'])):>6} | {row['policies']:>8} | "
               f"{row['targets']:>7,} | {row['cycle_s']:>8.3f} | {row['together_s']:>10.3f}"
               + ("" if row["still_leading"] else "  (lost a shard while measuring)"))  # fmt: skip
-    slowest = max(rows, key=lambda row: row["cycle_s"])
+    measured = [row for row in rows if row["targets"]] or rows
+    slowest = max(measured, key=lambda row: row["cycle_s"])
     if baseline is not None:
         print(f"one process, all {args.targets:,} targets (no sharding): {baseline:.3f} s "
               f"({baseline / slowest['cycle_s']:.2f}x the slowest replica alone)")  # fmt: skip
