@@ -49,6 +49,7 @@ from predictors.serving import PredictionProvider
 if TYPE_CHECKING:  # the cluster extra (kubernetes, grafana-client): imported where a section needs it
     from controller.adapters.annotations.grafana import GrafanaAnnotator
     from controller.adapters.lease.leader import LeaderElector
+    from controller.adapters.lease.shards import ShardedElector
     from controller.adapters.policies.crd import CrdPolicySource
     from controller.app.cluster import ClusterActuators
 
@@ -71,7 +72,7 @@ class Application:
     controller: Controller
     api: ControllerAPI
     grafana: GrafanaAnnotator | None
-    elector: LeaderElector | None
+    elector: LeaderElector | ShardedElector | None
     housekeeper: Housekeeper | None = None
 
     def start(self, stack: ExitStack) -> None:
@@ -238,10 +239,12 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
     grafana = _grafana(settings, clock, stack)
     # The cluster (HPA scaling, route weights, the leader Lease): one ApiClient, built from `kubernetes`.
     cluster: ClusterActuators | None = None
-    elector: LeaderElector | None = None
+    elector: LeaderElector | ShardedElector | None = None
+    sharded: ShardedElector | None = None
     if settings.kubernetes is not None or settings.leaderElection is not None:
         require(CLUSTER, "kubernetes" if settings.kubernetes is not None else "leaderElection")
         # The cluster extra (kubernetes): imported only when a section needs it.
+        from controller.adapters.lease.shards import ShardedElector
         from controller.app.cluster import build_cluster_actuators, build_leader_elector
     try:
         if settings.kubernetes is not None:
@@ -260,7 +263,12 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
                 settings.kubernetes,
                 clock,
                 api_client=cluster.api_client if cluster is not None else None,
+                # Each replica's journal records which shards it held when (a decision's shard is
+                # shard_of(policy, shards)): controls rows "shard-acquired" / "shard-released".
+                on_shard_change=_journal_shard_changes(journal, settings.leaderElection.resolved_identity(), clock),
             )
+            # With shards (leaderElection.shards > 1): each policy is led through its shard's Lease.
+            sharded = elector if isinstance(elector, ShardedElector) else None
             # After the controller stopped acting: releases the Lease so the standby leads at once (an elector
             # that never started holds nothing, so a configuration error never touches the Lease).
             stack.callback(_stop_if_running, elector)
@@ -273,8 +281,10 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         annotators.append(grafana)
     # Rollbacks to Argo CD (or the tier), replica counts to the HPA (or the tier), weights to the routes (or the tier).
     router: TrafficRouter | None = cluster.router if cluster is not None and cluster.router is not None else tier
-    scale: ScalePort = cluster.scaler if cluster is not None and cluster.scaler is not None else tier or (
-        UnconfiguredScale(SCALE_MISSING)
+    scale: ScalePort = (
+        cluster.scaler
+        if cluster is not None and cluster.scaler is not None
+        else tier or (UnconfiguredScale(SCALE_MISSING))
     )
     annotator: Annotator | None = (
         FanoutAnnotator(annotators) if len(annotators) > 1 else (annotators[0] if annotators else None)
@@ -300,7 +310,9 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         on_action=lambda record: metrics.record_action(*action_labels(record)),
         links_for=lambda d: decision_links(settings.links, d, clock.now()),
         workers=True,
-        may_act=elector.is_leader if elector is not None else None,
+        may_act=elector.is_leader if elector is not None and sharded is None else None,
+        # Sharded: an action runs only while this replica holds its policy's shard Lease.
+        may_act_for=sharded.leads if sharded is not None else None,
     )
     if grafana is not None:
         # The cluster extra (grafana-client): imported only with an annotations.grafana section.
@@ -319,7 +331,10 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
             settings.state_path() / "crd-policies",
             clock,
             journal=journal,
-            is_leader=elector.is_leader if elector is not None else (lambda: True),
+            # Sharded: the holder of shard 0 writes the policies' status (one writer).
+            is_leader=(lambda: sharded.leads_shard(0))
+            if sharded is not None
+            else (elector.is_leader if elector is not None else (lambda: True)),
             check=lambda loaded: missing_actuators(settings, loaded),
             events=settings.kubernetes.events,
             status_interval=settings.kubernetes.policies.statusInterval,
@@ -372,8 +387,9 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         where = f"{settings.listen.host}:{settings.listen.port}"
         raise ConfigError(f"cannot listen on {where}: {unbound.strerror}") from unbound
     stack.callback(api.stop)
-    if elector is not None and settings.leaderElection is not None:
+    if elector is not None and not isinstance(elector, ShardedElector) and settings.leaderElection is not None:
         # One view across replicas: the leader publishes where its API answers (the bound port: 0 picks one).
+        # Sharded replicas each lead their own shards: there is no one leader to forward to, each answers itself.
         advertised = settings.leaderElection.advertised_url(api.port)
         if advertised is not None:
             elector.advertise(advertised)
@@ -443,6 +459,13 @@ def _notify_receivers(
     return notice
 
 
-def _stop_if_running(elector: LeaderElector) -> None:
+def _stop_if_running(elector: LeaderElector | ShardedElector) -> None:
     if elector.running:
         elector.stop()
+
+
+def _journal_shard_changes(journal: Journal, identity: str, clock: SystemClock) -> Callable[[str, int, str], None]:
+    def record(event: str, index: int, reason: str) -> None:
+        journal.record_control(None, f"shard-{event}", f"shard-{index}", identity, reason, clock.now())
+
+    return record

@@ -17,6 +17,7 @@ from kubernetes import client as k8s
 
 from controller.adapters.lease.leader import LeaderElector
 from controller.adapters.lease.settings import LeaderElectionSettings
+from controller.adapters.lease.shards import ShardChange, ShardedElector
 from controller.adapters.rollback.deployment import DeploymentRef, DeploymentRollback, RollbackRecord
 from controller.adapters.scale.hpa import (
     EventRecorder,
@@ -161,7 +162,11 @@ def build_leader_elector(
     *,
     api_client: k8s.ApiClient | None = None,
     base_dir: Path | None = None,
-) -> LeaderElector:
-    """The Lease elector on the cluster `kubernetes` names (absent: in-cluster); ClusterConfigError if unusable."""
+    on_shard_change: ShardChange | None = None,
+) -> LeaderElector | ShardedElector:
+    """The Lease elector on the cluster `kubernetes` names (absent: in-cluster); ClusterConfigError if unusable.
+    With `shards` > 1, the sharded elector (controller/adapters/lease/shards.py), reporting ownership changes."""
     client = api_client if api_client is not None else cluster_client(kubernetes, base_dir=base_dir)
+    if election.shards > 1:
+        return ShardedElector.from_settings(election, k8s.CoordinationV1Api(client), clock, on_change=on_shard_change)
     return LeaderElector.from_settings(election, k8s.CoordinationV1Api(client), clock)

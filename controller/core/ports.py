@@ -434,6 +434,18 @@ class LeaderDirectoryPort(Protocol):
     def leader_api_url(self) -> str | None: ...
 
 
+@runtime_checkable
+class ShardedLeaderPort(LeaderPort, Protocol):
+    """A LeaderPort whose leadership is per policy: the policies are split into shards, each owned through its
+    own Lease (controller/adapters/lease/shards.py, controller/core/sharding.py). `is_leader()` is whether this
+    replica holds any shard; a policy is evaluated and acted on only while `leads(policy)`, and `publish_for`
+    renews only that policy's shard Lease (never taking a shard this replica does not hold)."""
+
+    def leads(self, policy: str) -> bool: ...
+
+    def publish_for(self, policy: str) -> bool: ...
+
+
 # ----- what the HTTP API needs of the controller -----------------------------------------------------------
 
 

@@ -282,6 +282,7 @@ class Dispatcher:
         links_for: Callable[[Mapping[str, Any]], Mapping[str, str]] | None = None,
         workers: bool = False,
         may_act: Callable[[], bool] | None = None,
+        may_act_for: Callable[[str], bool] | None = None,
     ) -> None:
         self.journal = journal
         self.actuators = actuators
@@ -297,6 +298,8 @@ class Dispatcher:
         # each one runs (the leader's Lease: a replica that lost it leaves the action in the journal).
         self._lanes: ActionLanes | None = ActionLanes() if workers else None
         self.may_act = may_act
+        # With sharded leader election: asked with the action's policy (its shard's Lease), in both modes.
+        self.may_act_for = may_act_for
         self._locks_guard = threading.Lock()
         self._service_locks: dict[str, threading.Lock] = {}
         # Aborts: the signal of each action started in this process (by key), and the guard that makes an abort and
@@ -338,7 +341,7 @@ class Dispatcher:
         if pending:
             log.info("resuming %d unfinished action(s)", len(pending))
         if self._lanes is None:
-            return [self._run(record.idempotency_key) for record in pending]
+            return [self._run(record.idempotency_key) for record in pending if self._may_act_for(record.policy)]
         for record in pending:
             siblings = [
                 other
@@ -416,7 +419,18 @@ class Dispatcher:
         if self.may_act is not None and not self.may_act():
             log.warning("not acting on %s: this replica does not hold the leader lease; it stays in the journal", key)
             return
+        if self.may_act_for is not None:
+            record = self.journal.get_action(key)
+            if record is not None and not self._may_act_for(record.policy):
+                return
         self._run(key, retry=retry)
+
+    def _may_act_for(self, policy: str) -> bool:
+        if self.may_act_for is None or self.may_act_for(policy):
+            return True
+        log.warning("not acting for policy %s: this replica does not hold its shard's lease; it stays in the journal",
+                    policy)  # fmt: skip
+        return False
 
     def retry_deferred(self, policy: str, state: PolicyState | None) -> list[ActionRecord]:
         """After an evaluation of `policy` committed `state` (None: the policy is no longer loaded): each of its

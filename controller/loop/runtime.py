@@ -62,6 +62,7 @@ from controller.core.ports import (
     PredictionPort,
     Readiness,
     RolloutAnnotatorPort,
+    ShardedLeaderPort,
 )
 from controller.core.signals import refused_queries
 from controller.core.status_view import status_document
@@ -571,9 +572,7 @@ class Controller:
             self._controls = self._controls.with_control(key, control)
             controls = self._controls
         if self._controls_store is not None:
-            self._controls_store.record_control(
-                controls, "pause" if paused else "resume", key, by, reason, control.at
-            )
+            self._controls_store.record_control(controls, "pause" if paused else "resume", key, by, reason, control.at)
         logger.warning("%s %s by %s: %s", "paused" if paused else "resumed", key, by, reason or "(no reason given)")
         return control
 
@@ -661,7 +660,7 @@ class Controller:
         if inherited:
             state = with_action_times(state, inherited)  # the previous leader's actions count for our limits
         if self._leader is not None:
-            if not self._leader.is_leader():
+            if not self._leads(policy_name):
                 with self._lock:
                     self.skipped_not_leader[policy_name] = self.skipped_not_leader.get(policy_name, 0) + 1
                     # Leading again later (a failover back) resumes what is left: the journaled plans make it safe.
@@ -699,9 +698,10 @@ class Controller:
         deadline still covers acting."""
         if self._leader is None or not any(a.mutating for d in decisions for a in d.actions):
             return True
-        if self._leader.publish():
+        leader = self._leader
+        if leader.publish_for(policy_name) if isinstance(leader, ShardedLeaderPort) else leader.publish():
             return True
-        if self._leader.is_leader():
+        if self._leads(policy_name):
             logger.warning("%s: could not publish the action times to the Lease before acting", policy_name)
             return True
         logger.warning("%s: lost the Lease before acting; the decided actions stay planned in the journal",
@@ -709,6 +709,15 @@ class Controller:
         with self._lock:
             self._resume_pending = True
         return False
+
+    def _leads(self, policy_name: str) -> bool:
+        """Whether this replica evaluates and acts on `policy_name` now: it holds the Lease (with sharding, the
+        Lease of the policy's shard: controller/adapters/lease/shards.py)."""
+        if self._leader is None:
+            return True
+        if isinstance(self._leader, ShardedLeaderPort):
+            return self._leader.leads(policy_name)
+        return self._leader.is_leader()
 
     def _run_scheduled(self, name: str) -> None:
         try:
@@ -798,8 +807,12 @@ class Controller:
             last = {name: self._last_evaluation.get(name) for name in self._policies}
             # A follower skips evaluations on purpose: not being the leader is not being unready.
             following = self._leader is not None and not self._leader.is_leader()
+            sharded_elsewhere = 0
             for name, loaded in sorted(self._policies.items()):
                 if following:
+                    continue
+                if not self._leads(name):  # another replica holds this policy's shard
+                    sharded_elsewhere += 1
                     continue
                 limit = READY_INTERVALS * loaded.policy.interval
                 at = last[name]
@@ -821,6 +834,8 @@ class Controller:
         warnings = tuple(predictions.warnings())
         if following:
             warnings = (*warnings, "follower: another replica holds the leader lease; evaluations are skipped")
+        elif sharded_elsewhere:
+            warnings = (*warnings, f"sharded: {sharded_elsewhere} policies belong to shards other replicas hold")
         return Readiness(not reasons, tuple(reasons), reload_errors, last, warnings, policy_errors)
 
     def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]:

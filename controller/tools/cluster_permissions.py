@@ -10,7 +10,8 @@ fake API server and checks that every recorded request is covered here and that 
   KubernetesDeploymentSource; DeploymentRollback), Deployments (controller/adapters/rollback/deployment.py),
   Events about those objects (EventRecorder); with `kubernetes.rollback.helm` only, the Helm release Secrets
   (HELM_PERMISSIONS, the optional component deploy/components/helm-rollback);
-- the controller's own namespace: its leader Lease (controller/adapters/lease/leader.py).
+- the controller's own namespace: its leader Lease (controller/adapters/lease/leader.py), or with
+  `leaderElection.shards` its shard and member-slot Leases (shards.py; names granted by deploy/components/sharding).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ LEASE_PERMISSIONS: tuple[Permission, ...] = (
         "coordination.k8s.io",
         "leases",
         ("get", "create", "update"),
-        "LeaderElector: read_/create_/replace_namespaced_lease",
+        "LeaderElector (and ShardedElector, per shard and member-slot Lease): read_/create_/replace_namespaced_lease",
         "controller",
     ),
 )

@@ -37,6 +37,13 @@ class LeaderElectionSettings(BaseModel):
     forwardTimeout: Duration = Field(
         default=5.0, gt=0, description="a standby waits this long for the leader's answer to a forwarded request"
     )
+    shards: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="split the policies over this many shards, each owned through its own Lease "
+        "<leaseName>-shard-<i> (1: one Lease <leaseName>, one leader); docs/deploy.md 'Sharding'",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> LeaderElectionSettings:
