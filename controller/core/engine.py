@@ -573,6 +573,28 @@ def _healthy(state: ConditionState, now: float, value: float) -> ConditionState:
     )
 
 
+def advance_healthy(
+    policy: Policy, state: PolicyState, now: float, evaluations: int, observed: Mapping[StateKey, float]
+) -> PolicyState:
+    """The state after `evaluations` scheduled evaluations (the last at `now`) in which nothing could happen:
+    every condition state is in phase OK and stays OK, each (condition, target) of `observed` was observed as a
+    number not breaching its condition at every one of them from its first (at `now` with the value given),
+    and it includes every key of `state`. That is exactly what `transition` gives evaluation by evaluation
+    (its fast path: last_data_at/last_value refreshed, errors reset; no decision; action times pruned at `now`),
+    computed once: the backtest's skip over quiet stretches (controller/tools/backtest.py)."""
+    conditions = dict(state.conditions)
+    empty = ConditionState()
+    for key, value in observed.items():
+        conditions[key] = _healthy(conditions.get(key, empty), now, value)
+    actions_at = {target: kept(times, now, policy.limits.cooldown) for target, times in state.actions_at.items()}
+    return PolicyState(
+        conditions=conditions,
+        actions_at={target: times for target, times in actions_at.items() if times},
+        evaluations=state.evaluations + evaluations,
+        last_evaluated_at=now,
+    )
+
+
 def transition(
     policy: Policy,
     observations: Mapping[str, SignalResult],
