@@ -448,10 +448,15 @@ def vector_result(data: Any, group_by: Sequence[str]) -> SignalResult:
             f"query returned a scalar or string, expected an instant vector grouped by ({', '.join(group_by)})"
         )
     values: dict[TargetKey, float] = {}
+    names = sorted(set(group_by))  # target_key's order, computed once: one tuple per series, nothing else
     for item in data:
-        target, error = _target(item.get("metric", {}), group_by)
-        if error is not None:
-            return SignalResult.failed(error)
+        metric = item.get("metric", {})
+        try:
+            target: TargetKey | None = tuple([(name, metric[name]) for name in names])
+        except (KeyError, TypeError):
+            target, error = _target(metric, group_by)
+            if error is not None:
+                return SignalResult.failed(error)
         assert target is not None
         if target in values:
             return SignalResult.failed(_duplicate(target, group_by))
