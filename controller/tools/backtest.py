@@ -445,93 +445,113 @@ def run_backtest(
     schedule: list[_Evaluation] = []
     fetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailguard-backtest-fetch")
     feeds: list[PolicyFeed] = []
-    for index, policy in enumerate(policies):
-        policy_step = policy.interval if step is None else step
-        times = evaluation_times(start, end, policy_step)
-        predicted, notes = historical.predict_range(source, policy, times, policy_step)
-        feed = PolicyFeed(source, policy, start, end, policy_step, predicted, fetcher)
-        _chunk_errors(policy, feed.first(), errors)
-        errors.extend(notes)
-        feeds.append(feed)
-        answers.feeds[policy.name] = feed
-        schedule.extend(_Evaluation(at, TRIGGER_SCHEDULE, index, policy.name) for at in times)
-    schedule.extend(_alert_evaluations(source, policies, start, end, step, alerts, answers, historical, errors))
-    schedule.sort(key=_Evaluation.order)
-
-    known, tracker_errors = _known_rollouts(policies, start, rollouts, change_tracker, change_window)
-    errors.extend(f"change tracking: {error}" for error in tracker_errors)
     entries: dict[str, BacktestEntry] = {}
-    with tempfile.TemporaryDirectory(prefix="tailguard-backtest-", dir=_scratch()) as scratch:
-        journal = Journal(Path(scratch) / "journal.db")
-        try:
-            world = WouldRun(clock)
-            dispatcher = Dispatcher(
-                journal,
-                Actuators(rollback=world, scale=world, router=world, annotator=world, notifier=world),
-                clock,
-                limits if limits is not None else GlobalLimits(),
-            )
-            ports = EvaluationPorts(
-                source=source,
-                journal=journal,
-                dispatcher=dispatcher,
-                clock=clock,
-                metrics=ControllerMetrics(CollectorRegistry()),
-                predictions=answers,
-                query_signals=answers.query,
-                change_tracker=RecordedRollouts(known, clock, tracker_errors),
-                change_window=change_window,
-            )
-            states = [PolicyState() for _ in policies]
-            quiet = [QuietRun(policy) for policy in policies]
-            for index, policy in enumerate(policies):
-                if SKIP_QUIET:
-                    quiet[index].arm(states[index], feeds[index].grids, deferred=False)
+    try:
+        for index, policy in enumerate(policies):
+            policy_step = policy.interval if step is None else step
+            times = evaluation_times(start, end, policy_step)
+            predicted, notes = historical.predict_range(source, policy, times, policy_step)
+            feed = PolicyFeed(source, policy, start, end, policy_step, predicted, fetcher)
+            _chunk_errors(policy, feed.first(), errors)
+            errors.extend(notes)
+            feeds.append(feed)
+            answers.feeds[policy.name] = feed
+            schedule.extend(_Evaluation(at, TRIGGER_SCHEDULE, index, policy.name) for at in times)
+        schedule.extend(_alert_evaluations(source, policies, start, end, step, alerts, answers, historical, errors))
+        schedule.sort(key=_Evaluation.order)
 
-            def commit(policy: Policy) -> Callable[[PolicyState, float], None]:
-                return lambda state, at: journal.commit_evaluation(policy.name, state, [], at)
-
-            skipped = 0
-            for evaluation in schedule:
-                if evaluation.at > clock.now():
-                    clock.advance(evaluation.at - clock.now())
-                p = evaluation.policy
-                policy = policies[p]
-                if evaluation.trigger == TRIGGER_SCHEDULE:
-                    feed = feeds[p]
-                    if feed.locate(evaluation.at):  # a new chunk: what was skipped is applied, errors reported
-                        states[p] = quiet[p].apply(states[p], commit(policy))
-                        _chunk_errors(policy, feed.grids, errors)
-                        if SKIP_QUIET:
-                            quiet[p].arm(states[p], feed.grids, deferred=bool(journal.deferred_actions(policy.name)))
-                    if quiet[p].skip(feed.index):
-                        skipped += 1
-                        continue
-                states[p] = quiet[p].apply(states[p], commit(policy))
-                outcome = evaluate(
-                    policy, states[p], evaluation.at, ports, trigger=evaluation.trigger, targets=evaluation.targets
+        known, tracker_errors = _known_rollouts(policies, start, rollouts, change_tracker, change_window)
+        errors.extend(f"change tracking: {error}" for error in tracker_errors)
+        with tempfile.TemporaryDirectory(prefix="tailguard-backtest-", dir=_scratch()) as scratch:
+            journal = Journal(Path(scratch) / "journal.db")
+            try:
+                world = WouldRun(clock)
+                dispatcher = Dispatcher(
+                    journal,
+                    Actuators(rollback=world, scale=world, router=world, annotator=world, notifier=world),
+                    clock,
+                    limits if limits is not None else GlobalLimits(),
                 )
-                states[p] = outcome.state
-                for decision in outcome.decisions:
-                    _merge(entries, decision)
-                if SKIP_QUIET:
-                    quiet[p].arm(states[p], feeds[p].grids, deferred=bool(journal.deferred_actions(policy.name)))
-            for p, policy in enumerate(policies):
-                states[p] = quiet[p].apply(states[p], commit(policy))
-            for entry in entries.values():
-                for _kind, action in entry.actions:
-                    record = journal.get_action(action.idempotency_key)
-                    if record is not None:
-                        events = journal.action_events(action.idempotency_key)
-                        entry.dispatch[action.idempotency_key] = dispatch_outcome(record, events)
-        finally:
-            journal.close()
-            for feed in feeds:
-                feed.close()
-            fetcher.shutdown(wait=True, cancel_futures=True)
+                ports = EvaluationPorts(
+                    source=source,
+                    journal=journal,
+                    dispatcher=dispatcher,
+                    clock=clock,
+                    metrics=ControllerMetrics(CollectorRegistry()),
+                    predictions=answers,
+                    query_signals=answers.query,
+                    change_tracker=RecordedRollouts(known, clock, tracker_errors),
+                    change_window=change_window,
+                )
+                skipped = _replay(policies, feeds, schedule, ports, journal, clock, entries, errors)
+                for entry in entries.values():
+                    for _kind, action in entry.actions:
+                        record = journal.get_action(action.idempotency_key)
+                        if record is not None:
+                            events = journal.action_events(action.idempotency_key)
+                            entry.dispatch[action.idempotency_key] = dispatch_outcome(record, events)
+            finally:
+                journal.close()
+    finally:  # the prefetch thread ends with the replay, however it ends
+        for feed in feeds:
+            feed.close()
+        fetcher.shutdown(wait=True, cancel_futures=True)
     ordered = sorted(entries.values(), key=lambda e: (e.onset, e.policy, e.condition, e.target))
     triggered = sum(1 for evaluation in schedule if evaluation.trigger != TRIGGER_SCHEDULE)
     return BacktestReport(ordered, len(schedule), start, end, errors, triggered, skipped)
+
+
+def _replay(
+    policies: Sequence[Policy],
+    feeds: Sequence[PolicyFeed],
+    schedule: Sequence[_Evaluation],
+    ports: EvaluationPorts,
+    journal: Journal,
+    clock: ManualClock,
+    entries: dict[str, BacktestEntry],
+    errors: list[str],
+) -> int:
+    """The evaluations in time order, the live one each, except those QuietRun skips (applied before the policy's
+    next real evaluation, at a chunk's end and at the end); the decisions merged into `entries`. Returns how
+    many were skipped."""
+    states = [PolicyState() for _ in policies]
+    quiet = [QuietRun(policy) for policy in policies]
+
+    def commit(policy: Policy) -> Callable[[PolicyState, float], None]:
+        return lambda state, at: journal.commit_evaluation(policy.name, state, [], at)
+
+    def arm(p: int) -> None:
+        if SKIP_QUIET:
+            quiet[p].arm(states[p], feeds[p].grids, deferred=bool(journal.deferred_actions(policies[p].name)))
+
+    for p in range(len(policies)):
+        arm(p)
+    skipped = 0
+    for evaluation in schedule:
+        if evaluation.at > clock.now():
+            clock.advance(evaluation.at - clock.now())
+        p = evaluation.policy
+        policy = policies[p]
+        if evaluation.trigger == TRIGGER_SCHEDULE:
+            feed = feeds[p]
+            if feed.locate(evaluation.at):  # a new chunk: what was skipped is applied, its errors reported
+                states[p] = quiet[p].apply(states[p], commit(policy))
+                _chunk_errors(policy, feed.grids, errors)
+                arm(p)
+            if quiet[p].skip(feed.index):
+                skipped += 1
+                continue
+        states[p] = quiet[p].apply(states[p], commit(policy))
+        outcome = evaluate(
+            policy, states[p], evaluation.at, ports, trigger=evaluation.trigger, targets=evaluation.targets
+        )
+        states[p] = outcome.state
+        for decision in outcome.decisions:
+            _merge(entries, decision)
+        arm(p)
+    for p, policy in enumerate(policies):
+        states[p] = quiet[p].apply(states[p], commit(policy))
+    return skipped
 
 
 def _chunk_errors(policy: Policy, grids: Mapping[str, RangeGrid], errors: list[str]) -> None:
