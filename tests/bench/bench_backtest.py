@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -191,6 +192,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--step", type=float, default=60.0, help="the policy's interval (seconds)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each side; medians are reported")
     args = parser.parse_args(argv)
+    # A SIGTERM (e.g. from `timeout`) unwinds like an exception, so the Prometheus this started is stopped.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
 
     from serving.promstack import PrometheusServer, PromStackError, backfill_openmetrics
 

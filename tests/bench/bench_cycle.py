@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import statistics
 import sys
 import tempfile
@@ -309,6 +310,8 @@ def main(argv: list[str]) -> int:
         "--per-target-max", type=int, default=5000, help="largest N the per-target (8-way) queries run at (slow)"
     )
     args = parser.parse_args(argv)
+    # A SIGTERM (e.g. from `timeout`) unwinds like an exception, so the Prometheus this started is stopped.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
     logging.disable(logging.INFO)  # the evaluation's log line is not printed (nor formatted)
     logging.getLogger("tailguard").setLevel(logging.WARNING)
 
