@@ -1,7 +1,7 @@
 """The backtest's answers, streamed chunk by chunk, and the skip over evaluations in which nothing can happen.
 
-`PolicyFeed`: one policy's signals over the backtest window, one chunk of its evaluation grid at a time (at most
-Prometheus' 11,000 points per series, core/signals.range_chunks), each signal's answer held as a RangeGrid (arrays,
+`PolicyFeed`: one policy's signals over the backtest window, one chunk of its evaluation grid at a time (CHUNK_POINTS
+per series, core/signals.range_chunks), each signal's answer held as a RangeGrid (arrays,
 no dict per sample: core/grid.py); the next chunk is fetched on a background thread while the engine replays the
 current one, so only two chunks per policy are ever held. A chunk a query fails for is errored for that chunk's
 evaluations alone (the live controller sees an error only while Prometheus fails).
@@ -33,8 +33,10 @@ from controller.core.signals import MAX_POINTS_PER_QUERY, range_chunks, render_s
 
 Grids = dict[str, RangeGrid]
 
-# Evaluation times per range request (Prometheus' limit; tests make it small to cross chunk boundaries).
-CHUNK_POINTS = MAX_POINTS_PER_QUERY
+# Evaluation times per range request: 12 hours at 15 s. Under Prometheus' 11,000-point limit by far, because the
+# answer of one request is parsed whole (~150 bytes of Python objects per sample before it becomes arrays): 100
+# targets x 2,880 points is ~45 MB at its peak, where 11,000 points were ~170 MB. Tests make it small.
+CHUNK_POINTS = min(2_880, MAX_POINTS_PER_QUERY)
 
 
 def chunk_times(start: float, end: float, step: float) -> list[tuple[float, ...]]:

@@ -9,7 +9,7 @@ range queries on the shared 2-core machine, so use --step 15 where there is time
   backtest   `tailguard backtest --prometheus URL --rules POLICY --start --end` as a child process
              (its wall time, start-up included; its own peak RSS from wait4)
   start-up   the command's imports alone (a child that only imports it), to tell the replay from the interpreter
-  bare       the same range requests the backtest sends (one per signal per 11,000-point chunk), as plain GETs one
+  bare       the same range requests the backtest sends (one per signal per chunk of the grid), as plain GETs one
              after another, the body decoded with orjson (the fastest decoder: the strictest floor)
 with the ratios backtest / bare. Figures only, nothing asserted.
 
@@ -40,6 +40,7 @@ if str(ROOT) not in sys.path:
 from controller.core.policy import Policy
 from controller.core.signals import range_chunks, render_signal_queries
 from controller.kit.durations import format_duration
+from controller.tools.backtest_feed import CHUNK_POINTS
 from tests.support.openmetrics import VLLM_E2E, VLLM_E2E_BUCKETS, format_le
 
 T0 = 1_700_000_000.0
@@ -208,7 +209,7 @@ def main(argv: list[str]) -> int:
             "step": format_duration(args.step),
         }
         for query in render_signal_queries(policy).values()
-        for chunk_start, chunk_end in range_chunks(start, end, args.step)
+        for chunk_start, chunk_end in range_chunks(start, end, args.step, CHUNK_POINTS)
     ]
     with tempfile.TemporaryDirectory(prefix="tailguard-bench-backtest-") as tmp:
         work = Path(tmp)
