@@ -41,6 +41,7 @@ bench: venv
 	$(BIN)/python tests/bench/bench_prediction.py
 	$(BIN)/python tests/bench/bench_journal_soak.py
 	$(BIN)/python tests/bench/bench_cycle.py
+	$(BIN)/python tests/bench/bench_backtest.py
 	$(BIN)/python tests/bench/bench_sharding.py
 	$(BIN)/python tests/bench/bench_webhook.py
 

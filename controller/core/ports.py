@@ -18,10 +18,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+
 from controller.core.actions import ActionRecord, ActionStatus
 from controller.core.attribution import ChangeFeed, Rollout
 from controller.core.controls import AbortRequest, AbortResult, Controls
 from controller.core.engine import PolicyState
+from controller.core.grid import RangeGrid
 from controller.core.handover import ActionTimes
 from controller.core.model import Decision, SignalResult, TargetKey
 from controller.core.policy import Policy
@@ -46,6 +49,23 @@ class RangeResult:
             {target: samples[timestamp] for target, samples in self.series.items() if timestamp in samples}
         )
 
+    def on_grid(self, times: Sequence[float]) -> RangeGrid:
+        """The samples at exactly `times` (one chunk of an evaluation grid) as arrays: `grid.at(i)` is
+        `self.at(times[i])`."""
+        if self.error is not None:
+            return RangeGrid.failed(times, self.error, self.policy_error)
+        index = {at: i for i, at in enumerate(times)}
+        targets = tuple(self.series)
+        present = np.zeros((len(times), len(targets)), dtype=np.bool_)
+        values = np.full((len(times), len(targets)), np.nan, dtype=np.float64)
+        for k, target in enumerate(targets):
+            for at, value in self.series[target].items():
+                i = index.get(at)
+                if i is not None:
+                    present[i, k] = True
+                    values[i, k] = value
+        return RangeGrid(tuple(times), targets, present, values)
+
 
 class MetricsSource(Protocol):
     """A PromQL endpoint. One call is one HTTP request; results are grouped by `group_by` labels."""
@@ -53,6 +73,16 @@ class MetricsSource(Protocol):
     def instant(self, query: str, group_by: Sequence[str], at: float | None = None) -> SignalResult: ...
 
     def range(self, query: str, group_by: Sequence[str], start: float, end: float, step: float) -> RangeResult: ...
+
+
+@runtime_checkable
+class RangeGridSource(Protocol):
+    """A MetricsSource that can answer a range query straight onto an evaluation grid, without a dict per sample
+    (the backtest's fast path; PrometheusSource). Sources without it are read through range() + on_grid()."""
+
+    def range_grid(self, query: str, group_by: Sequence[str], times: Sequence[float], step: float) -> RangeGrid:
+        """One range request over [times[0], times[-1]] at `step`; exactly range(...).on_grid(times)."""
+        ...
 
 
 class OutcomeStatus(StrEnum):

@@ -285,7 +285,9 @@ def _describe_state(key: StateKey, condition_state: ConditionState) -> str:
 
 def _log_evaluation(policy: Policy, trigger: str, state: PolicyState, source_errors: Sequence[str]) -> None:
     """One human-readable line per evaluation: the first LOG_TARGETS targets' value and phase, per condition,
-    the rest counted (only what is printed is formatted)."""
+    the rest counted (only what is printed is formatted; nothing when the line would not be logged)."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
     total = len(state.conditions)
     if total > LOG_TARGETS:
         first = heapq.nsmallest(LOG_TARGETS, state.conditions.items(), key=_by_key)

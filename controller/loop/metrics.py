@@ -8,6 +8,7 @@ interference and two controllers in one process do not collide.
 from __future__ import annotations
 
 import math
+from collections import Counter as Tally
 from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -163,10 +164,7 @@ class ControllerMetrics:
 
     def record_condition_states(self, policy: str, conditions: Iterable[str], state: PolicyState) -> None:
         """Set the per-phase target counts; every phase is written so a phase left empty reads 0, not stale."""
-        counts: dict[tuple[str, Phase], int] = {}
-        for (condition, _target), condition_state in state.conditions.items():
-            key = (condition, condition_state.phase)
-            counts[key] = counts.get(key, 0) + 1
+        counts = Tally((condition, held.phase) for (condition, _), held in state.conditions.items())
         for condition in conditions:
             for phase in Phase:
                 self.condition_state.labels(policy=policy, condition=condition, phase=phase.value).set(

@@ -47,6 +47,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -62,6 +63,7 @@ from controller.core.actions import ActionRequest
 from controller.core.alerts import alert_scopes
 from controller.core.attribution import Rollout, lookback
 from controller.core.engine import PolicyState
+from controller.core.grid import RangeGrid
 from controller.core.model import Decision, DecisionKind, SignalResult, TargetKey, format_target, target_labels
 from controller.core.policy import Policy
 from controller.core.policy_files import load_policies
@@ -73,18 +75,22 @@ from controller.core.ports import (
     MetricsSource,
     RangeResult,
 )
-from controller.core.signals import query_signals, query_signals_range, range_chunks
+from controller.core.signals import query_signals
 from controller.kit.cli_args import UsageError, parse_time
 from controller.kit.clock import ManualClock, SystemClock
 from controller.kit.durations import parse_duration
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.loop.evaluation import EvaluationPorts, evaluate
 from controller.loop.metrics import ControllerMetrics
+from controller.tools.backtest_feed import PolicyFeed, QuietRun, chunk_times
 from controller.tools.backtest_world import RecordedAlert, RecordedRollouts, WouldRun, dispatch_outcome, load_alerts
 
 EXIT_OK = 0
 EXIT_SIGNAL_ERRORS = 1  # the report is printed, but some signal could not be queried
 EXIT_USAGE = 2  # bad arguments, bad rules, unreachable Prometheus
+
+# Skip the evaluations in which nothing can happen (backtest_feed.QuietRun); tests turn it off to compare.
+SKIP_QUIET = True
 
 
 @dataclass
@@ -141,6 +147,8 @@ class BacktestReport:
     end: float
     signal_errors: list[str] = field(default_factory=list)
     alert_evaluations: int = 0  # of `evaluations`, those recorded alerts triggered
+    # of `evaluations`, those in which nothing could happen, applied at once (backtest_feed.QuietRun); not reported
+    skipped_evaluations: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -229,11 +237,7 @@ def _merge(entries: dict[str, BacktestEntry], decision: Decision) -> None:
 
 def evaluation_times(start: float, end: float, step: float) -> list[float]:
     """The evaluation grid, rounded to the millisecond like the sources' sample timestamps."""
-    times: list[float] = []
-    for chunk_start, chunk_end in range_chunks(start, end, step):
-        count = round((chunk_end - chunk_start) / step) + 1
-        times.extend(round(chunk_start + index * step, 3) for index in range(count))
-    return times
+    return [at for chunk in chunk_times(start, end, step) for at in chunk]
 
 
 @dataclass(frozen=True)
@@ -349,24 +353,26 @@ class _Evaluation:
 
 class _Answers:
     """The signals' answers for the evaluation under way (its policy, at the clock's time): the range queries'
-    samples on the grid, the instant queries' answers at an alert's time. The query and prediction ports the
-    live evaluation (controller/loop/evaluation.py) calls."""
+    samples on the grid (the policy's feed, at its current index), the instant queries' answers at an alert's
+    time. The query and prediction ports the live evaluation (controller/loop/evaluation.py) calls."""
 
     def __init__(self, clock: ManualClock) -> None:
         self.clock = clock
-        self.grid: dict[str, dict[str, RangeResult]] = {}
+        self.feeds: dict[str, PolicyFeed] = {}
         self.instant: dict[tuple[str, float], dict[str, SignalResult]] = {}
 
     def _answer(self, policy: Policy, signals: Sequence[str]) -> dict[str, SignalResult]:
         now = self.clock.now()
         pinned = self.instant.get((policy.name, now), {})
-        grid = self.grid.get(policy.name, {})
+        feed = self.feeds.get(policy.name)
+        grids, index = feed.current() if feed is not None else ({}, -1)
+        on_grid = 0 <= index < len(feed.times) and feed.times[index] == now if feed is not None else False
         out: dict[str, SignalResult] = {}
         for name in signals:
             if name in pinned:
                 out[name] = pinned[name]
-            elif name in grid:
-                out[name] = grid[name].at(now)
+            elif name in grids:
+                out[name] = grids[name].at(index) if on_grid else SignalResult({})
             else:
                 out[name] = SignalResult({})
         return out
@@ -437,68 +443,124 @@ def run_backtest(
     historical = predictions or NoModels()
     errors: list[str] = []
     schedule: list[_Evaluation] = []
-    for index, policy in enumerate(policies):
-        times = evaluation_times(start, end, policy.interval if step is None else step)
-        ranges = query_signals_range(source, policy, start, end, policy.interval if step is None else step)
-        predicted, notes = historical.predict_range(source, policy, times, policy.interval if step is None else step)
-        ranges.update(predicted)
-        errors.extend(f"{policy.name}/{name}: {result.error}" for name, result in ranges.items() if result.error)
-        errors.extend(notes)
-        answers.grid[policy.name] = ranges
-        schedule.extend(_Evaluation(at, TRIGGER_SCHEDULE, index, policy.name) for at in times)
-    schedule.extend(_alert_evaluations(source, policies, start, end, step, alerts, answers, historical, errors))
-    schedule.sort(key=_Evaluation.order)
-
-    known, tracker_errors = _known_rollouts(policies, start, rollouts, change_tracker, change_window)
-    errors.extend(f"change tracking: {error}" for error in tracker_errors)
+    fetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailguard-backtest-fetch")
+    feeds: list[PolicyFeed] = []
     entries: dict[str, BacktestEntry] = {}
-    with tempfile.TemporaryDirectory(prefix="tailguard-backtest-", dir=_scratch()) as scratch:
-        journal = Journal(Path(scratch) / "journal.db")
-        try:
-            world = WouldRun(clock)
-            dispatcher = Dispatcher(
-                journal,
-                Actuators(rollback=world, scale=world, router=world, annotator=world, notifier=world),
-                clock,
-                limits if limits is not None else GlobalLimits(),
-            )
-            ports = EvaluationPorts(
-                source=source,
-                journal=journal,
-                dispatcher=dispatcher,
-                clock=clock,
-                metrics=ControllerMetrics(CollectorRegistry()),
-                predictions=answers,
-                query_signals=answers.query,
-                change_tracker=RecordedRollouts(known, clock, tracker_errors),
-                change_window=change_window,
-            )
-            states = [PolicyState() for _ in policies]
-            for evaluation in schedule:
-                if evaluation.at > clock.now():
-                    clock.advance(evaluation.at - clock.now())
-                outcome = evaluate(
-                    policies[evaluation.policy],
-                    states[evaluation.policy],
-                    evaluation.at,
-                    ports,
-                    trigger=evaluation.trigger,
-                    targets=evaluation.targets,
+    try:
+        for index, policy in enumerate(policies):
+            policy_step = policy.interval if step is None else step
+            times = evaluation_times(start, end, policy_step)
+            predicted, notes = historical.predict_range(source, policy, times, policy_step)
+            feed = PolicyFeed(source, policy, start, end, policy_step, predicted, fetcher)
+            _chunk_errors(policy, feed.first(), errors)
+            errors.extend(notes)
+            feeds.append(feed)
+            answers.feeds[policy.name] = feed
+            schedule.extend(_Evaluation(at, TRIGGER_SCHEDULE, index, policy.name) for at in times)
+        schedule.extend(_alert_evaluations(source, policies, start, end, step, alerts, answers, historical, errors))
+        schedule.sort(key=_Evaluation.order)
+
+        known, tracker_errors = _known_rollouts(policies, start, rollouts, change_tracker, change_window)
+        errors.extend(f"change tracking: {error}" for error in tracker_errors)
+        with tempfile.TemporaryDirectory(prefix="tailguard-backtest-", dir=_scratch()) as scratch:
+            journal = Journal(Path(scratch) / "journal.db")
+            try:
+                world = WouldRun(clock)
+                dispatcher = Dispatcher(
+                    journal,
+                    Actuators(rollback=world, scale=world, router=world, annotator=world, notifier=world),
+                    clock,
+                    limits if limits is not None else GlobalLimits(),
                 )
-                states[evaluation.policy] = outcome.state
-                for decision in outcome.decisions:
-                    _merge(entries, decision)
-            for entry in entries.values():
-                for _kind, action in entry.actions:
-                    record = journal.get_action(action.idempotency_key)
-                    if record is not None:
-                        events = journal.action_events(action.idempotency_key)
-                        entry.dispatch[action.idempotency_key] = dispatch_outcome(record, events)
-        finally:
-            journal.close()
+                ports = EvaluationPorts(
+                    source=source,
+                    journal=journal,
+                    dispatcher=dispatcher,
+                    clock=clock,
+                    metrics=ControllerMetrics(CollectorRegistry()),
+                    predictions=answers,
+                    query_signals=answers.query,
+                    change_tracker=RecordedRollouts(known, clock, tracker_errors),
+                    change_window=change_window,
+                )
+                skipped = _replay(policies, feeds, schedule, ports, journal, clock, entries, errors)
+                for entry in entries.values():
+                    for _kind, action in entry.actions:
+                        record = journal.get_action(action.idempotency_key)
+                        if record is not None:
+                            events = journal.action_events(action.idempotency_key)
+                            entry.dispatch[action.idempotency_key] = dispatch_outcome(record, events)
+            finally:
+                journal.close()
+    finally:  # the prefetch thread ends with the replay, however it ends
+        for feed in feeds:
+            feed.close()
+        fetcher.shutdown(wait=True, cancel_futures=True)
     ordered = sorted(entries.values(), key=lambda e: (e.onset, e.policy, e.condition, e.target))
     triggered = sum(1 for evaluation in schedule if evaluation.trigger != TRIGGER_SCHEDULE)
-    return BacktestReport(ordered, len(schedule), start, end, errors, triggered)
+    return BacktestReport(ordered, len(schedule), start, end, errors, triggered, skipped)
+
+
+def _replay(
+    policies: Sequence[Policy],
+    feeds: Sequence[PolicyFeed],
+    schedule: Sequence[_Evaluation],
+    ports: EvaluationPorts,
+    journal: Journal,
+    clock: ManualClock,
+    entries: dict[str, BacktestEntry],
+    errors: list[str],
+) -> int:
+    """The evaluations in time order, the live one each, except those QuietRun skips (applied before the policy's
+    next real evaluation, at a chunk's end and at the end); the decisions merged into `entries`. Returns how
+    many were skipped."""
+    states = [PolicyState() for _ in policies]
+    quiet = [QuietRun(policy) for policy in policies]
+
+    def commit(policy: Policy) -> Callable[[PolicyState, float], None]:
+        return lambda state, at: journal.commit_evaluation(policy.name, state, [], at)
+
+    def arm(p: int) -> None:
+        if SKIP_QUIET:
+            quiet[p].arm(states[p], feeds[p].grids, deferred=bool(journal.deferred_actions(policies[p].name)))
+
+    for p in range(len(policies)):
+        arm(p)
+    skipped = 0
+    for evaluation in schedule:
+        if evaluation.at > clock.now():
+            clock.advance(evaluation.at - clock.now())
+        p = evaluation.policy
+        policy = policies[p]
+        if evaluation.trigger == TRIGGER_SCHEDULE:
+            feed = feeds[p]
+            if feed.locate(evaluation.at):  # a new chunk: what was skipped is applied, its errors reported
+                states[p] = quiet[p].apply(states[p], commit(policy))
+                _chunk_errors(policy, feed.grids, errors)
+                arm(p)
+            if quiet[p].skip(feed.index):
+                skipped += 1
+                continue
+        states[p] = quiet[p].apply(states[p], commit(policy))
+        outcome = evaluate(
+            policy, states[p], evaluation.at, ports, trigger=evaluation.trigger, targets=evaluation.targets
+        )
+        states[p] = outcome.state
+        for decision in outcome.decisions:
+            _merge(entries, decision)
+        arm(p)
+    for p, policy in enumerate(policies):
+        states[p] = quiet[p].apply(states[p], commit(policy))
+    return skipped
+
+
+def _chunk_errors(policy: Policy, grids: Mapping[str, RangeGrid], errors: list[str]) -> None:
+    """The signals a chunk could not be answered for, each message once."""
+    for name, grid in grids.items():
+        if grid.error is not None:
+            message = f"{policy.name}/{name}: {grid.error}"
+            if message not in errors:
+                errors.append(message)
 
 
 def _alert_evaluations(

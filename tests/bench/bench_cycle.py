@@ -1,25 +1,35 @@
-"""Benchmark: one tailguard evaluation cycle vs the 4 bare queries it needs, against a real Prometheus.
+"""Benchmark: one tailguard evaluation cycle vs the Prometheus engine, the bare queries and per-target queries.
 
 For N targets = 100, 1,000, 5,000, four signals (P99 from vLLM's histogram buckets, a queue gauge, an error
 ratio, an HBM ratio) are backfilled into a real Prometheus (promtool); then, side by side in one run, medians of
---repeats:
-  cycle      evaluate() of one policy: its queries (issued at once), the engine, the SQLite journal commit,
-             the metrics and the log line (the dispatcher is a fake: nothing fires)
-  bare seq   the same 4 rendered queries as plain HTTP GETs, one after another (json decoded, nothing else)
-  bare max   the slowest of those 4 bare queries (the floor of a concurrent cycle)
-with the ratios cycle/bare-seq and cycle/bare-max. Figures only, nothing asserted.
+--repeats (issue 15's table):
+  cycle       evaluate() of one policy: its queries (issued at once), the engine, the SQLite journal commit,
+              the metrics and the log line (the dispatcher is a fake: nothing fires); with the process CPU time
+              it used, the bytes it wrote (/proc/self/io wchar: the journal's), and the process' RSS afterwards
+  rule engine the same 4 expressions evaluated inside Prometheus, no HTTP or JSON (the `stats=all` timings of each
+              query: evalTotalTime, what a recording/alerting rule's evaluation costs), summed as a rule group
+              evaluates them (one after another)
+  bare seq    the same 4 rendered queries as plain HTTP GETs, one after another (json decoded, nothing else)
+  bare max    the slowest of those 4 bare queries (the floor of a concurrent cycle)
+  per-target  Flagger/Argo style: the 4 queries once per target (selector on its service), 8 at a time (1 run)
+and the ratios. Reaction: evaluation start -> the rollback port's call when one target among N breaches (a real
+Dispatcher over a fresh journal, the rollback a recording fake). Figures only, nothing asserted. CPU is also
+shown as a share of one core at a 15 s interval.
 
-    python tests/bench/bench_cycle.py [--targets 100 1000 5000] [--repeats 5]
+    python tests/bench/bench_cycle.py [--targets 100 1000 5000] [--repeats 5] [--per-target-max 5000]
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +47,10 @@ from controller.core.engine import PolicyState
 from controller.core.policy import Policy
 from controller.core.signals import query_signals, render_signal_queries
 from controller.kit.clock import SystemClock
+from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.loop.evaluation import EvaluationPorts, UnconfiguredPredictions, evaluate
 from controller.loop.metrics import ControllerMetrics
-from controller.testing import FakeDispatcher
+from controller.testing import FakeDispatcher, FakeRollback
 from tests.support.openmetrics import VLLM_E2E, VLLM_E2E_BUCKETS, OpenMetricsWriter, latency_histogram_points
 
 T0 = 1_700_000_000.0
@@ -53,10 +64,15 @@ SIGNALS = {
     "errors": "max by ({{ by }}) (bench_error_ratio{ {{ selector }} })",
     "hbm": "max by ({{ by }}) (bench_hbm_ratio{ {{ selector }} })",
 }
-THRESHOLDS = {"p99": 5.0, "queue": 1000.0, "errors": 0.5, "hbm": 0.99}  # healthy targets: nothing fires
+THRESHOLDS = {"p99": 10.0, "queue": 1000.0, "errors": 0.5, "hbm": 0.99}  # nothing fires
+BREACHING = 7  # the one target whose P99 (6 s) breaches a 5 s threshold: the reaction measurement's
 
 
-def policy(targets: int) -> Policy:
+def policy(targets: int, action: str = "annotate", p99_threshold: float = 10.0) -> Policy:
+    """The bench policy; with the default P99 threshold no target breaches (a healthy cycle), with 5 s the
+    BREACHING target does (the reaction measurement)."""
+    thresholds = {**THRESHOLDS, "p99": p99_threshold}
+    actions = [{"type": "annotate", "text": "{{ value }}"}] if action == "annotate" else [{"type": "rollback"}]
     return Policy.model_validate(
         {
             "apiVersion": "tailguard.io/v1alpha1",
@@ -68,10 +84,10 @@ def policy(targets: int) -> Policy:
                 {
                     "name": f"{name}-high",
                     "signal": name,
-                    "when": {"op": ">", "value": THRESHOLDS[name]},
+                    "when": {"op": ">", "value": thresholds[name]},
                     "for": 3,
                     "noData": "hold",
-                    "actions": [{"type": "annotate", "text": "{{ value }}"}],
+                    "actions": actions,
                 }
                 for name in SIGNALS
             ],
@@ -84,7 +100,7 @@ def history(targets: int) -> tuple[str, int]:
     times = [T0 + i * STEP for i in range(POINTS)]
     for index in range(targets):
         labels = {"namespace": f"bench{targets}", "service": f"svc-{index:05d}"}
-        latency = 0.2 + (index % 10) * 0.05
+        latency = 6.0 if index == BREACHING else 0.2 + (index % 10) * 0.05
 
         def constant(timestamp: float, value: float = latency) -> float:
             return value
@@ -110,7 +126,126 @@ def bare(url: str, queries: list[str]) -> tuple[float, float, int]:
     return sum(walls), max(walls), series
 
 
-def measure(url: str, targets: int, repeats: int, work: Path) -> dict[str, Any]:
+class _TimedRollback(FakeRollback):
+    """The rollback port, recording when the dispatcher first called it for an action (time.perf_counter()): its
+    plan, journaled before the rollback itself. Many revisions to roll back through."""
+
+    def __init__(self) -> None:
+        super().__init__({f"svc-{BREACHING:05d}": 1_000_000})
+        self.called_at: list[float] = []
+
+    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> Any:
+        self.called_at.append(time.perf_counter())
+        return super().plan_rollback(service, rollout_revision=rollout_revision)
+
+
+def _io_written() -> int:
+    """Bytes this process has passed to write() so far (/proc/self/io wchar): the journal's, logging being off."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    return 0.0
+
+
+def engine_time(url: str, queries: list[str]) -> float:
+    """The 4 expressions as Prometheus' own engine evaluates them (no HTTP, no JSON): the sum of each query's
+    evalTotalTime (`stats=all`), as one rule group evaluates its rules one after another."""
+    total = 0.0
+    with requests.Session() as session:
+        for query in queries:
+            body = session.get(
+                f"{url}/api/v1/query", params={"query": query, "time": AT, "stats": "all"}, timeout=60
+            ).json()
+            total += float(body["data"]["stats"]["timings"]["evalTotalTime"])
+    return total
+
+
+def per_target(url: str, the_policy: Policy, targets: int) -> float:
+    """Flagger/Argo style: each target's 4 queries on their own (its service in the selector), 8 at a time."""
+    template = the_policy.model_copy(update={"targets": the_policy.targets.model_copy(update={"match": {}})})
+    queries = list(render_signal_queries(template).values())
+    local = threading.local()
+
+    def one(index: int) -> int:
+        session = getattr(local, "session", None)
+        if session is None:
+            session = local.session = requests.Session()
+        selector = f'namespace="bench{targets}",service="svc-{index:05d}"'
+        answered = 0
+        for query in queries:
+            narrowed = query.replace("{  }", "{ " + selector + " }")
+            body = session.get(f"{url}/api/v1/query", params={"query": narrowed, "time": AT}, timeout=60).json()
+            answered += len(body["data"]["result"])
+        return answered
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answered = sum(pool.map(one, range(targets)))
+    wall = time.perf_counter() - started
+    if answered != 4 * targets:
+        raise SystemExit(f"bench: per-target queries answered {answered} series at N={targets}, expected {4 * targets}")
+    return wall
+
+
+def reaction(url: str, targets: int, repeats: int, work: Path) -> tuple[float, float]:
+    """Evaluation start -> the rollback port's call, one target breaching among `targets` (median of `repeats`),
+    and of that the part after the last of the evaluation's queries answered (the controller's own share):
+    each repeat's third breaching evaluation (for: 3) fires; its incidents are hours apart (cooldown, budget)."""
+    answered: list[float] = []
+
+    def timed_query(src: Any, pol: Policy, _at: float | None) -> Any:
+        result = query_signals(src, pol, AT)
+        answered.append(time.perf_counter())
+        return result
+
+    the_policy = policy(targets, action="rollback", p99_threshold=5.0)
+    source = PrometheusSource(PrometheusSettings(url=url, timeout=60), SystemClock())
+    journal = Journal(work / f"reaction-{targets}.db")
+    clock = SystemClock()
+    port = _TimedRollback()
+    ports = EvaluationPorts(
+        source=source,
+        journal=journal,
+        dispatcher=Dispatcher(journal, Actuators(rollback=port), clock, GlobalLimits()),
+        clock=clock,
+        metrics=ControllerMetrics(CollectorRegistry()),
+        predictions=UnconfiguredPredictions(),
+        query_signals=timed_query,
+    )
+    latencies: list[float] = []
+    after_queries: list[float] = []
+    state = PolicyState()
+    for repeat in range(repeats):
+        base = AT + 10_000.0 * (repeat + 1)
+        state = evaluate(the_policy, state, base, ports).state
+        state = evaluate(the_policy, state, base + 15.0, ports).state
+        calls = len(port.called_at)
+        started = time.perf_counter()
+        outcome = evaluate(the_policy, state, base + 30.0, ports)
+        state = outcome.state
+        if len(port.called_at) != calls + 1:
+            raise SystemExit(f"bench: expected one rollback at N={targets}, got {len(port.called_at) - calls}")
+        latencies.append(port.called_at[-1] - started)
+        after_queries.append(port.called_at[-1] - max(answered[-4:]))
+        # the next repeat's incident starts from healthy: resolve this one by forgetting it (a new onset)
+        state = PolicyState(
+            conditions={k: v for k, v in state.conditions.items() if k[1] != (("service", f"svc-{BREACHING:05d}"),)},
+            evaluations=state.evaluations,
+            last_evaluated_at=state.last_evaluated_at,
+        )
+    source.close()
+    journal.close()
+    return statistics.median(latencies), statistics.median(after_queries)
+
+
+def measure(url: str, targets: int, repeats: int, work: Path, per_target_max: int) -> dict[str, Any]:
     the_policy = policy(targets)
     queries = list(render_signal_queries(the_policy).values())
     source = PrometheusSource(PrometheusSettings(url=url, timeout=60), SystemClock())
@@ -130,29 +265,55 @@ def measure(url: str, targets: int, repeats: int, work: Path) -> dict[str, Any]:
     if len(state.conditions) != expected:
         raise SystemExit(f"bench: {len(state.conditions)} target states at N={targets}, expected {expected}")
     cycles: list[float] = []
+    cpu: list[float] = []
+    written: list[int] = []
     sequential: list[float] = []
     slowest: list[float] = []
+    engine: list[float] = []
     for repeat in range(repeats):
+        before_io = _io_written()
+        before_cpu = time.process_time()
         started = time.perf_counter()
-        state = evaluate(the_policy, state, AT + repeat + 1, ports).state
+        state = evaluate(the_policy, state, AT + 15.0 * (repeat + 1), ports).state
         cycles.append(time.perf_counter() - started)
+        cpu.append(time.process_time() - before_cpu)
+        written.append(_io_written() - before_io)
         total, longest, series = bare(url, queries)
         if series != expected:
             raise SystemExit(f"bench: bare queries answered {series} series at N={targets}, expected {expected}")
         sequential.append(total)
         slowest.append(longest)
+        engine.append(engine_time(url, queries))
+    rss = _rss_mib()
     source.close()
     journal.close()
-    cycle, seq, floor = (statistics.median(v) for v in (cycles, sequential, slowest))
-    return {"targets": targets, "cycle_s": cycle, "bare_seq_s": seq, "bare_max_s": floor}
+    cycle, seq, floor, rules = (statistics.median(v) for v in (cycles, sequential, slowest, engine))
+    return {
+        "targets": targets,
+        "cycle_s": cycle,
+        "cpu_s": statistics.median(cpu),
+        "written_bytes": statistics.median(written),
+        "rss_mib": rss,
+        "bare_seq_s": seq,
+        "bare_max_s": floor,
+        "rules_s": rules,
+        "per_target_s": per_target(url, the_policy, targets) if targets <= per_target_max else None,
+        "reaction": reaction(url, targets, max(3, repeats), work),
+    }
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--targets", type=int, nargs="+", default=[100, 1000, 5000])
     parser.add_argument("--repeats", type=int, default=5, help="cycles per N; medians are reported")
+    parser.add_argument(
+        "--per-target-max", type=int, default=5000, help="largest N the per-target (8-way) queries run at (slow)"
+    )
     args = parser.parse_args(argv)
-    logging.disable(logging.INFO)  # the evaluation's log line is formatted, not printed
+    # A SIGTERM (e.g. from `timeout`) unwinds like an exception, so the Prometheus this started is stopped.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
+    logging.disable(logging.INFO)  # the evaluation's log line is not printed (nor formatted)
+    logging.getLogger("tailguard").setLevel(logging.WARNING)
 
     from serving.promstack import PrometheusServer, PromStackError, backfill_openmetrics
 
@@ -172,15 +333,32 @@ def main(argv: list[str]) -> int:
             return 2
         with server:
             for targets in args.targets:
-                rows.append(measure(server.url, targets, args.repeats, work))
+                rows.append(measure(server.url, targets, args.repeats, work, args.per_target_max))
+                print(f"measured N={targets}", flush=True)
+    print(f"medians of {args.repeats} (per-target: one run); ratios to the cycle's own figures")
     print(
-        f"{'targets':>7} | {'cycle s':>9} | {'bare seq s':>10} | {'bare max s':>10} | "
-        f"{'cycle/seq':>9} | {'cycle/max':>9}"
+        f"{'targets':>7} | {'cycle s':>8} | {'rule eng s':>10} | {'bare seq s':>10} | {'bare max s':>10} | "
+        f"{'per-target s':>12} | {'cyc/max':>7} | {'cyc/seq':>7} | {'pt/cyc':>6}"
+    )
+    for row in rows:
+        per = row["per_target_s"]
+        per_text = "-" if per is None else f"{per:.2f}"
+        per_ratio = "-" if per is None else f"{per / row['cycle_s']:.1f}"
+        print(
+            f"{row['targets']:>7} | {row['cycle_s']:>8.4f} | {row['rules_s']:>10.4f} | {row['bare_seq_s']:>10.4f} | "
+            f"{row['bare_max_s']:>10.4f} | {per_text:>12} | "
+            f"{row['cycle_s'] / row['bare_max_s']:>7.2f} | {row['cycle_s'] / row['bare_seq_s']:>7.2f} | "
+            f"{per_ratio:>6}"
+        )
+    print(
+        f"{'targets':>7} | {'CPU s/cycle':>11} | {'% core @15s':>11} | {'RSS MiB':>7} | {'written B/cycle':>15} | "
+        f"{'start->action ms':>16} | {'of which after the queries ms':>29}"
     )
     for row in rows:
         print(
-            f"{row['targets']:>7} | {row['cycle_s']:>9.4f} | {row['bare_seq_s']:>10.4f} | {row['bare_max_s']:>10.4f} | "
-            f"{row['cycle_s'] / row['bare_seq_s']:>9.2f} | {row['cycle_s'] / row['bare_max_s']:>9.2f}"
+            f"{row['targets']:>7} | {row['cpu_s']:>11.4f} | {100 * row['cpu_s'] / 15:>11.2f} | "
+            f"{row['rss_mib']:>7.0f} | {row['written_bytes']:>15,.0f} | {1000 * row['reaction'][0]:>16.1f} | "
+            f"{1000 * row['reaction'][1]:>29.1f}"
         )
     return 0
 
