@@ -27,6 +27,8 @@ import itertools
 import json
 import lzma
 import math
+import os
+import re
 import signal
 import sys
 import tempfile
@@ -101,12 +103,19 @@ class Phase(_Strict):
 
 
 class Action(_Strict):
-    """A control action at a time: a rollout of a profile (with engine-argument overrides) or a rollback."""
+    """A control action at a time: a rollout of a profile (with engine-argument overrides) or a rollback.
+
+    With `serving_for_s`, the action waits (from `at_s` on) until the service's newest version has served that
+    long, and is sent at `latest_s` regardless: a rollout's cold start on a busy 2-core host took 2.5 to over
+    7 minutes, so a fixed time could roll back a version that never served.
+    """
 
     at_s: float = Field(ge=0)
     action: Literal["rollout", "rollback"]
     profile: str | None = None
     engine_args: dict[str, Any] = Field(default_factory=dict)
+    serving_for_s: float | None = Field(None, ge=0)
+    latest_s: float | None = Field(None, ge=0)
     note: str = ""
 
 
@@ -201,6 +210,11 @@ async def _act(control_url: str, scenario: RecordingScenario, started: float, ti
             delay = started + action.at_s - time.time()
             if delay > 0:
                 await asyncio.sleep(delay)
+            serving_since = None
+            if action.serving_for_s is not None:
+                serving_since = await _newest_serving_since(
+                    session, control_url, started + (action.latest_s or scenario.duration_s), action.serving_for_s
+                )
             if action.action == "rollout":
                 path, body = "rollout", _rollout_body(action, index)
             else:
@@ -210,7 +224,13 @@ async def _act(control_url: str, scenario: RecordingScenario, started: float, ti
                     "idempotency_key": f"recording-{index}",
                 }
             sent = time.time()
-            entry: dict[str, Any] = {"action": action.action, "at_s": action.at_s, "sent_at": sent, "note": action.note}
+            entry: dict[str, Any] = {
+                "action": action.action,
+                "at_s": action.at_s,
+                "sent_at": sent,
+                "newest_version_serving_since": serving_since,
+                "note": action.note,
+            }
             try:
                 async with session.post(
                     f"{control_url}/api/v1/services/{SERVICE}/{path}",
@@ -224,6 +244,30 @@ async def _act(control_url: str, scenario: RecordingScenario, started: float, ti
             entry["answered_at"] = time.time()
             timeline.append(entry)
             print(json.dumps({"event": "action", **entry}), flush=True)
+
+
+async def _newest_serving_since(
+    session: aiohttp.ClientSession, control_url: str, latest: float, serving_for_s: float
+) -> float | None:
+    """Wait until the service's newest version has a replica in the router for `serving_for_s` (or `latest`);
+    returns when it started serving (None if it never did)."""
+    since: float | None = None
+    while time.time() < latest:
+        if since is None:
+            try:
+                async with session.get(
+                    f"{control_url}/api/v1/services/{SERVICE}", timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)
+                ) as response:
+                    answer = await response.json(content_type=None)
+                newest = max(answer["versions"], key=lambda v: int(v["revision"]))
+                if any(r["healthy"] for r in newest["replicas"]):
+                    since = time.time()
+            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
+                pass
+        elif time.time() >= since + serving_for_s:
+            return since
+        await asyncio.sleep(1.0)
+    return since
 
 
 async def _monitor(control_url: str, until: float, states: list[dict[str, Any]]) -> None:
@@ -252,6 +296,26 @@ async def _drive(
     )
     monitor.cancel()
     return started, replayed, actions, states
+
+
+_REPLICA_STARTED = re.compile(r"replica \S+ started \(pid (\d+),")
+
+
+def reap_replica_groups(tier_log: str) -> list[int]:
+    """SIGKILL what is left of each replica's process group once the tier is gone; returns the groups found alive.
+
+    The supervisor stops its replicas on a clean shutdown, and each replica dies with the tier (PDEATHSIG), but
+    vLLM's own children (the EngineCore process, the model-registry probe) do not: seen here after a tier that
+    was killed mid-startup or mid-shutdown, they kept a core and 1.7 GiB each.
+    """
+    alive = []
+    for pid in sorted({int(found) for found in _REPLICA_STARTED.findall(tier_log)}):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            continue
+        alive.append(pid)
+    return alive
 
 
 def run_recording(
@@ -297,7 +361,8 @@ def run_recording(
             ended = time.time()
             time.sleep(2 * scenario.scrape_interval_s)  # the last scrape of the final state lands
     finally:
-        tier.stop(grace=20.0)
+        tier.stop(grace=60.0)
+        reap_replica_groups(tier.log_text())
     write_csv(out / "requests.csv", results)
     summary = summarize(results, wall)
     timeline = {

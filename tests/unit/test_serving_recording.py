@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import lzma
+import os
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +20,7 @@ from serving.recording import (
     _family,
     load_scenario,
     planned_requests,
+    reap_replica_groups,
     sliced_openmetrics,
     write_export,
 )
@@ -139,3 +143,37 @@ def test_rows_of_several_windows_keep_their_targets_apart() -> None:
     both = concat_rows([_rows([0.1, 2.0]), _rows([0.3, 0.4, 0.5])])
     assert len(both) == 5 and len(both.targets) == 2
     assert both.target_index.tolist() == [0, 0, 1, 1, 1]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state == "Z"
+
+
+def test_what_a_dead_replica_left_in_its_process_group_is_killed() -> None:
+    # A replica's leader gone, its child (like vLLM's EngineCore) still running in the leader's group.
+    leader = subprocess.run(
+        ["sh", "-c", "sleep 120 >/dev/null 2>&1 & echo $!"],
+        capture_output=True,
+        text=True,
+        check=True,
+        start_new_session=True,  # its own group, as the supervisor starts each replica
+    )
+    child = int(leader.stdout.strip())
+    group = int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[2])
+    assert group != os.getpgid(0)  # never this test's own group
+    log = (
+        f"INFO replica chat-r1-0 started (pid {group}, port 1234)\n"
+        "INFO replica chat-r1-1 started (pid 4194000, port 1)\n"  # long gone: skipped
+    )
+    assert not _gone(child)
+
+    assert reap_replica_groups(log) == [group]
+
+    deadline = time.monotonic() + 10
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(child)
