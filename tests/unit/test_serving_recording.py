@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from predictors.data import Rows
+from predictors.modeling import fit_calibrated_cv, gbm_estimator
 from predictors.transfer import concat_rows, oracle_cut, with_sli
 from serving.recording import (
     RecordingError,
@@ -177,3 +178,16 @@ def test_what_a_dead_replica_left_in_its_process_group_is_killed() -> None:
     while not _gone(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _gone(child)
+
+
+def test_a_feature_with_no_value_at_all_does_not_stop_training() -> None:
+    # A CPU host has no DCGM series: those feature columns are NaN in every row of a real recording.
+    rng = np.random.default_rng(3)
+    n = 120
+    times = np.arange(n, dtype=np.float64) * 5.0
+    load = np.sin(times / 80.0) + rng.normal(0, 0.1, n)
+    X = np.column_stack([load, np.full(n, np.nan), rng.normal(size=n)])
+    y = (load > 0.5).astype(np.int64)
+    model, probabilities = fit_calibrated_cv(gbm_estimator(0, n), X, y, times, 20.0, 3)
+    assert np.isfinite(probabilities).all()
+    assert model.predict_proba(X)[:, 1][y == 1].mean() > model.predict_proba(X)[:, 1][y == 0].mean()
