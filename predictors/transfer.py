@@ -196,10 +196,12 @@ def fit(rows: Rows, settings: Settings) -> tuple[ModelArtifact, dict[str, str]]:
     )
 
 
-def transfer(train: Sequence[Rows], rows: Rows, e2e: Array, settings: Settings) -> dict[str, Any]:
-    """Fit on the (simulator) rows, evaluate on all of the recording's rows."""
+def transfer(
+    train: Sequence[Rows], rows: Rows, e2e: Array, settings: Settings, name: str = "transfer: simulator -> real vLLM"
+) -> dict[str, Any]:
+    """Fit on the training rows (the simulator's, or a whole other recording), evaluate on all of `rows`."""
     artifact, skipped = fit(concat_rows(train), settings)
-    return evaluate_experiment("transfer: simulator -> real vLLM", artifact, rows, e2e, settings, skipped)
+    return evaluate_experiment(name, artifact, rows, e2e, settings, skipped)
 
 
 def in_recording(rows: Rows, e2e: Array, settings: Settings, train_share: float = 0.6) -> dict[str, Any]:

@@ -530,6 +530,15 @@ class Recording:
         return cls(directory, directory / meta["history"], float(meta["started_at"]), float(meta["ended_at"]), meta)
 
 
+def _generated(where: Path, start: float, hours: float) -> dict[str, Any] | None:
+    try:
+        summary: dict[str, Any] = json.loads((where / "scenario.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    same = summary.get("start") == start and summary.get("end") == start + hours * 3600.0
+    return summary if same and (where / "history.om").exists() else None
+
+
 def simulated_windows(
     seeds: Sequence[int], hours: float, out: Path, data_dir: Path, *, profile_change: float = 0.5
 ) -> list[tuple[float, float]]:
@@ -537,10 +546,13 @@ def simulated_windows(
     windows = []
     for index, seed in enumerate(seeds):
         start = DEFAULT_START + index * (hours + 1.0) * 3600.0
-        dataset = generate(seed, hours * 3600.0, start=start, profile_change=profile_change)
-        write_dataset(dataset, out / f"sim-{seed}", backfill=False)
-        backfill_openmetrics(out / f"sim-{seed}" / "history.om", data_dir, expected_samples=dataset.samples)
-        windows.append((dataset.start, dataset.end))
+        where = out / f"sim-{seed}"
+        summary = _generated(where, start, hours)
+        if summary is None:  # not generated before with these settings (generation is minutes per hour)
+            dataset = generate(seed, hours * 3600.0, start=start, profile_change=profile_change)
+            summary = write_dataset(dataset, where, backfill=False)
+        backfill_openmetrics(where / "history.om", data_dir, expected_samples=int(summary["samples"]))
+        windows.append((float(summary["start"]), float(summary["end"])))
     return windows
 
 
@@ -556,8 +568,10 @@ def evaluate_recording(
     e2e_threshold_s: float = 10.0,
     window: tuple[float, float] | None = None,
     folds: int = 5,
+    others: Sequence[Recording] = (),
 ) -> list[dict[str, Any]]:
-    """Both experiments (predictors.transfer): simulator -> recording, and the recording's first part -> rest.
+    """Both experiments (predictors.transfer): simulator -> recording, and the recording's first part -> rest;
+    for each of `others` (held-out recordings), simulator -> it and all of `recording` -> it.
 
     `window` evaluates a slice of the recording only (the CI test's few minutes). Writes OUT/report.md and
     OUT/report.json; the backfilled TSDB is in OUT/data.
@@ -566,6 +580,8 @@ def evaluate_recording(
     out.mkdir(parents=True, exist_ok=True)
     data_dir = out / "data"
     backfill_recording(recording.history, data_dir, start=start, end=end)
+    for other in others:
+        backfill_recording(other.history, data_dir)
     sims = simulated_windows(sim_seeds, sim_hours, out, data_dir)
     settings = transfer.Settings(
         match={"namespace": NAMESPACE},
@@ -587,6 +603,17 @@ def evaluate_recording(
             transfer.transfer(simulated, rows, e2e, settings),
             transfer.in_recording(rows, e2e, settings, train_share),
         ]
+        for other in others:
+            other_rows, other_e2e = transfer.read_rows(transfer.Window(source, other.start, other.end), settings)
+            name = other.directory.name
+            experiments.append(
+                transfer.transfer(simulated, other_rows, other_e2e, settings, f"transfer: simulator -> {name}")
+            )
+            experiments.append(
+                transfer.transfer(
+                    [rows], other_rows, other_e2e, settings, f"real: all of {recording.directory.name} -> {name}"
+                )
+            )
     header = (
         f"Recording {recording.directory.name}: {datetime.fromtimestamp(start, UTC):%Y-%m-%dT%H:%M:%SZ} + "
         f"{(end - start) / 60:.1f} min; step {step_s:g}s, horizon {horizon_s:g}s; simulator seeds "
@@ -597,6 +624,54 @@ def evaluate_recording(
     return experiments
 
 
+def version_changes(states: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tier's service states (every few seconds) reduced to the moments its versions or their replicas changed."""
+    changes: list[dict[str, Any]] = []
+    previous = None
+    for state in states:
+        service = state.get("service")
+        if not isinstance(service, dict) or "versions" not in service:
+            continue
+        versions = [
+            {
+                "version": v["version"],
+                "weight": v["weight"],
+                "serving": sum(1 for r in v["replicas"] if r["healthy"]),
+                "replicas": len(v["replicas"]),
+            }
+            for v in service["versions"]
+        ]
+        if versions != previous:
+            changes.append({"at": state["at"], "versions": versions})
+            previous = versions
+    return changes
+
+
+def package_run(run: Path, into: Path) -> dict[str, Any]:
+    """A run's TSDB exported to INTO/history.om.xz and what it was (timeline, actions, load) to INTO/recording.json."""
+    timeline = json.loads((run / "timeline.json").read_text(encoding="utf-8"))
+    start, end = float(timeline["started_at"]), float(timeline["ended_at"])
+    into.mkdir(parents=True, exist_ok=True)
+    config = write_prometheus_config(run / "export-prometheus.yml")
+    with PrometheusServer(config, run / "data", workdir=run / "export-prometheus").start() as prometheus:
+        samples = write_export(export_openmetrics(prometheus.url, start, end), into / "history.om.xz")
+    manual = run / "manual-actions.jsonl"
+    meta = {
+        "history": "history.om.xz",
+        "samples": samples,
+        "started_at": start,
+        "ended_at": end,
+        "scrape_interval_s": timeline["scenario"]["scrape_interval_s"],
+        "phases": timeline["phases"],
+        "actions": timeline["actions"],
+        "manual_actions": [json.loads(line) for line in manual.read_text().splitlines()] if manual.exists() else [],
+        "versions": version_changes(timeline["tier_states"]),
+        "replay": timeline["replay"],
+    }
+    (into / "recording.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    return meta
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serving.recording", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -605,13 +680,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--out", type=Path, required=True)
     run.add_argument("--serving-python", type=Path, default=PROJECT_ROOT / ".venv-serving" / "bin" / "python")
     run.add_argument("--model-dir", type=Path, default=PROJECT_ROOT / ".tailguard" / "models" / "tiny-llama")
-    export = commands.add_parser("export", help="TSDB -> OpenMetrics (.xz) of the series the SLA model reads")
-    export.add_argument("--data", type=Path, required=True, help="the recording's Prometheus data dir")
-    export.add_argument("--out", type=Path, required=True)
-    export.add_argument("--start", type=float, required=True, help="unix seconds")
-    export.add_argument("--end", type=float, required=True, help="unix seconds")
+    export = commands.add_parser("export", help="a run's TSDB -> DIR/history.om.xz and DIR/recording.json")
+    export.add_argument("--run", type=Path, required=True, help="the run's --out directory")
+    export.add_argument("--into", type=Path, required=True, help="the recording's directory")
     evaluate = commands.add_parser("evaluate", help="transfer and in-recording evaluation of the SLA model")
     evaluate.add_argument("--recording", type=Path, required=True, help="a directory with recording.json")
+    evaluate.add_argument("--held-out", type=Path, nargs="*", default=[], help="other recordings, only evaluated on")
     evaluate.add_argument("--out", type=Path, required=True)
     evaluate.add_argument("--sim-seeds", type=int, nargs="+", default=[101, 102])
     evaluate.add_argument("--sim-hours", type=float, default=1.0)
@@ -644,14 +718,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 step_s=args.step,
                 horizon_s=args.horizon,
                 e2e_threshold_s=args.e2e_threshold,
+                others=[Recording.load(path) for path in args.held_out],
             )
             print(transfer.render_markdown(experiments))
             print(f"wrote {args.out / 'report.md'} and report.json")
             return 0
-        config = write_prometheus_config(args.data.parent / "export-prometheus.yml")
-        with PrometheusServer(config, args.data, workdir=args.data.parent / "export-prometheus").start() as prometheus:
-            samples = write_export(export_openmetrics(prometheus.url, args.start, args.end), args.out)
-        print(f"wrote {args.out}: {samples} samples")
+        meta = package_run(args.run, args.into)
+        print(f"wrote {args.into / meta['history']}: {meta['samples']} samples; {args.into / 'recording.json'}")
         return 0
     except (RecordingError, DataError, TrainingError, PromStackError, OSError) as failed:
         print(f"error: {failed}", file=sys.stderr)
