@@ -77,6 +77,21 @@ def blocked_folds(
     return splits
 
 
+def fill_empty_columns(X: Array) -> Array:
+    """Columns with no value at all (the DCGM features of a host without a GPU) as 0.0; the rest unchanged.
+
+    HistGradientBoostingClassifier's binning fails on a column that is entirely NaN ("window shape cannot be
+    larger than input array shape", sklearn 1.9): a real vLLM recording on the CPU has no DCGM series. A
+    constant column is never split on, so the fitted trees ignore it and the feature set (and its hash) stays.
+    """
+    empty = ~np.isfinite(X).any(axis=0)
+    if not empty.any():
+        return X
+    filled = X.copy()
+    filled[:, empty] = 0.0
+    return filled
+
+
 def fit_calibrated_cv(
     model: Any, X: Array, y: npt.NDArray[np.int64], times: Array, horizon_s: float, folds: int = 5
 ) -> tuple[CalibratedClassifierCV, Array]:
@@ -87,6 +102,7 @@ def fit_calibrated_cv(
     and the calibration come from the whole training window instead of a small validation slice.
     Raises ValueError when a fold's training part has one class only (too few breaches to cross-validate).
     """
+    X = fill_empty_columns(X)
     splits = blocked_folds(times, horizon_s, folds)
     for train, _ in splits:
         if train.shape[0] == 0 or y[train].min() == y[train].max():

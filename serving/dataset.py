@@ -183,7 +183,9 @@ class Arrival:
     output_tokens: int
 
 
-def arrivals(trace: Sequence[TraceRequest], segments: Sequence[Segment], duration_s: float) -> Iterator[Arrival]:
+def arrivals(
+    trace: Sequence[TraceRequest], segments: Sequence[Segment], duration_s: float, *, token_scale: float = TOKEN_SCALE
+) -> Iterator[Arrival]:
     """The trace looped over the scenario, thinned or duplicated by the segment's rate (deterministic credit)."""
     if not trace:
         return
@@ -202,8 +204,8 @@ def arrivals(trace: Sequence[TraceRequest], segments: Sequence[Segment], duratio
             for copy in range(copies):
                 yield Arrival(
                     t + copy * 0.001,
-                    max(1, round(item.prompt_tokens * TOKEN_SCALE)),
-                    max(1, round(item.output_tokens * TOKEN_SCALE)),
+                    max(1, round(item.prompt_tokens * token_scale)),
+                    max(1, round(item.output_tokens * token_scale)),
                 )
         loop += 1
 

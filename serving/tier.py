@@ -793,6 +793,10 @@ class Tier:
             result = await asyncio.to_thread(
                 validate_cli_args, self._serving_python(), list(args), Path(self.config.vllm.model_dir).absolute()
             )
+            if not result.verdict:
+                # The parser did not run to a verdict (on a loaded 2-core host its vLLM import took over 180 s): not
+                # vLLM refusing the profile, so a 503 the caller may retry, and nothing is cached.
+                raise ApiError(503, f"could not check profile {profile.name!r} with vLLM's parser: {result.error}")
             self._validated[args] = "" if result.ok else result.error
         refusal = self._validated[args]
         if refusal:

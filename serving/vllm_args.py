@@ -46,6 +46,8 @@ class ValidationResult:
     ok: bool
     argument: str = ""
     error: str = ""
+    # False when vLLM's parser gave no verdict (could not run, timed out, printed none): not a refusal of the args.
+    verdict: bool = True
 
 
 def flag(name: str) -> str:
@@ -151,7 +153,9 @@ def validate_cli_args(
             start_new_session=True,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return ValidationResult(False, "", f"could not run vLLM's argument parser with {serving_python}: {exc}")
+        return ValidationResult(
+            False, "", f"could not run vLLM's argument parser with {serving_python}: {exc}", verdict=False
+        )
     for line in reversed(done.stdout.strip().splitlines()):
         try:
             data = json.loads(line)
@@ -160,7 +164,9 @@ def validate_cli_args(
         if isinstance(data, dict) and "ok" in data:
             return ValidationResult(bool(data["ok"]), str(data.get("argument", "")), str(data.get("error", "")))
     tail = " | ".join(done.stderr.strip().splitlines()[-3:])
-    return ValidationResult(False, "", f"vLLM's argument parser gave no verdict (exit {done.returncode}): {tail}")
+    return ValidationResult(
+        False, "", f"vLLM's argument parser gave no verdict (exit {done.returncode}): {tail}", verdict=False
+    )
 
 
 def validate_profile(serving_python: Path, profile: EngineProfile, model_dir: Path | None = None) -> None:
