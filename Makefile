@@ -32,9 +32,12 @@ ENGINE ?= simulator
 demo: venv $(if $(filter vllm,$(ENGINE)),serving-env)
 	$(BIN)/tailguard demo --engine $(ENGINE)
 
-# The suite includes real-vLLM tests (marker vllm): they need the serving virtualenv.
+# The suite includes real-vLLM tests (marker vllm): they need the serving virtualenv. The rest runs on 3
+# workers (most of it waits on scrapes, polls and child processes, not the CPU); the vLLM tests run alone
+# afterwards, since their latencies are what they measure and two engines on 2 cores would move them.
 test: venv serving-env
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 3 -m "not vllm"
+	$(BIN)/pytest -q -m vllm
 
 bench: venv
 	$(BIN)/python tests/bench/bench_batching.py
