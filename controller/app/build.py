@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -466,6 +467,14 @@ def _stop_if_running(elector: LeaderElector | ShardedElector) -> None:
 
 def _journal_shard_changes(journal: Journal, identity: str, clock: SystemClock) -> Callable[[str, int, str], None]:
     def record(event: str, index: int, reason: str) -> None:
-        journal.record_control(None, f"shard-{event}", f"shard-{index}", identity, reason, clock.now())
+        # On stop the controller closes the journal first and the elector runs until it has released its shards
+        # (so that no action can start after the journal closed): those last changes are logged, not journaled.
+        if journal.closed:
+            logger.info("shard-%d %s while stopping (the journal is closed): %s", index, event, reason)
+            return
+        try:
+            journal.record_control(None, f"shard-{event}", f"shard-{index}", identity, reason, clock.now())
+        except sqlite3.ProgrammingError:  # closed between the check and the write
+            logger.info("shard-%d %s while stopping (the journal is closed): %s", index, event, reason)
 
     return record

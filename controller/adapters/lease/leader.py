@@ -208,17 +208,7 @@ class LeaderElector:
         """Run `run_once` every `interval` seconds (default a third of the lease) on a daemon thread."""
         period = interval if interval is not None else self.lease_seconds / 3
         self._stop.clear()
-
-        def loop() -> None:
-            while not self._stop.is_set():
-                try:
-                    self.run_once()
-                except Exception:  # one bad round must not end the election loop
-                    log.exception("leader election round failed")
-                self._stop.wait(period)
-
-        self._thread = threading.Thread(target=loop, name="tailguard-leader", daemon=True)
-        self._thread.start()
+        self._thread = start_rounds(self.run_once, period, self._stop, "tailguard-leader")
 
     @property
     def running(self) -> bool:
@@ -370,3 +360,19 @@ def _view(lease: k8s.V1Lease) -> LeaseView:
         duration=float(spec.lease_duration_seconds or 0),
         transitions=int(spec.lease_transitions or 0),
     )
+
+
+def start_rounds(run_once: Callable[[], object], period: float, stop: threading.Event, name: str) -> threading.Thread:
+    """A daemon thread running `run_once` every `period` seconds until `stop` is set (an elector's renewals)."""
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                run_once()
+            except Exception:  # one bad round must not end the election loop
+                log.exception("%s: election round failed", name)
+            stop.wait(period)
+
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    return thread

@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from kubernetes import client as k8s
 
-from controller.adapters.lease.leader import LeaderElector, _view
+from controller.adapters.lease.leader import LeaderElector, _view, start_rounds
 from controller.adapters.lease.settings import LeaderElectionSettings
 from controller.adapters.scale.hpa import KubeError
 from controller.core.controls import CONTROLS_ANNOTATION, Controls, ControlsError
@@ -269,17 +269,7 @@ class ShardedElector:
     def start(self, interval: float | None = None) -> None:
         period = interval if interval is not None else self.lease_seconds / 3
         self._stop.clear()
-
-        def loop() -> None:
-            while not self._stop.is_set():
-                try:
-                    self.run_once()
-                except Exception:  # one bad round must not end the election loop
-                    log.exception("sharded leader election round failed")
-                self._stop.wait(period)
-
-        self._thread = threading.Thread(target=loop, name="tailguard-shards", daemon=True)
-        self._thread.start()
+        self._thread = start_rounds(self.run_once, period, self._stop, "tailguard-shards")
 
     @property
     def running(self) -> bool:

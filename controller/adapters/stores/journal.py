@@ -154,6 +154,7 @@ class Journal:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock = threading.RLock()
+        self._closed = False
         self._states = StateStore()
         # Rows written by the last commit_evaluation (the policy row + condition rows changed or removed).
         self.last_state_rows = 0
@@ -555,6 +556,12 @@ class Journal:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+            self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` ran (the controller closes its journal on stop, before the elector's last rounds)."""
+        return self._closed
 
     def __enter__(self) -> Self:
         return self
