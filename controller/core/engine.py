@@ -601,6 +601,73 @@ def advance_healthy(
     )
 
 
+@dataclass(frozen=True)
+class PreparedCondition:
+    """transition()'s fast path for one condition, computed ahead: the condition states of its healthy targets
+    (in phase OK, observed as a number not breaching `when`: only last_data_at/last_value/stale and the error
+    fields change, no decision) and the targets left for the full path. It depends only on the condition, its
+    signal's result, the input state's conditions and `now`, so the evaluation computes it for each signal as its
+    answer arrives, while the policy's slower queries are still in flight (controller/loop/evaluation.py);
+    transition() uses it only when it was computed from the same result object, state and `now`."""
+
+    condition: str
+    result: SignalResult | None
+    basis: Mapping[StateKey, ConditionState]
+    now: float
+    allowed: frozenset[TargetKey] | None
+    healthy: Mapping[StateKey, ConditionState]
+    rest: tuple[TargetKey, ...]
+
+    def fits(
+        self, result: SignalResult | None, state: PolicyState, now: float, allowed: frozenset[TargetKey] | None
+    ) -> bool:
+        return self.result is result and self.basis is state.conditions and self.now == now and self.allowed == allowed
+
+
+def held_targets(state: PolicyState) -> dict[str, list[TargetKey]]:
+    """The targets the state holds, by condition name (prepare_condition's `held`)."""
+    held: dict[str, list[TargetKey]] = {}
+    for name, target in state.conditions:
+        held.setdefault(name, []).append(target)
+    return held
+
+
+def prepare_condition(
+    condition: Condition,
+    result: SignalResult | None,
+    state: PolicyState,
+    held: Mapping[str, Sequence[TargetKey]],
+    now: float,
+    allowed: frozenset[TargetKey] | None = None,
+) -> PreparedCondition:
+    """The fast path of `condition` (PreparedCondition): `held` is held_targets(state)."""
+    name = condition.name
+    seen = set(held.get(name, ()))
+    if result is not None and result.ok:
+        seen.update(result.values)
+    if allowed is not None:
+        seen &= allowed
+    healthy: dict[StateKey, ConditionState] = {}
+    if FAST_HEALTHY and result is not None and result.ok:
+        # The common case, in any order: a healthy target staying OK is built at once by _healthy. The rest go
+        # through transition's full path in target order (their decisions come out in that order).
+        conditions = state.conditions
+        values = result.values
+        holds, threshold = _COMPARE[condition.when.op], condition.when.value
+        rest: list[TargetKey] = []
+        for target in seen:
+            value = values.get(target)
+            if value is not None and not isnan(value) and not holds(value, threshold):
+                current = conditions.get((name, target), _EMPTY)
+                if current.phase is Phase.OK:
+                    healthy[(name, target)] = _healthy(current, now, value)
+                    continue
+            rest.append(target)
+    else:
+        rest = list(seen)
+    return PreparedCondition(name, result, state.conditions, now, allowed, healthy, tuple(rest))
+
+
 def transition(
     policy: Policy,
     observations: Mapping[str, SignalResult],
@@ -610,45 +677,33 @@ def transition(
     *,
     rollouts_error: str | None = None,
     targets: Collection[TargetKey] | None = None,
+    prepared: Mapping[str, PreparedCondition] | None = None,
 ) -> tuple[PolicyState, list[Decision]]:
     """`rollouts`: what the change tracker saw (data, fetched by the runtime); `rollouts_error`: it failed,
     so attribution is "unknown" (never "attributed"), and nothing else changes.
 
     `targets`: the only targets this evaluation may touch (an alert-triggered evaluation: the targets its alerts
     name); every other target's state is left exactly as it was (no streak advance, no resolve, no error count).
-    None: every target (a scheduled evaluation)."""
+    None: every target (a scheduled evaluation).
+
+    `prepared`: conditions' fast paths computed ahead by prepare_condition (by condition name); one that does not
+    fit this call (another result, state, time or target set) is computed again here."""
     step = _Step(policy, state, now, observations, rollouts, rollouts_error)
     allowed = None if targets is None else frozenset(targets)
-    held: dict[str, list[TargetKey]] = {}
-    for name, target in state.conditions:
-        held.setdefault(name, []).append(target)
+    held: dict[str, list[TargetKey]] | None = None
     conditions = step.conditions
     for condition in policy.conditions:
         result = observations.get(condition.signal)
-        seen = set(held.get(condition.name, ()))
-        if result is not None and result.ok:
-            seen.update(result.values)
-        if allowed is not None:
-            seen &= allowed
         name = condition.name
-        if FAST_HEALTHY and result is not None and result.ok:
-            # The common case first, in any order: a healthy target staying OK (a number not breaching `when`, its
-            # state in phase OK) changes only last_data_at/last_value/stale and the error fields and decides
-            # nothing, so _healthy builds it at once. The rest go through the full path below in target order
-            # (their decisions come out in that order).
-            values = result.values
-            holds, threshold = _COMPARE[condition.when.op], condition.when.value
-            rest: list[TargetKey] = []
-            for target in seen:
-                value = values.get(target)
-                if value is not None and not isnan(value) and not holds(value, threshold):
-                    current = conditions.get((name, target), _EMPTY)
-                    if current.phase is Phase.OK:
-                        conditions[(name, target)] = _healthy(current, now, value)
-                        continue
-                rest.append(target)
-        else:
-            rest = list(seen)
+        part = prepared.get(name) if prepared is not None else None
+        if part is None or not part.fits(result, state, now, allowed):
+            if held is None:
+                held = held_targets(state)
+            part = prepare_condition(condition, result, state, held, now, allowed)
+        # Only this condition's keys: the full path of another condition never writes them (equivalent to
+        # building them here, in this order).
+        conditions.update(part.healthy)
+        rest = part.rest
         for target in sorted(rest):
             key = (name, target)
             current = conditions.get(key, _EMPTY)

@@ -17,12 +17,22 @@ import heapq
 import logging
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from controller.core.attribution import Rollout, lookback
-from controller.core.engine import ConditionState, Phase, PolicyState, StateKey, transition
+from controller.core.engine import (
+    ConditionState,
+    Phase,
+    PolicyState,
+    PreparedCondition,
+    StateKey,
+    held_targets,
+    prepare_condition,
+    transition,
+)
 from controller.core.model import Decision, SignalResult, TargetKey, format_target
 from controller.core.policy import Policy, Signal
 from controller.core.ports import (
@@ -117,7 +127,8 @@ def evaluate(
     the journal commit, before anything is logged or acted on (the controller keeps its copy of the state there).
     `targets`: the only targets the evaluation may touch (an alert's; engine.transition), None: all of them."""
     started = ports.clock.now()
-    observations, source_errors = query(policy, ports)
+    ahead = _FastPathAhead(policy, state, now, None if targets is None else frozenset(targets))
+    observations, source_errors = query(policy, ports, answered=ahead.answered)
     policy_errors = tuple(
         f"{name}: {result.error}" for name, result in observations.items() if result.policy_error and result.error
     )
@@ -126,7 +137,14 @@ def evaluate(
     if rollouts_error is not None:
         source_errors.append(f"change tracking: {rollouts_error}")
     new_state, decisions = transition(
-        policy, observations, state, now, rollouts, rollouts_error=rollouts_error, targets=targets
+        policy,
+        observations,
+        state,
+        now,
+        rollouts,
+        rollouts_error=rollouts_error,
+        targets=targets,
+        prepared=ahead.prepared,
     )
     ports.journal.commit_evaluation(policy.name, new_state, decisions, now)
     committed(new_state)
@@ -146,7 +164,7 @@ def evaluate(
             continue
         for record in ports.dispatcher.dispatch(decision):
             ports.metrics.record_action(*action_labels(record))
-    targets_seen = len({target for _condition, target in new_state.conditions})
+    targets_seen = len(set(map(itemgetter(1), new_state.conditions)))
     ports.metrics.record_cycle(policy.name, ports.clock.now() - started, targets_seen)
     return EvaluationOutcome(
         policy.name, trigger, now, tuple(decisions), new_state, tuple(source_errors), policy_errors
@@ -171,16 +189,59 @@ def recent_rollouts(policy: Policy, now: float, ports: EvaluationPorts) -> tuple
     return feed.rollouts, feed.error
 
 
-def query(policy: Policy, ports: EvaluationPorts) -> tuple[dict[str, SignalResult], list[str]]:
+class _FastPathAhead:
+    """The engine's fast path of each condition (engine.prepare_condition), computed as its signal's answer
+    arrives: while the policy's slowest query is still in flight, the healthy targets of the signals already
+    answered are done, and transition() is left the rest. Runs in the evaluating thread only."""
+
+    def __init__(self, policy: Policy, state: PolicyState, now: float, allowed: frozenset[TargetKey] | None) -> None:
+        self._policy = policy
+        self._state = state
+        self._now = now
+        self._allowed = allowed
+        self._held: dict[str, list[TargetKey]] | None = None
+        self.prepared: dict[str, PreparedCondition] = {}
+
+    def answered(self, signal: str, result: SignalResult) -> None:
+        for condition in self._policy.conditions:
+            if condition.signal != signal:
+                continue
+            if self._held is None:
+                self._held = held_targets(self._state)
+            self.prepared[condition.name] = prepare_condition(
+                condition, result, self._state, self._held, self._now, self._allowed
+            )
+
+
+def _ignore_answer(_signal: str, _result: SignalResult) -> None:
+    return None
+
+
+def query(
+    policy: Policy, ports: EvaluationPorts, *, answered: Callable[[str, SignalResult], None] = _ignore_answer
+) -> tuple[dict[str, SignalResult], list[str]]:
     """One request per signal, issued at once (bounded by QUERY_WORKERS), each timed and counted on its own
-    (policy, signal) series; then the predictions. Results, metrics and errors come in the signals' order,
-    exactly as if the queries had run one after another."""
+    (policy, signal) series; then the predictions. `answered(signal, result)` is called in this thread as each
+    query's answer arrives (first answered, first called). Results, metrics and errors come in the signals'
+    order, exactly as if the queries had run one after another."""
     signals = [signal for signal in policy.signals if signal.predict is None]
     # the prediction signals are answered below, all of them from one feature fetch
     if len(signals) > 1:
-        answers = list(_pool().map(lambda signal: _query_one(policy, signal, ports), signals))
+        pending: dict[Future[tuple[SignalResult, float]], Signal] = {
+            _pool().submit(_query_one, policy, signal, ports): signal for signal in signals
+        }
+        by_name: dict[str, tuple[SignalResult, float]] = {}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                signal = pending.pop(future)
+                by_name[signal.name] = future.result()  # _query_one returns errors as data, never raises
+                answered(signal.name, by_name[signal.name][0])
+        answers = [by_name[signal.name] for signal in signals]
     else:
         answers = [_query_one(policy, signal, ports) for signal in signals]
+        for signal, (result, _seconds) in zip(signals, answers, strict=True):
+            answered(signal.name, result)
     results: dict[str, SignalResult] = {}
     errors: list[str] = []
     for signal, (result, seconds) in zip(signals, answers, strict=True):

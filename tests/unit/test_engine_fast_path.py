@@ -2,7 +2,7 @@
 
 A seeded random run (breaches, recoveries, no-data, source errors, targets coming and going, several conditions
 with hysteresis and cooldowns) is driven twice, fast path on and off; every step's PolicyState JSON and decisions
-must be the same bytes.
+must be the same bytes; and again with the fast paths computed ahead of transition (prepare_condition).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import random
 import pytest
 
 from controller.core import engine
-from controller.core.engine import PolicyState, transition
+from controller.core.engine import PolicyState, PreparedCondition, held_targets, prepare_condition, transition
 from controller.core.model import SignalResult, TargetKey
 from controller.core.policy import Policy
 
@@ -72,14 +72,39 @@ def _observations(rng: random.Random) -> dict[str, SignalResult]:
     return answers
 
 
-def _run(seed: int, monkeypatch: pytest.MonkeyPatch, fast: bool) -> list[str]:
+def _prepared(
+    policy: Policy,
+    observations: dict[str, SignalResult],
+    state: PolicyState,
+    now: float,
+    stale: PolicyState | None,
+) -> dict[str, PreparedCondition]:
+    """The conditions' fast paths computed ahead, as the evaluation does while queries are in flight (last
+    condition first); every third step the first one is computed from another (empty) state: never used."""
+    held = held_targets(state)
+    prepared = {
+        condition.name: prepare_condition(condition, observations.get(condition.signal), state, held, now)
+        for condition in reversed(policy.conditions)
+    }
+    if stale is not None:
+        first = policy.conditions[0]
+        prepared[first.name] = prepare_condition(first, observations.get(first.signal), stale, held_targets(stale), now)
+    return prepared
+
+
+def _run(seed: int, monkeypatch: pytest.MonkeyPatch, fast: bool, ahead: bool = False) -> list[str]:
     monkeypatch.setattr(engine, "FAST_HEALTHY", fast)
     rng = random.Random(seed)
     policy = _policy()
     state = PolicyState()
     trail: list[str] = []
     for step in range(150):
-        state, decisions = transition(policy, _observations(rng), state, 1_700_000_000.0 + 15.0 * step)
+        now = 1_700_000_000.0 + 15.0 * step
+        observations = _observations(rng)
+        prepared = (
+            _prepared(policy, observations, state, now, PolicyState() if step % 3 == 0 else None) if ahead else None
+        )
+        state, decisions = transition(policy, observations, state, now, prepared=prepared)
         trail.append(json.dumps(state.to_json(), sort_keys=False))
         trail.append(json.dumps([decision.to_json() for decision in decisions]))
     return trail
@@ -90,6 +115,7 @@ def test_fast_path_state_is_byte_identical_to_the_slow_path(seed: int, monkeypat
     slow = _run(seed, monkeypatch, fast=False)
     fast = _run(seed, monkeypatch, fast=True)
     assert fast == slow
+    assert _run(seed, monkeypatch, fast=True, ahead=True) == slow  # fast paths computed ahead (evaluation.py)
     # the run exercised more than the healthy path
     assert any('"firing"' in line for line in slow)
     assert any('"pending"' in line for line in slow)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller.core.engine import PolicyState
+from controller.core.engine import PolicyState, transition
 from controller.core.model import SignalResult, TargetKey, target_key
 from controller.core.policy import Policy
 from controller.core.signals import render_signal_queries
@@ -106,10 +107,12 @@ def _ports(source: Any, clock: ManualClock, metrics: ControllerMetrics) -> Evalu
 
 
 class _Sequential:
-    """Stands in for the query pool: map() runs one query after another (the sequential path)."""
+    """Stands in for the query pool: submit() runs each query at once, one after another (the sequential path)."""
 
-    def map(self, function: Callable[[Any], Any], items: Iterable[Any]) -> Iterable[Any]:
-        return [function(item) for item in items]
+    def submit(self, function: Callable[..., Any], *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        future.set_result(function(*args))
+        return future
 
 
 def test_queries_run_at_once_with_the_sequential_results(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,6 +152,66 @@ def test_queries_run_at_once_with_the_sequential_results(monkeypatch: pytest.Mon
         assert sequential_metrics.registry.get_sample_value(count, labels) == 3.0
     errors = "tailguard_source_errors_total"
     assert concurrent_metrics.registry.get_sample_value(errors, {"policy": "cycle", "signal": "errors"}) == 3.0
+
+
+class SlowSignalSource(OverlapSource):
+    """The p99 query answers only once the engine's fast path of every other condition was computed (or after
+    `limit` seconds): what the evaluation does while its slowest query is in flight."""
+
+    def __init__(self, answers: dict[str, SignalResult], slow_query: str, limit: float = 10.0) -> None:
+        super().__init__(answers, hold=0.0)
+        self.slow_query = slow_query
+        self.limit = limit
+        self.others_prepared = threading.Event()
+        self.waited_out = False
+
+    def instant(self, query: str, group_by: Sequence[str], at: float | None = None) -> SignalResult:
+        if query == self.slow_query:
+            self.waited_out = not self.others_prepared.wait(self.limit)
+        return super().instant(query, group_by, at)
+
+
+def test_the_fast_path_of_answered_signals_is_computed_while_the_slowest_query_is_in_flight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    policy = _policy()
+    targets = _targets(40)
+    answers = _answers(policy, targets)
+    source = SlowSignalSource(answers, render_signal_queries(policy)["p99"])
+    prepared: list[str] = []
+    real_prepare = evaluation.prepare_condition
+
+    def recording_prepare(condition: Any, *args: Any) -> Any:
+        prepared.append(condition.name)
+        if {"queue-high", "errors-high", "hbm-high"} <= set(prepared):
+            source.others_prepared.set()
+        return real_prepare(condition, *args)
+
+    monkeypatch.setattr(evaluation, "prepare_condition", recording_prepare)
+    clock = ManualClock()
+    state = PolicyState()
+    outcomes = []
+    for step in range(3):
+        source.others_prepared.clear()
+        prepared.clear()
+        outcome = evaluate(
+            policy, state, clock.now() + 15.0 * step, _ports(source, clock, ControllerMetrics(CollectorRegistry()))
+        )
+        assert not source.waited_out  # the other three were prepared before the p99 answer was given
+        assert prepared[-1] == "p99-high"  # prepared as it arrived, last
+        assert sorted(prepared) == sorted(f"{name}-high" for name in SIGNALS)  # each once: transition reused them
+        state = outcome.state
+        outcomes.append(outcome)
+    # the same states and decisions as the engine computing every condition itself (no `prepared`)
+    queries = render_signal_queries(policy)
+    observations = {name: answers[queries[name]] for name in SIGNALS}
+    plain_state = PolicyState()
+    for step, outcome in enumerate(outcomes):
+        plain, decisions = transition(policy, observations, plain_state, clock.now() + 15.0 * step)
+        assert plain.to_json() == outcome.state.to_json()
+        assert [d.to_json() for d in decisions] == [d.to_json() for d in outcome.decisions]
+        plain_state = plain
+    assert any(outcome.decisions for outcome in outcomes)  # breaching targets fired (for: 1): not only fast paths
 
 
 def test_a_query_that_raises_is_an_errored_signal_and_the_others_still_answer() -> None:
