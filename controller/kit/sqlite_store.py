@@ -29,13 +29,19 @@ def open_durable(path: Path, error: Callable[[str], Exception], what: str) -> sq
     return db
 
 
-def make_durable(db: sqlite3.Connection) -> None:
+def make_durable(db: sqlite3.Connection, page_size: int | None = None) -> None:
     """WAL and an fsync per COMMIT. Raises sqlite3.DatabaseError when the file is not a database.
+
+    `page_size` (bytes, a power of two from 512 to 65536): the page size of a NEW file; every page a commit
+    changes is one WAL frame of that size (+24 bytes), so a commit that touches one small row writes one page.
+    An existing file keeps its page size (changing it would take a full `VACUUM` outside WAL mode).
 
     A NEW file gets auto_vacuum=INCREMENTAL (it must be set before the first table): `PRAGMA incremental_vacuum`
     then gives pages freed by a purge back to the file system. On an existing file the pragma changes nothing
     (auto_vacuum=NONE stays NONE until a full `VACUUM`); such a file reuses its free pages but never shrinks.
     The WAL file is truncated back to 64 MiB after a checkpoint that found it larger."""
+    if page_size is not None:
+        db.execute(f"PRAGMA page_size={int(page_size)}")  # a no-op on a file that has tables already
     db.execute("PRAGMA auto_vacuum=INCREMENTAL")
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA journal_size_limit=67108864")

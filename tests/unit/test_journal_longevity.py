@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.stores.journal import SCHEMA_VERSION, Journal
+from controller.adapters.stores.journal import JOURNAL_PAGE_SIZE, SCHEMA_VERSION, Journal
 from controller.adapters.stores.outbox import DeliveryResult, Outbox
 from controller.core.actions import ActionStatus
 from controller.core.engine import ConditionState, Phase, PolicyState
@@ -144,7 +144,9 @@ def test_a_healthy_cycle_writes_one_small_row_whatever_the_number_of_targets(tmp
             assert journal.last_state_rows == 1
             assert db.total_changes - changes == 1
             page = int(db.execute("PRAGMA page_size").fetchone()[0])
+            assert page == JOURNAL_PAGE_SIZE  # a new journal's pages
             assert wal.stat().st_size - size <= page + 24  # one WAL frame: the policy row's page
+            assert wal.stat().st_size - size < 4096  # issue 15: < 4 KB for a healthy cycle
         row = db.execute("SELECT length(actions_at) + 64 AS size FROM policy_meta").fetchone()
         assert row["size"] < 4096
         # 5 flapping targets: 1 + 5 rows.

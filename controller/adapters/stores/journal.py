@@ -52,6 +52,10 @@ from controller.kit.sqlite_store import (
 # 2: the engine state per (policy, condition, target) (journal_state.py) instead of one whole-state row per
 # policy (`policy_state`, migrated when a version-1 file is opened); retention indexes (journal_retention.py).
 SCHEMA_VERSION = 2
+# A new journal's page size: a healthy evaluation rewrites one small row (policy_meta), i.e. one WAL frame of a
+# page; at 2 KiB that is 2,072 bytes per cycle (4,120 at SQLite's default 4 KiB), and a condition_state row of a
+# few hundred bytes still fits a page (rows up to ~490 bytes stay local; longer evidence spills to overflow).
+JOURNAL_PAGE_SIZE = 2048
 
 
 class JournalError(StoreError):
@@ -160,7 +164,7 @@ class Journal:
         self.last_state_rows = 0
         self._db = open_durable(self.path, JournalError, "journal")
         try:
-            make_durable(self._db)
+            make_durable(self._db, page_size=JOURNAL_PAGE_SIZE)
             self._db.execute("PRAGMA foreign_keys=ON")
             self._migrate()
         except sqlite3.DatabaseError as exc:
