@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller.core.engine import PolicyState, transition
+from controller.core.engine import PolicyState, prepare_condition, transition
 from controller.core.model import SignalResult, TargetKey, target_key
 from controller.core.policy import Policy
 from controller.core.signals import render_signal_queries
@@ -179,7 +179,7 @@ def test_the_fast_path_of_answered_signals_is_computed_while_the_slowest_query_i
     answers = _answers(policy, targets)
     source = SlowSignalSource(answers, render_signal_queries(policy)["p99"])
     prepared: list[str] = []
-    real_prepare = evaluation.prepare_condition
+    real_prepare = prepare_condition
 
     def recording_prepare(condition: Any, *args: Any) -> Any:
         prepared.append(condition.name)
