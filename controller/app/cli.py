@@ -30,6 +30,7 @@ from controller.app.settings import SettingsError, WebhookTokenError, load_setti
 from controller.core.policy import policy_json_schema
 from controller.core.policy_files import LoadedPolicy, PolicyError, load_policies, policy_paths
 from controller.kit.errors import ConfigError
+from controller.kit.gc_tuning import tune_for_long_running
 from controller.loop.runtime import PolicyLoadError
 
 EXIT_OK = 0
@@ -201,6 +202,7 @@ def run_controller(config: Path) -> int:
             print(error, file=sys.stderr)
         return EXIT_CONFIG
     configure_logging(settings.logFormat, settings.logLevel)
+    tune_for_long_running()  # the evaluation's states all survive: see controller/kit/gc_tuning.py
     stop = threading.Event()
 
     def on_signal(number: int, _frame: FrameType | None) -> None:

@@ -47,6 +47,7 @@ from controller.core.policy import Policy
 from controller.core.sharding import shard_of
 from controller.core.signals import query_signals
 from controller.kit.clock import SystemClock
+from controller.kit.gc_tuning import tune_for_long_running
 from controller.loop.evaluation import EvaluationPorts, UnconfiguredPredictions, evaluate
 from controller.loop.metrics import ControllerMetrics
 from controller.testing import FakeDispatcher
@@ -239,6 +240,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--shards", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     logging.disable(logging.INFO)  # the evaluation's log line is formatted, not printed
+    tune_for_long_running()  # as `tailguard run` does (controller/kit/gc_tuning.py)
     if args.worker:
         return worker(args)
 
