@@ -651,16 +651,19 @@ def prepare_condition(
     if FAST_HEALTHY and result is not None and result.ok:
         # The common case, in any order: a healthy target staying OK is built at once by _healthy. The rest go
         # through transition's full path in target order (their decisions come out in that order).
-        conditions = state.conditions
-        values = result.values
+        # Local names: this loop runs for every (condition, target) of every evaluation.
+        held_state = state.conditions.get
+        value_of = result.values.get
         holds, threshold = _COMPARE[condition.when.op], condition.when.value
+        ok, empty, refreshed = Phase.OK, _EMPTY, _healthy
         rest: list[TargetKey] = []
         for target in seen:
-            value = values.get(target)
+            value = value_of(target)
             if value is not None and not isnan(value) and not holds(value, threshold):
-                current = conditions.get((name, target), _EMPTY)
-                if current.phase is Phase.OK:
-                    healthy[(name, target)] = _healthy(current, now, value)
+                key = (name, target)
+                current = held_state(key, empty)
+                if current.phase is ok:
+                    healthy[key] = refreshed(current, now, value)
                     continue
             rest.append(target)
     else:

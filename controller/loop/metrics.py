@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter as Tally
 from collections.abc import Iterable, Mapping
+from operator import attrgetter, itemgetter
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -28,6 +29,10 @@ EVALUATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30
 def target_label(target: TargetKey) -> str:
     """One `target` label for any groupBy: 'namespace=llm,service=chat' (label names sorted)."""
     return ",".join(f"{name}={value}" for name, value in target)
+
+
+_CONDITION = itemgetter(0)
+_PHASE = attrgetter("phase")
 
 
 class ControllerMetrics:
@@ -164,7 +169,9 @@ class ControllerMetrics:
 
     def record_condition_states(self, policy: str, conditions: Iterable[str], state: PolicyState) -> None:
         """Set the per-phase target counts; every phase is written so a phase left empty reads 0, not stale."""
-        counts = Tally((condition, held.phase) for (condition, _), held in state.conditions.items())
+        # zip/map: the counting runs in C, once per (condition, target) of every evaluation
+        conditions_held = state.conditions
+        counts = Tally(zip(map(_CONDITION, conditions_held), map(_PHASE, conditions_held.values())))
         for condition in conditions:
             for phase in Phase:
                 self.condition_state.labels(policy=policy, condition=condition, phase=phase.value).set(

@@ -16,7 +16,8 @@ ratio, an HBM ratio) are backfilled into a real Prometheus (promtool); then, sid
               slowest one slows down): the floor of a concurrent cycle here
   per-target  Flagger/Argo style: the 4 queries once per target (selector on its service), 8 at a time (1 run)
 and the ratios. Reaction: evaluation start -> the rollback port's call when one target among N breaches (a real
-Dispatcher over a fresh journal, the rollback a recording fake). Figures only, nothing asserted. CPU is also
+Dispatcher over a fresh journal, the rollback a recording fake), for the bench policy (the breach in its slowest
+query, the P99) and for a policy of one cheap gauge signal (an HBM ratio). Figures only, nothing asserted. CPU is also
 shown as a share of one core at a 15 s interval.
 
     python tests/bench/bench_cycle.py [--targets 100 1000 5000] [--repeats 5] [--per-target-max 5000]
@@ -71,12 +72,23 @@ SIGNALS = {
 }
 THRESHOLDS = {"p99": 10.0, "queue": 1000.0, "errors": 0.5, "hbm": 0.99}  # nothing fires
 BREACHING = 7  # the one target whose P99 (6 s) breaches a 5 s threshold: the reaction measurement's
+BREACHING_HBM = 0.97  # and its HBM ratio (under the healthy 0.99), above REACTION_HBM_THRESHOLD
+REACTION_HBM_THRESHOLD = 0.95
+# The reaction measurement's two policies: the bench policy (the breach is in its slowest query, the P99 over
+# histogram buckets) and one gauge signal (an HBM-ratio rollback: a cheap query).
+REACTIONS = {"p99 of 4 signals": ("p99", "queue", "errors", "hbm"), "HBM gauge alone": ("hbm",)}
 
 
-def policy(targets: int, action: str = "annotate", p99_threshold: float = 10.0) -> Policy:
-    """The bench policy; with the default P99 threshold no target breaches (a healthy cycle), with 5 s the
-    BREACHING target does (the reaction measurement)."""
-    thresholds = {**THRESHOLDS, "p99": p99_threshold}
+def policy(
+    targets: int,
+    action: str = "annotate",
+    p99_threshold: float = 10.0,
+    signals: tuple[str, ...] = tuple(SIGNALS),
+    hbm_threshold: float = THRESHOLDS["hbm"],
+) -> Policy:
+    """The bench policy; with the default thresholds no target breaches (a healthy cycle), with a P99 threshold
+    of 5 s or an HBM threshold of 0.95 the BREACHING target does (the reaction measurement)."""
+    thresholds = {**THRESHOLDS, "p99": p99_threshold, "hbm": hbm_threshold}
     actions = [{"type": "annotate", "text": "{{ value }}"}] if action == "annotate" else [{"type": "rollback"}]
     return Policy.model_validate(
         {
@@ -84,7 +96,7 @@ def policy(targets: int, action: str = "annotate", p99_threshold: float = 10.0) 
             "kind": "Policy",
             "name": f"bench{targets}",
             "targets": {"groupBy": ["service"], "match": {"namespace": f"bench{targets}"}},
-            "signals": [{"name": name, "query": query} for name, query in SIGNALS.items()],
+            "signals": [{"name": name, "query": SIGNALS[name]} for name in signals],
             "conditions": [
                 {
                     "name": f"{name}-high",
@@ -94,7 +106,7 @@ def policy(targets: int, action: str = "annotate", p99_threshold: float = 10.0) 
                     "noData": "hold",
                     "actions": actions,
                 }
-                for name in SIGNALS
+                for name in signals
             ],
         }
     )
@@ -113,7 +125,8 @@ def history(targets: int) -> tuple[str, int]:
         writer.histogram(VLLM_E2E, labels, VLLM_E2E_BUCKETS, latency_histogram_points(times, lambda t: 50.0, constant))
         writer.gauge("vllm:num_requests_waiting", labels, [(t, float(index % 7)) for t in times])
         writer.gauge("bench_error_ratio", labels, [(t, 0.001 * (index % 5)) for t in times])
-        writer.gauge("bench_hbm_ratio", labels, [(t, 0.5 + 0.01 * (index % 30)) for t in times])
+        hbm = BREACHING_HBM if index == BREACHING else 0.5 + 0.01 * (index % 30)
+        writer.gauge("bench_hbm_ratio", labels, [(t, hbm) for t in times])
     return writer.render(), writer.sample_count
 
 
@@ -220,10 +233,11 @@ def per_target(url: str, the_policy: Policy, targets: int) -> float:
     return wall
 
 
-def reaction(url: str, targets: int, repeats: int, work: Path) -> tuple[float, float]:
+def reaction(url: str, targets: int, repeats: int, work: Path, signals: tuple[str, ...]) -> tuple[float, float]:
     """Evaluation start -> the rollback port's call, one target breaching among `targets` (median of `repeats`),
     and of that the part after the last of the evaluation's queries answered (the controller's own share):
-    each repeat's third breaching evaluation (for: 3) fires; its incidents are hours apart (cooldown, budget)."""
+    each repeat's third breaching evaluation (for: 3) fires; its incidents are hours apart (cooldown, budget).
+    `signals`: the policy's (REACTIONS); the breach is in its P99 if it has one, else in its HBM ratio."""
     answered: list[float] = []
 
     def timed_query(src: Any, pol: Policy, _at: float | None) -> Any:
@@ -231,9 +245,12 @@ def reaction(url: str, targets: int, repeats: int, work: Path) -> tuple[float, f
         answered.append(time.perf_counter())
         return result
 
-    the_policy = policy(targets, action="rollback", p99_threshold=5.0)
+    if "p99" in signals:
+        the_policy = policy(targets, action="rollback", p99_threshold=5.0, signals=signals)
+    else:
+        the_policy = policy(targets, action="rollback", signals=signals, hbm_threshold=REACTION_HBM_THRESHOLD)
     source = PrometheusSource(PrometheusSettings(url=url, timeout=60), SystemClock())
-    journal = Journal(work / f"reaction-{targets}.db")
+    journal = Journal(work / f"reaction-{targets}-{len(signals)}.db")
     clock = SystemClock()
     port = _TimedRollback()
     ports = EvaluationPorts(
@@ -259,7 +276,7 @@ def reaction(url: str, targets: int, repeats: int, work: Path) -> tuple[float, f
         if len(port.called_at) != calls + 1:
             raise SystemExit(f"bench: expected one rollback at N={targets}, got {len(port.called_at) - calls}")
         latencies.append(port.called_at[-1] - started)
-        after_queries.append(port.called_at[-1] - max(answered[-4:]))
+        after_queries.append(port.called_at[-1] - max(answered[-len(signals) :]))
         # the next repeat's incident starts from healthy: resolve this one by forgetting it (a new onset)
         state = PolicyState(
             conditions={k: v for k, v in state.conditions.items() if k[1] != (("service", f"svc-{BREACHING:05d}"),)},
@@ -329,7 +346,9 @@ def measure(url: str, targets: int, repeats: int, work: Path, per_target_max: in
         "bare_once_s": statistics.median(at_once),
         "rules_s": rules,
         "per_target_s": per_target(url, the_policy, targets) if targets <= per_target_max else None,
-        "reaction": reaction(url, targets, max(3, repeats), work),
+        "reactions": {
+            name: reaction(url, targets, max(3, repeats), work, signals) for name, signals in REACTIONS.items()
+        },
     }
 
 
@@ -389,16 +408,17 @@ def main(argv: list[str]) -> int:
             f"{row['cycle_s'] / row['bare_seq_s']:>7.2f} | "
             f"{per_ratio:>6}"
         )
-    print(
-        f"{'targets':>7} | {'CPU s/cycle':>11} | {'% core @15s':>11} | {'RSS MiB':>7} | {'written B/cycle':>15} | "
-        f"{'start->action ms':>16} | {'of which after the queries ms':>29}"
-    )
+    print(f"{'targets':>7} | {'CPU s/cycle':>11} | {'% core @15s':>11} | {'RSS MiB':>7} | {'written B/cycle':>15}")
     for row in rows:
         print(
             f"{row['targets']:>7} | {row['cpu_s']:>11.4f} | {100 * row['cpu_s'] / 15:>11.2f} | "
-            f"{row['rss_mib']:>7.0f} | {row['written_bytes']:>15,.0f} | {1000 * row['reaction'][0]:>16.1f} | "
-            f"{1000 * row['reaction'][1]:>29.1f}"
+            f"{row['rss_mib']:>7.0f} | {row['written_bytes']:>15,.0f}"
         )
+    print("evaluation start -> the rollback call, one target breaching (and of it, after the last answer)")
+    print(f"{'targets':>7} | " + " | ".join(f"{name + ' ms':>30}" for name in REACTIONS))
+    for row in rows:
+        cells = [f"{1000 * total:>12.1f} (after {1000 * after:>6.1f})" for total, after in row["reactions"].values()]
+        print(f"{row['targets']:>7} | " + " | ".join(f"{cell:>30}" for cell in cells))
     return 0
 
 

@@ -358,6 +358,12 @@ def report(args: argparse.Namespace, names: list[str], rows: list[dict[str, Any]
           f"({args.extrapolate // args.replicas:,} each): slowest replica cycle ~{scaled:.2f} s "
           f"(target <= {CYCLE_TARGET_SECONDS:g} s); replicas needed for <= {CYCLE_TARGET_SECONDS:g} s at "
           f"{per_target * 1e6:.0f} us/target: {needed}")  # fmt: skip
+    replicas = max(needed, args.replicas)
+    each = math.ceil(args.extrapolate / replicas)
+    print(f"extrapolated to {args.extrapolate:,} targets over {replicas} replicas "
+          f"({each:,} each): each cycle ~{per_target * each:.2f} s "
+          f"(the queries' backend must serve {replicas} replicas at once: docs/deploy.md, \"Prometheus-compatible "
+          f"backends at scale\")")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -134,9 +134,13 @@ class StateStore:
         out = StateWrite(policy)
         upserts: list[tuple[str, str, str, str, int, float]] = []
         new_keys = 0
+        held_signature = held.get
+        durable = _DURABLE
         for key, condition_state in state.conditions.items():
-            signature = _signature(condition_state, evaluated_at)
-            before = held.get(key)
+            # _signature, inlined: this runs for every (condition, target) of every evaluation
+            last = condition_state.last_data_at
+            signature = (durable(condition_state), _FRESH if last == evaluated_at else last)
+            before = held_signature(key)
             if before == signature:
                 continue
             if before is None:
