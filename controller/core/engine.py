@@ -608,7 +608,7 @@ class PreparedCondition:
     fields change, no decision) and the targets left for the full path. It depends only on the condition, its
     signal's result, the input state's conditions and `now`, so the evaluation computes it for each signal as its
     answer arrives, while the policy's slower queries are still in flight (controller/loop/evaluation.py);
-    transition() uses it only when it was computed from the same result object, state and `now`."""
+    transition() uses it only when it was computed from the same result object, state, `now` and target set."""
 
     condition: str
     result: SignalResult | None
