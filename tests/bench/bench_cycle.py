@@ -15,6 +15,8 @@ ratio, an HBM ratio) are backfilled into a real Prometheus (promtool); then, sid
               machine's cores with each other (on a 2-core host Prometheus evaluates them side by side and the
               slowest one slows down): the floor of a concurrent cycle here
   per-target  Flagger/Argo style: the 4 queries once per target (selector on its service), 8 at a time (1 run)
+  paired      the median of each cycle's ratio to the floors measured right after it (less exposed to the host's
+              drift than the ratio of the medians), and the cycle's own share: from the last answer to its end
 and the ratios. Reaction: evaluation start -> the rollback port's call when one target among N breaches (a real
 Dispatcher over a fresh journal, the rollback a recording fake), for the bench policy (the breach in its slowest
 query, the P99) and for a policy of one cheap gauge signal (an HBM ratio). Figures only, nothing asserted. CPU is also
@@ -294,6 +296,13 @@ def measure(url: str, targets: int, repeats: int, work: Path, per_target_max: in
     source = PrometheusSource(PrometheusSettings(url=url, timeout=60), SystemClock())
     journal = Journal(work / f"journal-{targets}.db")
     clock = SystemClock()
+    answered: list[float] = []
+
+    def timed_query(src: Any, pol: Policy, _at: float | None) -> Any:
+        result = query_signals(src, pol, AT)  # the backfilled instant
+        answered.append(time.perf_counter())
+        return result
+
     ports = EvaluationPorts(
         source=source,
         journal=journal,
@@ -301,7 +310,7 @@ def measure(url: str, targets: int, repeats: int, work: Path, per_target_max: in
         clock=clock,
         metrics=ControllerMetrics(CollectorRegistry()),
         predictions=UnconfiguredPredictions(),
-        query_signals=lambda src, pol, _at: query_signals(src, pol, AT),  # the backfilled instant
+        query_signals=timed_query,
     )
     state = evaluate(the_policy, PolicyState(), AT, ports).state  # warm: every target has state
     expected = 4 * targets
@@ -314,13 +323,16 @@ def measure(url: str, targets: int, repeats: int, work: Path, per_target_max: in
     slowest: list[float] = []
     engine: list[float] = []
     at_once: list[float] = []
+    after: list[float] = []
     pool = ThreadPoolExecutor(max_workers=len(queries))
     for repeat in range(repeats):
         before_io = _io_written()
         before_cpu = time.process_time()
         started = time.perf_counter()
         state = evaluate(the_policy, state, AT + 15.0 * (repeat + 1), ports).state
-        cycles.append(time.perf_counter() - started)
+        ended = time.perf_counter()
+        cycles.append(ended - started)
+        after.append(ended - max(answered[-len(queries) :]))
         cpu.append(time.process_time() - before_cpu)
         written.append(_io_written() - before_io)
         total, longest, series = bare(url, queries)
@@ -344,6 +356,11 @@ def measure(url: str, targets: int, repeats: int, work: Path, per_target_max: in
         "bare_seq_s": seq,
         "bare_max_s": floor,
         "bare_once_s": statistics.median(at_once),
+        # each cycle against the floor measured right after it (less exposed to the host's drift than the
+        # ratio of the medians)
+        "paired_max": statistics.median(c / m for c, m in zip(cycles, slowest, strict=True)),
+        "paired_once": statistics.median(c / o for c, o in zip(cycles, at_once, strict=True)),
+        "after_s": statistics.median(after),
         "rules_s": rules,
         "per_target_s": per_target(url, the_policy, targets) if targets <= per_target_max else None,
         "reactions": {
@@ -408,10 +425,14 @@ def main(argv: list[str]) -> int:
             f"{row['cycle_s'] / row['bare_seq_s']:>7.2f} | "
             f"{per_ratio:>6}"
         )
-    print(f"{'targets':>7} | {'CPU s/cycle':>11} | {'% core @15s':>11} | {'RSS MiB':>7} | {'written B/cycle':>15}")
+    print(
+        f"{'targets':>7} | {'cyc/max paired':>14} | {'cyc/once paired':>15} | {'after last answer ms':>20} | "
+        f"{'CPU s/cycle':>11} | {'% core @15s':>11} | {'RSS MiB':>7} | {'written B/cycle':>15}"
+    )
     for row in rows:
         print(
-            f"{row['targets']:>7} | {row['cpu_s']:>11.4f} | {100 * row['cpu_s'] / 15:>11.2f} | "
+            f"{row['targets']:>7} | {row['paired_max']:>14.2f} | {row['paired_once']:>15.2f} | "
+            f"{1000 * row['after_s']:>20.1f} | {row['cpu_s']:>11.4f} | {100 * row['cpu_s'] / 15:>11.2f} | "
             f"{row['rss_mib']:>7.0f} | {row['written_bytes']:>15,.0f}"
         )
     print("evaluation start -> the rollback call, one target breaching (and of it, after the last answer)")
