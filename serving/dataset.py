@@ -622,6 +622,25 @@ def write_dataset(dataset: GeneratedDataset, out: Path, *, backfill: bool) -> di
     return summary
 
 
+def tier_process(config: Path, out: Path) -> ManagedProcess:
+    """`python -m serving.tier --config CONFIG`, its state in OUT/tier-state and its log in OUT/tier.log (not
+    started yet)."""
+    return ManagedProcess(
+        "tier",
+        [sys.executable, "-m", "serving.tier", "--config", str(config), "--state-dir", str(out / "tier-state")],
+        out / "tier.log",
+    )
+
+
+def tier_scrape_configs(ready: Mapping[str, Any], *, sd_refresh: str = "5s") -> list[dict[str, Any]]:
+    """What Prometheus scrapes of a running tier (`ready`: its ready line): the replicas found through the
+    control API's HTTP service discovery, and the router, whose series carry the namespace the features select on."""
+    return [
+        http_sd_scrape_config("vllm", f"{ready['control_url']}/api/v1/sd", refresh_interval=sd_refresh),
+        static_scrape_config("router", [ready["router_url"].removeprefix("http://")], labels={"namespace": NAMESPACE}),
+    ]
+
+
 def generate_live(out: Path, *, minutes: float, rate_scale: float, replicas: int, profile: str) -> dict[str, Any]:
     """Real time: the tier process (real replicas, router) replays the trace and a real Prometheus scrapes it
     every SCRAPE_INTERVAL_S. Its TSDB is left in OUT/data. Not reproducible byte for byte (real time)."""
@@ -630,11 +649,7 @@ def generate_live(out: Path, *, minutes: float, rate_scale: float, replicas: int
     config = out / "tier.yaml"
     service = {"name": SERVICE, "namespace": NAMESPACE, "model": MODEL, "profile": profile, "replicas": replicas}
     config.write_text(yaml.safe_dump({"ports": {"control": 0, "router": 0}, "services": [service]}), encoding="utf-8")
-    tier = ManagedProcess(
-        "tier",
-        [sys.executable, "-m", "serving.tier", "--config", str(config), "--state-dir", str(out / "tier-state")],
-        out / "tier.log",
-    )
+    tier = tier_process(config, out)
     tier.start()
     try:
         try:
@@ -643,15 +658,7 @@ def generate_live(out: Path, *, minutes: float, rate_scale: float, replicas: int
             raise DatasetError(f"the serving tier did not start: {exc}") from None
         interval = f"{SCRAPE_INTERVAL_S:g}s"
         prometheus_config = write_prometheus_config(
-            out / "prometheus.yml",
-            scrape_interval=interval,
-            scrape_configs=[
-                http_sd_scrape_config("vllm", f"{ready['control_url']}/api/v1/sd"),
-                # The router's series carry the namespace the features select on.
-                static_scrape_config(
-                    "router", [ready["router_url"].removeprefix("http://")], labels={"namespace": NAMESPACE}
-                ),
-            ],
+            out / "prometheus.yml", scrape_interval=interval, scrape_configs=tier_scrape_configs(ready)
         )
         with PrometheusServer(prometheus_config, out / "data", workdir=out / "prometheus").start() as prometheus:
             prometheus.wait_target_up("vllm", count=replicas)

@@ -59,20 +59,19 @@ from serving.dataset import (
     Segment,
     arrivals,
     generate,
+    tier_process,
+    tier_scrape_configs,
     write_dataset,
 )
 from serving.load import BUILTIN_TRACES, PlannedRequest, read_trace, replay, summarize, write_csv
 from serving.profiles import EngineProfile, resolve_profile
 from serving.promstack import (
     BackfillResult,
-    ManagedProcess,
     ProcessNotReady,
     PrometheusServer,
     PromStackError,
     backfill_openmetrics,
     http_get,
-    http_sd_scrape_config,
-    static_scrape_config,
     write_prometheus_config,
 )
 from serving.tiny_model import SERVED_MODEL_NAME
@@ -348,11 +347,7 @@ def run_recording(
     config.write_text(yaml.safe_dump(tier_document(scenario, serving_python, model_dir), sort_keys=False), "utf-8")
     planned = planned_requests(scenario)
     validate_rollouts(scenario, serving_python, model_dir)
-    tier = ManagedProcess(
-        "tier",
-        [sys.executable, "-m", "serving.tier", "--config", str(config), "--state-dir", str(out / "tier-state")],
-        out / "tier.log",
-    )
+    tier = tier_process(config, out)
     tier.start()
     try:
         try:
@@ -364,12 +359,7 @@ def run_recording(
             out / "prometheus.yml",
             scrape_interval=interval,
             evaluation_interval=interval,
-            scrape_configs=[
-                http_sd_scrape_config("vllm", f"{ready['control_url']}/api/v1/sd", refresh_interval="2s"),
-                static_scrape_config(
-                    "router", [ready["router_url"].removeprefix("http://")], labels={"namespace": NAMESPACE}
-                ),
-            ],
+            scrape_configs=tier_scrape_configs(ready, sd_refresh="2s"),
         )
         with PrometheusServer(prometheus_config, out / "data", workdir=out / "prometheus").start() as prometheus:
             prometheus.wait_target_up("vllm", count=scenario.replicas, timeout=120.0)

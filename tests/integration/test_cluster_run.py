@@ -15,13 +15,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import requests
@@ -31,12 +29,12 @@ from controller.adapters.stores.journal import Journal
 from controller.core.handover import HANDOVER_ANNOTATION, decode_action_times
 from controller.core.model import target_key
 from serving.promstack import PrometheusServer, free_port, static_scrape_config, write_prometheus_config
+from tests.support.controller_process import poll_processes, start_controller, write_kubeconfig
 from tests.support.fake_kubernetes import FakeKubernetes, hpa
 from tests.support.latency_exporter import LatencyExporter
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 SERVICE = "chat"
 HPA_NAME = "chat-stable"
 NAMESPACE = "llm"
@@ -76,8 +74,6 @@ limits:
   cooldown: 10m
   maxActionsPerHour: 10
 """
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -125,17 +121,8 @@ class ControllerProcess:
         self.config = self.dir / "controller.yaml"
         self.config.write_text(json.dumps(config, indent=2), encoding="utf-8")  # JSON is YAML
         self.log = self.dir / "controller.log"
-        with self.log.open("wb") as output:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "controller", "run", "--config", str(self.config)],
-                cwd=self.dir,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # its own process group: kill() can always take all of it down
-                # POD_IP: the leader publishes its API URL in the Lease; the standby forwards to it.
-                env={**os.environ, "PYTHONPATH": str(REPO), "POD_NAME": name, "POD_IP": "127.0.0.1"},
-            )
+        # POD_IP: the leader publishes its API URL in the Lease; the standby forwards to it.
+        self.process = start_controller(self.config, self.log, env={"POD_NAME": name, "POD_IP": "127.0.0.1"})
 
     def tail(self, limit: int = 3000) -> str:
         return self.log.read_text(encoding="utf-8", errors="replace")[-limit:] if self.log.exists() else ""
@@ -180,36 +167,6 @@ class ControllerProcess:
             return [d for d in journal.recent_decisions(100) if d["kind"] == kind]
 
 
-def poll(what: str, probe: Callable[[], T | None], *processes: ControllerProcess) -> T:
-    """The first non-None answer of `probe`; fails naming `what` (and the logs) at the deadline or on an exit."""
-    deadline = time.monotonic() + DEADLINE_SECONDS
-    while True:
-        for running in processes:
-            if running.process.poll() is not None:
-                pytest.fail(
-                    f"{running.name} exited with {running.process.returncode} waiting for {what}:\n{running.tail()}"
-                )
-        answer = probe()
-        if answer is not None:
-            return answer
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}:\n" + "\n".join(f"{p.name}:\n{p.tail()}" for p in processes))
-        time.sleep(0.2)
-
-
-def write_kubeconfig(path: Path, server: str) -> Path:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "fake", "cluster": {"server": server}}],
-        "users": [{"name": "tailguard", "user": {"token": KUBE_TOKEN}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tailguard"}}],
-        "current-context": "fake",
-    }
-    path.write_text(json.dumps(config), encoding="utf-8")
-    return path
-
-
 def min_replicas(stack: Stack) -> int:
     stored = stack.kube.get_object("horizontalpodautoscalers", NAMESPACE, HPA_NAME)
     assert stored is not None
@@ -238,7 +195,9 @@ def waiting_in_prometheus(stack: Stack) -> float | None:
 def set_waiting(stack: Stack, waiting: float) -> None:
     """Set the queue and wait until Prometheus has scraped it, so no evaluation can still read the old value."""
     stack.exporter.set(SERVICE, 0.1, waiting)
-    poll(f"{waiting} waiting requests in Prometheus", lambda: True if waiting_in_prometheus(stack) == waiting else None)
+    poll_processes(
+        f"{waiting} waiting requests in Prometheus", lambda: True if waiting_in_prometheus(stack) == waiting else None
+    )
 
 
 @pytest.fixture
@@ -254,7 +213,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         )
         with PrometheusServer(config=config, workdir=tmp_path / "prometheus").start() as prometheus:
             prometheus.wait_target_up("vllm", timeout=DEADLINE_SECONDS)
-            kubeconfig = write_kubeconfig(tmp_path / "kubeconfig.yaml", kube.url)
+            kubeconfig = write_kubeconfig(tmp_path / "kubeconfig.yaml", kube.url, KUBE_TOKEN)
             yield Stack(tmp_path, exporter, prometheus, kube, kubeconfig)
 
 
@@ -272,11 +231,13 @@ def scale_record(decision: dict[str, Any]) -> dict[str, Any]:
 def test_queue_breach_raises_the_hpa_floor_through_the_kubeconfig_cluster(stack: Stack) -> None:
     controller = ControllerProcess(stack, "tailguard-solo", leader_election=False)
     try:
-        poll("the controller ready", lambda: True if (controller.readiness() or {}).get("ready") else None, controller)
+        poll_processes(
+            "the controller ready", lambda: True if (controller.readiness() or {}).get("ready") else None, controller
+        )
         assert hpa_updates(stack) == 0, "no scaling while the queue is short"
 
         set_waiting(stack, 50.0)  # 50 per replica on 2 replicas, target 20 -> ceil(2 * 50 / 20) = 5
-        poll("the HPA floor raised to 5", lambda: True if min_replicas(stack) == 5 else None, controller)
+        poll_processes("the HPA floor raised to 5", lambda: True if min_replicas(stack) == 5 else None, controller)
         controller.terminate()
     finally:
         controller.kill()
@@ -302,11 +263,13 @@ def test_only_the_leader_acts_and_the_standby_takes_over_after_sigterm(stack: St
     first = ControllerProcess(stack, "tailguard-a", leader_election=True)
     second: ControllerProcess | None = None
     try:
-        poll("tailguard-a to hold the Lease", lambda: True if lease_holder(stack) == "tailguard-a" else None, first)
-        poll("tailguard-a ready", lambda: True if (first.readiness() or {}).get("ready") else None, first)
+        poll_processes(
+            "tailguard-a to hold the Lease", lambda: True if lease_holder(stack) == "tailguard-a" else None, first
+        )
+        poll_processes("tailguard-a ready", lambda: True if (first.readiness() or {}).get("ready") else None, first)
         second = ControllerProcess(stack, "tailguard-b", leader_election=True)
         standby = second
-        poll("tailguard-b ready as a follower", lambda: True if standby.following() else None, first, standby)
+        poll_processes("tailguard-b ready as a follower", lambda: True if standby.following() else None, first, standby)
         # An alert that reaches the standby is handed to the leader (one view across replicas), not accepted and
         # dropped: the answer is the leader's.
         alert = {
@@ -319,12 +282,12 @@ def test_only_the_leader_acts_and_the_standby_takes_over_after_sigterm(stack: St
         assert forwarded.headers["X-Tailguard-Answered-By"] == "tailguard-a"
 
         set_waiting(stack, 50.0)
-        poll(
+        poll_processes(
             "the leader to raise the HPA floor to 5", lambda: True if min_replicas(stack) == 5 else None, first, standby
         )
         updated_at = time.time()
         # Give the follower every chance to act too: the leader evaluates three more times meanwhile.
-        poll(
+        poll_processes(
             "three more evaluations by the leader",
             lambda: True if (first.last_evaluation() or 0.0) > updated_at + 3 else None,
             first,
@@ -338,14 +301,16 @@ def test_only_the_leader_acts_and_the_standby_takes_over_after_sigterm(stack: St
 
         set_waiting(stack, 1.0)  # the breach is over before the leader goes away
         first.terminate()
-        poll("tailguard-b to take the Lease", lambda: True if lease_holder(stack) == "tailguard-b" else None, standby)
-        poll("tailguard-b leading", lambda: True if not standby.following() else None, standby)
+        poll_processes(
+            "tailguard-b to take the Lease", lambda: True if lease_holder(stack) == "tailguard-b" else None, standby
+        )
+        poll_processes("tailguard-b leading", lambda: True if not standby.following() else None, standby)
         assert hpa_updates(stack) == 1
 
         # The next breach comes within the 10-minute cooldown of tailguard-a's scale: tailguard-b inherited that
         # action's time from the Lease, so it decides `suppressed` instead of scaling again.
         set_waiting(stack, 80.0)
-        (suppressed, *_) = poll(
+        (suppressed, *_) = poll_processes(
             "the new leader to suppress the breach (cooldown)", lambda: standby.decisions("suppressed") or None, standby
         )
         assert "cooldown: last mutating action" in suppressed["reason"]

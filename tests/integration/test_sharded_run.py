@@ -17,13 +17,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import requests
@@ -32,12 +30,12 @@ from controller.adapters.lease.shards import shard_lease_name
 from controller.adapters.stores.journal import Journal
 from controller.core.sharding import shard_of
 from serving.promstack import PrometheusServer, free_port, static_scrape_config, write_prometheus_config
+from tests.support.controller_process import poll_processes, start_controller, write_kubeconfig
 from tests.support.fake_kubernetes import FakeKubernetes, hpa
 from tests.support.latency_exporter import LatencyExporter
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "llm"
 LEASE_NAMESPACE = "tailguard"
 LEASE_BASE = "tailguard-leader"
@@ -79,8 +77,6 @@ limits:
   cooldown: 10m
   maxActionsPerHour: 10
 """
-
-T = TypeVar("T")
 
 
 def policy_name(service: str) -> str:
@@ -139,16 +135,7 @@ class Replica:
         self.config = self.dir / "controller.yaml"
         self.config.write_text(json.dumps(config, indent=2), encoding="utf-8")
         self.log = self.dir / "controller.log"
-        with self.log.open("wb") as output:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "controller", "run", "--config", str(self.config)],
-                cwd=self.dir,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env={**os.environ, "PYTHONPATH": str(REPO), "POD_NAME": name},
-            )
+        self.process = start_controller(self.config, self.log, env={"POD_NAME": name})
 
     def tail(self, limit: int = 3000) -> str:
         return self.log.read_text(encoding="utf-8", errors="replace")[-limit:] if self.log.exists() else ""
@@ -178,34 +165,6 @@ class Replica:
             return [
                 (c["action"], c["subject"]) for c in journal.recent_controls(500) if c["action"].startswith("shard")
             ]
-
-
-def poll(what: str, probe: Callable[[], T | None], *replicas: Replica) -> T:
-    deadline = time.monotonic() + DEADLINE_SECONDS
-    while True:
-        for running in replicas:
-            if running.process.poll() is not None:
-                pytest.fail(f"{running.name} exited with {running.process.returncode} waiting for {what}:\n"
-                            f"{running.tail()}")  # fmt: skip
-        answer = probe()
-        if answer is not None:
-            return answer
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}:\n" + "\n".join(f"{r.name}:\n{r.tail()}" for r in replicas))
-        time.sleep(0.1)
-
-
-def write_kubeconfig(path: Path, server: str) -> Path:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "fake", "cluster": {"server": server}}],
-        "users": [{"name": "tailguard", "user": {"token": KUBE_TOKEN}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tailguard"}}],
-        "current-context": "fake",
-    }
-    path.write_text(json.dumps(config), encoding="utf-8")
-    return path
 
 
 def shard_holders(stack: Stack) -> dict[int, str]:
@@ -254,7 +213,13 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         )
         with PrometheusServer(config=config, workdir=tmp_path / "prometheus").start() as prometheus:
             prometheus.wait_target_up("vllm", timeout=DEADLINE_SECONDS)
-            yield Stack(tmp_path, exporter, prometheus, kube, write_kubeconfig(tmp_path / "kubeconfig.yaml", kube.url))
+            yield Stack(
+                tmp_path,
+                exporter,
+                prometheus,
+                kube,
+                write_kubeconfig(tmp_path / "kubeconfig.yaml", kube.url, KUBE_TOKEN),
+            )
 
 
 def test_three_sharded_replicas_evaluate_each_policy_once_and_survive_a_sigkill_without_a_duplicate(
@@ -265,14 +230,14 @@ def test_three_sharded_replicas_evaluate_each_policy_once_and_survive_a_sigkill_
     replicas = [Replica(stack, f"tailguard-{n}") for n in range(3)]
     names = {r.name for r in replicas}
     try:
-        holders = poll(
+        holders = poll_processes(
             "each replica to hold one shard",
             lambda: found if set((found := shard_holders(stack)).values()) == names else None,
             *replicas,
         )
         # Every policy is evaluated by exactly one replica: the holder of its shard. Two snapshots of every
         # replica's last evaluation per policy; between them each policy advanced on its shard's holder only.
-        first = {r.name: poll(f"{r.name} answering", r.last_evaluations, *replicas) for r in replicas}
+        first = {r.name: poll_processes(f"{r.name} answering", r.last_evaluations, *replicas) for r in replicas}
 
         def advanced() -> dict[str, list[str]] | None:
             now = {r.name: r.last_evaluations() or {} for r in replicas}
@@ -282,7 +247,7 @@ def test_three_sharded_replicas_evaluate_each_policy_once_and_survive_a_sigkill_
             }
             return moved if all(moved.values()) else None
 
-        moved = poll("every policy evaluated again", advanced, *replicas)
+        moved = poll_processes("every policy evaluated again", advanced, *replicas)
         time.sleep(2)  # two more 1 s intervals in which a wrong replica could evaluate too
         moved = advanced() or moved
         assert shard_holders(stack) == holders, "no rebalancing while all three run"
@@ -291,9 +256,9 @@ def test_three_sharded_replicas_evaluate_each_policy_once_and_survive_a_sigkill_
         # Every queue breaches; kill the replica whose shard's first HPA update lands first.
         for service in SERVICES:
             stack.exporter.set(service, 0.1, waiting=50.0)
-        poll("the breach in Prometheus", lambda: True if set(waiting_in_prometheus(stack).values()) == {50.0}
+        poll_processes("the breach in Prometheus", lambda: True if set(waiting_in_prometheus(stack).values()) == {50.0}
              else None, *replicas)  # fmt: skip
-        first_scaled = poll(
+        first_scaled = poll_processes(
             "a first HPA update",
             lambda: next((s for s in SERVICES if hpa_updates(stack)[hpa_name(s)]), None),
             *replicas,
@@ -303,7 +268,7 @@ def test_three_sharded_replicas_evaluate_each_policy_once_and_survive_a_sigkill_
         victim.kill()
         killed_at = time.monotonic()
         survivors = [r for r in replicas if r is not victim]
-        new_holder = poll(
+        new_holder = poll_processes(
             f"the survivors to take shard {victim_shard} over",
             lambda: h if (h := shard_holders(stack)[victim_shard]) in {r.name for r in survivors} else None,
             *survivors,
@@ -313,14 +278,14 @@ def test_three_sharded_replicas_evaluate_each_policy_once_and_survive_a_sigkill_
               f"SIGKILL (lease {LEASE_SECONDS:g} s, retry period 0.5 s)")  # fmt: skip
         owner = next(r for r in survivors if r.name == new_holder)
         survivor_services = [s for s in SERVICES if shard_of(policy_name(s), SHARDS) != victim_shard]
-        poll(
+        poll_processes(
             "the survivors' services scaled",
             lambda: True if all(min_replicas(stack, s) == 5 for s in survivor_services) else None,
             *survivors,
         )
         # The service the victim had scaled is still breaching: its new owner inherited the action time with the
         # shard Lease, so it decides `suppressed` (cooldown) instead of scaling a second time.
-        suppressed = poll(
+        suppressed = poll_processes(
             f"{owner.name} to suppress {first_scaled} (cooldown)",
             lambda: [d for d in owner.decisions("suppressed") if d["policy"] == policy_name(first_scaled)] or None,
             *survivors,

@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pytest
 import requests
@@ -36,6 +36,33 @@ def poll(what: str, probe: Callable[[], T | None], process: subprocess.Popen[byt
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}:\n{tail(log)}")
         time.sleep(0.2)
+
+
+class NamedProcess(Protocol):
+    """A started controller process with a name and its log's tail (the integration tests' replicas)."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+
+    def tail(self) -> str: ...
+
+
+def poll_processes(what: str, probe: Callable[[], T | None], *processes: NamedProcess, interval: float = 0.2) -> T:
+    """The first non-None answer of `probe`; fails naming `what` (and every log's tail) at the deadline, or at once
+    when one of `processes` exited."""
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while True:
+        for running in processes:
+            if running.process.poll() is not None:
+                pytest.fail(
+                    f"{running.name} exited with {running.process.returncode} waiting for {what}:\n{running.tail()}"
+                )
+        answer = probe()
+        if answer is not None:
+            return answer
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}:\n" + "\n".join(f"{p.name}:\n{p.tail()}" for p in processes))
+        time.sleep(interval)
 
 
 def tail(log: Path | None, limit: int = 4000) -> str:
