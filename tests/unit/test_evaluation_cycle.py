@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from controller.core import engine
 from controller.core.engine import PolicyState, prepare_condition, transition
 from controller.core.model import SignalResult, TargetKey, target_key
 from controller.core.policy import Policy
@@ -188,6 +189,7 @@ def test_the_fast_path_of_answered_signals_is_computed_while_the_slowest_query_i
         return real_prepare(condition, *args)
 
     monkeypatch.setattr(evaluation, "prepare_condition", recording_prepare)
+    monkeypatch.setattr(engine, "prepare_condition", recording_prepare)  # what transition() would recompute
     clock = ManualClock()
     state = PolicyState()
     outcomes = []
@@ -203,6 +205,7 @@ def test_the_fast_path_of_answered_signals_is_computed_while_the_slowest_query_i
         state = outcome.state
         outcomes.append(outcome)
     # the same states and decisions as the engine computing every condition itself (no `prepared`)
+    monkeypatch.setattr(engine, "prepare_condition", real_prepare)
     queries = render_signal_queries(policy)
     observations = {name: answers[queries[name]] for name in SIGNALS}
     plain_state = PolicyState()
