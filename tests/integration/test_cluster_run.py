@@ -17,7 +17,6 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +27,8 @@ from controller.adapters.scale.hpa import ANNOTATION_HUMAN_FLOOR, ANNOTATION_KEY
 from controller.adapters.stores.journal import Journal
 from controller.core.handover import HANDOVER_ANNOTATION, decode_action_times
 from controller.core.model import target_key
-from serving.promstack import PrometheusServer, free_port, static_scrape_config, write_prometheus_config
-from tests.support.controller_process import poll_processes, start_controller, write_kubeconfig
-from tests.support.fake_kubernetes import FakeKubernetes, hpa
-from tests.support.latency_exporter import LatencyExporter
+from serving.promstack import free_port
+from tests.support.controller_process import ScrapedStack, poll_processes, scraped_stack, start_controller
 
 pytestmark = pytest.mark.integration
 
@@ -76,13 +73,7 @@ limits:
 """
 
 
-@dataclass
-class Stack:
-    tmp: Path
-    exporter: LatencyExporter
-    prometheus: PrometheusServer
-    kube: FakeKubernetes
-    kubeconfig: Path
+Stack = ScrapedStack
 
 
 class ControllerProcess:
@@ -202,19 +193,8 @@ def set_waiting(stack: Stack, waiting: float) -> None:
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
-    with LatencyExporter({"namespace": NAMESPACE}) as exporter, FakeKubernetes() as kube:
-        kube.put_object(hpa(HPA_NAME, NAMESPACE, min_replicas=2, max_replicas=10))
-        exporter.set(SERVICE, 0.1, waiting=1.0)
-        config = write_prometheus_config(
-            tmp_path / "prometheus.yml",
-            scrape_configs=[static_scrape_config("vllm", [exporter.target])],
-            scrape_interval="1s",
-            evaluation_interval="1s",
-        )
-        with PrometheusServer(config=config, workdir=tmp_path / "prometheus").start() as prometheus:
-            prometheus.wait_target_up("vllm", timeout=DEADLINE_SECONDS)
-            kubeconfig = write_kubeconfig(tmp_path / "kubeconfig.yaml", kube.url, KUBE_TOKEN)
-            yield Stack(tmp_path, exporter, prometheus, kube, kubeconfig)
+    with scraped_stack(tmp_path, NAMESPACE, {SERVICE: HPA_NAME}, KUBE_TOKEN) as running:
+        yield running
 
 
 def assert_clean_log(controller: ControllerProcess) -> None:

@@ -19,7 +19,6 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +28,8 @@ import requests
 from controller.adapters.lease.shards import shard_lease_name
 from controller.adapters.stores.journal import Journal
 from controller.core.sharding import shard_of
-from serving.promstack import PrometheusServer, free_port, static_scrape_config, write_prometheus_config
-from tests.support.controller_process import poll_processes, start_controller, write_kubeconfig
-from tests.support.fake_kubernetes import FakeKubernetes, hpa
-from tests.support.latency_exporter import LatencyExporter
+from serving.promstack import free_port
+from tests.support.controller_process import ScrapedStack, poll_processes, scraped_stack, start_controller
 
 pytestmark = pytest.mark.integration
 
@@ -87,13 +84,7 @@ def hpa_name(service: str) -> str:
     return f"{service}-stable"
 
 
-@dataclass
-class Stack:
-    tmp: Path
-    exporter: LatencyExporter
-    prometheus: PrometheusServer
-    kube: FakeKubernetes
-    kubeconfig: Path
+Stack = ScrapedStack
 
 
 class Replica:
@@ -201,25 +192,10 @@ def waiting_in_prometheus(stack: Stack) -> dict[str, float]:
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
-    with LatencyExporter({"namespace": NAMESPACE}) as exporter, FakeKubernetes() as kube:
-        for service in SERVICES:
-            kube.put_object(hpa(hpa_name(service), NAMESPACE, min_replicas=2, max_replicas=10))
-            exporter.set(service, 0.1, waiting=1.0)
-        config = write_prometheus_config(
-            tmp_path / "prometheus.yml",
-            scrape_configs=[static_scrape_config("vllm", [exporter.target])],
-            scrape_interval="1s",
-            evaluation_interval="1s",
-        )
-        with PrometheusServer(config=config, workdir=tmp_path / "prometheus").start() as prometheus:
-            prometheus.wait_target_up("vllm", timeout=DEADLINE_SECONDS)
-            yield Stack(
-                tmp_path,
-                exporter,
-                prometheus,
-                kube,
-                write_kubeconfig(tmp_path / "kubeconfig.yaml", kube.url, KUBE_TOKEN),
-            )
+    with scraped_stack(
+        tmp_path, NAMESPACE, {service: hpa_name(service) for service in SERVICES}, KUBE_TOKEN
+    ) as running:
+        yield running
 
 
 def test_three_sharded_replicas_evaluate_each_policy_once_and_survive_a_sigkill_without_a_duplicate(

@@ -9,14 +9,19 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import pytest
 import requests
 
+from serving.promstack import PrometheusServer, static_scrape_config, write_prometheus_config
 from tests.support.fake_grafana import FakeGrafana
+from tests.support.fake_kubernetes import FakeKubernetes, hpa
+from tests.support.latency_exporter import LatencyExporter
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_SECONDS = 90.0  # per wait; generous for a loaded 2-core machine, never reached when things work
@@ -109,3 +114,34 @@ def write_kubeconfig(path: Path, server: str, token: str) -> Path:
     }
     path.write_text(json.dumps(config), encoding="utf-8")
     return path
+
+
+@dataclass
+class ScrapedStack:
+    """A latency exporter scraped every second by a real Prometheus, the fake Kubernetes API with an HPA per
+    service, and a kubeconfig for it: what the `tailguard run` integration tests run their processes against."""
+
+    tmp: Path
+    exporter: LatencyExporter
+    prometheus: PrometheusServer
+    kube: FakeKubernetes
+    kubeconfig: Path
+
+
+@contextmanager
+def scraped_stack(tmp: Path, namespace: str, hpas: Mapping[str, str], kube_token: str) -> Iterator[ScrapedStack]:
+    """`hpas`: service -> its HPA's name (min 2, max 10); each service starts healthy (0.1 s, 1 waiting)."""
+    with LatencyExporter({"namespace": namespace}) as exporter, FakeKubernetes() as kube:
+        for service, name in hpas.items():
+            kube.put_object(hpa(name, namespace, min_replicas=2, max_replicas=10))
+            exporter.set(service, 0.1, waiting=1.0)
+        config = write_prometheus_config(
+            tmp / "prometheus.yml",
+            scrape_configs=[static_scrape_config("vllm", [exporter.target])],
+            scrape_interval="1s",
+            evaluation_interval="1s",
+        )
+        with PrometheusServer(config=config, workdir=tmp / "prometheus").start() as prometheus:
+            prometheus.wait_target_up("vllm", timeout=DEADLINE_SECONDS)
+            kubeconfig = write_kubeconfig(tmp / "kubeconfig.yaml", kube.url, kube_token)
+            yield ScrapedStack(tmp, exporter, prometheus, kube, kubeconfig)

@@ -101,8 +101,7 @@ class LeaderElector:
         self._handover: HandoverPort | None = None
         self._advertised_url: str | None = None  # ours, written with every Lease write
         self._holder_url: str | None = None  # the current (other) holder's, read each round
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._rounds = RoundLoop(self.run_once, "tailguard-leader", join_timeout=self.timeout + 1)
 
     @classmethod
     def from_settings(cls, settings: LeaderElectionSettings, api: k8s.CoordinationV1Api, clock: Clock) -> LeaderElector:
@@ -206,20 +205,15 @@ class LeaderElector:
 
     def start(self, interval: float | None = None) -> None:
         """Run `run_once` every `interval` seconds (default a third of the lease) on a daemon thread."""
-        period = interval if interval is not None else self.lease_seconds / 3
-        self._stop.clear()
-        self._thread = start_rounds(self.run_once, period, self._stop, "tailguard-leader")
+        self._rounds.start(interval if interval is not None else self.lease_seconds / 3)
 
     @property
     def running(self) -> bool:
         """Whether `start` started the renewal loop (and `stop` has not ended it)."""
-        return self._thread is not None
+        return self._rounds.running
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.timeout + 1)
-            self._thread = None
+        self._rounds.stop()
         self.release()
 
     # -- helpers ----------------------------------------------------------------------------------------
@@ -362,17 +356,36 @@ def _view(lease: k8s.V1Lease) -> LeaseView:
     )
 
 
-def start_rounds(run_once: Callable[[], object], period: float, stop: threading.Event, name: str) -> threading.Thread:
-    """A daemon thread running `run_once` every `period` seconds until `stop` is set (an elector's renewals)."""
+class RoundLoop:
+    """A daemon thread running `run_once` every `period` seconds until stop() (an elector's renewal rounds)."""
 
-    def loop() -> None:
-        while not stop.is_set():
-            try:
-                run_once()
-            except Exception:  # one bad round must not end the election loop
-                log.exception("%s: election round failed", name)
-            stop.wait(period)
+    def __init__(self, run_once: Callable[[], object], name: str, join_timeout: float) -> None:
+        self._run_once = run_once
+        self._name = name
+        self._join_timeout = join_timeout
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    thread = threading.Thread(target=loop, name=name, daemon=True)
-    thread.start()
-    return thread
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def start(self, period: float) -> None:
+        self._stop.clear()
+
+        def loop() -> None:
+            while not self._stop.is_set():
+                try:
+                    self._run_once()
+                except Exception:  # one bad round must not end the election loop
+                    log.exception("%s: election round failed", self._name)
+                self._stop.wait(period)
+
+        self._thread = threading.Thread(target=loop, name=self._name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self._join_timeout)
+            self._thread = None

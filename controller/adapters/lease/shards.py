@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from kubernetes import client as k8s
 
-from controller.adapters.lease.leader import LeaderElector, _view, start_rounds
+from controller.adapters.lease.leader import LeaderElector, RoundLoop, _view
 from controller.adapters.lease.settings import LeaderElectionSettings
 from controller.adapters.scale.hpa import KubeError
 from controller.core.controls import CONTROLS_ANNOTATION, Controls, ControlsError
@@ -147,8 +147,7 @@ class ShardedElector:
         self._round = threading.Lock()
         self._held: set[int] = set()  # shards led at the end of the last round (for change reports)
         self.live_replicas = 0  # as counted in the last round
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._rounds = RoundLoop(self.run_once, "tailguard-shards", join_timeout=30)
 
     @classmethod
     def from_settings(
@@ -267,19 +266,14 @@ class ShardedElector:
     # -- background loop ----------------------------------------------------------------------------------------
 
     def start(self, interval: float | None = None) -> None:
-        period = interval if interval is not None else self.lease_seconds / 3
-        self._stop.clear()
-        self._thread = start_rounds(self.run_once, period, self._stop, "tailguard-shards")
+        self._rounds.start(interval if interval is not None else self.lease_seconds / 3)
 
     @property
     def running(self) -> bool:
-        return self._thread is not None
+        return self._rounds.running
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+        self._rounds.stop()
         self.release()
 
     def release(self) -> None:
