@@ -25,9 +25,11 @@ count stay as they were. The alert only says "look now at this target"; the
 observation counts toward `for` like any other, and never shortens it (a
 `for: N` streak must span (N-1) x interval, see rules/README.md).
 
-Authentication: with a webhook token (settings `webhook:`), `POST /api/v1/alerts`
-needs `Authorization: Bearer <token>`: 401 without it, 403 with another token
-(compared in constant time, so the answer time does not leak how much of a guess
+Authentication: control is never anonymous. Without a token (no `webhook:` section) alerts, pause/resume, abort,
+decisions and status answer requests from loopback only (403 to any other peer), and the controller refuses to
+start with a `listen` address that is not loopback (settings `anonymous_control_error`). With a webhook token
+(settings `webhook:`), `POST /api/v1/alerts` needs `Authorization: Bearer <token>`: 401 without it, 403 with
+another token (compared in constant time, so the answer time does not leak how much of a guess
 was right). The token is never logged or echoed. The same token guards every
 non-health endpoint: `GET /api/v1/decisions` (decisions carry evidence and action
 parameters) answers 401/403 the same way. /healthz, /readyz and /metrics stay
@@ -87,6 +89,7 @@ from controller.core.ports import (
     LeaderPort,
     OperatorPort,
 )
+from controller.kit.net import is_loopback_host
 from controller.kit.redact import redact_value
 from controller.loop.metrics import EXPOSITION_CONTENT_TYPE
 
@@ -395,6 +398,14 @@ class ControllerAPI:
     async def _answer(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
         try:
+            if self._webhook_token is None and forwarded_path(path) and not is_loopback_host(request.remote):
+                # No token configured: alerts, controls, decisions and status are this machine's only.
+                logger.warning("refused %s %s from %s: no token is configured, so it answers loopback only (403)",
+                               request.method, path, request.remote)  # fmt: skip
+                error = (
+                    "no token is configured on this controller: this endpoint answers requests from its own host only"
+                )
+                return await self._answer_unread(request, _json(403, {"error": error}))
             if (
                 self._forwarder is not None
                 and request.method in ("GET", "POST")
@@ -565,7 +576,7 @@ class ControllerAPI:
         try:
             raw = json.loads(body) if body.strip() else {}
         except (UnicodeDecodeError, json.JSONDecodeError):
-            return 400, {"error": "the body must be JSON: {\"reason\": ..., \"by\": ...}"}
+            return 400, {"error": 'the body must be JSON: {"reason": ..., "by": ...}'}
         if not isinstance(raw, dict):
             return 400, {"error": "the body must be a JSON object"}
         reason, by = raw.get("reason"), raw.get("by")

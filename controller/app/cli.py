@@ -211,12 +211,16 @@ def run_controller(config: Path) -> int:
 
     try:
         with ExitStack() as stack:
+            anonymous = settings.anonymous_control_error()
+            if anonymous is not None:
+                raise ConfigError(anonymous)
             webhook_token = settings.webhook_token()
             check_policies(settings)
             if webhook_token is None:
                 logger.warning(
-                    "no `webhook` section in %s: POST /api/v1/alerts accepts anyone who can reach %s:%d "
-                    "(set webhook.bearerTokenFile or webhook.bearerTokenEnv)",
+                    "no `webhook` section in %s: alerts, pause/resume, abort, decisions and status answer only "
+                    "requests from this machine (loopback, %s:%d); set webhook.bearerTokenFile or "
+                    "webhook.bearerTokenEnv to serve them to others",
                     config,
                     settings.listen.host,
                     settings.listen.port,
