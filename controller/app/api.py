@@ -42,7 +42,9 @@ cut to scheme+host (`controller.kit.redact`).
 Standby: with leader election, only the leader evaluates. One view across replicas: when the elector knows
 where the leader's API answers (the Lease annotation `tailguard.io/api-url`), a standby authenticates every
 `/api/v1/*` and `/status` request itself and answers with the leader's answer (controller/app/forwarding.py:
-timeout, bounded size, one hop at most); alerts too, so an alert that reaches the standby is evaluated by the
+timeout, bounded size, one hop at most; only to the Lease holder's pod of this Deployment, signed with the replicas'
+key instead of the client's token, and only an answer the leader signed is relayed); alerts too, so an alert that
+reaches the standby is evaluated by the
 leader. With no leader known or reachable (or without a published URL), a standby answers those requests with
 503, a `Retry-After` header and `{"standby": true, ...}` instead of accepting an alert it would drop: Alertmanager
 retries a 5xx (notify/util.go `Retrier.Check`: 5xx are retried, 4xx are not), and a retry reaches the leader.
@@ -53,6 +55,7 @@ whose controller gave it (`X-Tailguard-Answered-By`).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hmac
 import json
 import logging
@@ -73,6 +76,7 @@ from controller.app.forwarding import (
     LeaderForwarder,
     forwarded_path,
 )
+from controller.app.peer_auth import NONCE_HEADER, SIGNATURE_HEADER, PeerKey
 from controller.app.status_page import render_status_page
 from controller.core.alerts import (
     AlertmanagerPayload,
@@ -88,6 +92,7 @@ from controller.core.ports import (
     LeaderDirectoryPort,
     LeaderPort,
     OperatorPort,
+    PeerCheckPort,
 )
 from controller.kit.net import is_loopback_host
 from controller.kit.redact import redact_value
@@ -111,6 +116,9 @@ MAX_HEADERS = 64
 DRAIN_LIMIT_BYTES = 64 * 1024  # a refused POST's body up to this is read (the connection stays usable)
 SHUTDOWN_SECONDS = 2.0
 MAX_CONTROL_BYTES = 4096  # {"by": ..., "reason": ...}
+# The nonce of the request being answered when a replica signed it and it was accepted (each request is answered
+# in its own task, so this is per request); its answer is signed with it.
+PEER_NONCE: contextvars.ContextVar[str | None] = contextvars.ContextVar("tailguard_peer_nonce", default=None)
 
 
 def parse_alertmanager_payload(body: bytes) -> AlertmanagerPayload:
@@ -174,6 +182,8 @@ class ControllerAPI:
         workers: int = WORKER_THREADS,
         status_links: Mapping[str, str] | None = None,
         forward_timeout: float = FORWARD_TIMEOUT_SECONDS,
+        peer_key: PeerKey | None = None,
+        peers: PeerCheckPort | None = None,
     ) -> None:
         if webhook_token is not None and not webhook_token:
             raise ValueError("webhook_token must not be empty (None leaves the webhook open)")
@@ -188,9 +198,16 @@ class ControllerAPI:
         # With leader election: a standby refuses alerts with 503 so that Alertmanager retries on the leader.
         self._leader = leader
         self.standby_retry_after = max(1, int(standby_retry_after))
+        # Replica-to-replica trust (controller/app/peer_auth.py): the replicas' own key, else one derived from the
+        # token (never the token itself); `peers` says which URL is a replica's (controller/adapters/lease/peers.py).
+        if peer_key is None and webhook_token is not None:
+            peer_key = PeerKey.derived_from_token(webhook_token)
+        self._peer_key = peer_key
         # One view across replicas: a standby forwards to the leader's published API (an elector that says where).
         self._forwarder = (
-            LeaderForwarder(leader, timeout=forward_timeout, retry_after=self.standby_retry_after)
+            LeaderForwarder(
+                leader, key=peer_key, peers=peers, timeout=forward_timeout, retry_after=self.standby_retry_after
+            )
             if isinstance(leader, LeaderDirectoryPort)
             else None
         )
@@ -389,11 +406,55 @@ class ControllerAPI:
         return await loop.run_in_executor(self._workers, function, *args)
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        PEER_NONCE.set(None)
         response = await self._answer(request)
         if self._forwarder is not None:
             # Which replica's controller answered (a forwarded answer already names the leader).
             response.headers.setdefault(ANSWERED_BY_HEADER, self._forwarder.identity)
+            nonce = PEER_NONCE.get()
+            if (
+                nonce is not None
+                and self._peer_key is not None
+                and isinstance(response, web.Response)
+                and self._leader is not None
+                and self._leader.is_leader()
+            ):
+                # The leader's answer to a replica's request, signed: the standby relays nothing else.
+                response.headers[SIGNATURE_HEADER] = self._peer_key.sign_answer(
+                    nonce=nonce,
+                    leader=self._forwarder.identity,
+                    status=response.status,
+                    body=bytes(response.body or b""),
+                )
         return response
+
+    def _peer_refusal(self, request: web.BaseRequest) -> web.Response | None:
+        """A request signed by a replica (controller/app/peer_auth.py): checked here, remembered on the request
+        (its answer is signed in _handle, its token check is the signature). None when unsigned or valid."""
+        if SIGNATURE_HEADER not in request.headers:
+            return None
+        if self._peer_key is None or self._forwarder is None:
+            reason = "this replica takes no replica-signed requests (no replica key or no leader election)"
+        else:
+            reason = self._peer_key.check_request(
+                request.headers,
+                sender=request.headers.get(FORWARDED_HEADER, ""),
+                receiver=self._forwarder.identity,
+                method=request.method,
+                path_qs=request.raw_path,
+                content_length=request.content_length or 0,
+            )
+        if reason is None:
+            PEER_NONCE.set(request.headers[NONCE_HEADER])
+            return None
+        logger.warning("rejected %s %s from %s: %s (403)", request.method, request.path, request.remote, reason)
+        return _json(403, {"error": f"not accepted as a replica's request: {reason}"})
+
+    def _authorized(self, presented: str | None, what: str) -> tuple[int, dict[str, Any]] | None:
+        """The bearer-token check, or a replica's signature checked already (`_peer_refusal`)."""
+        if PEER_NONCE.get() is not None:
+            return None
+        return self.authorize(presented, what)
 
     async def _answer(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
@@ -406,6 +467,9 @@ class ControllerAPI:
                     "no token is configured on this controller: this endpoint answers requests from its own host only"
                 )
                 return await self._answer_unread(request, _json(403, {"error": error}))
+            peer_refusal = self._peer_refusal(request)
+            if peer_refusal is not None:
+                return await self._answer_unread(request, peer_refusal)
             if (
                 self._forwarder is not None
                 and request.method in ("GET", "POST")
@@ -432,7 +496,7 @@ class ControllerAPI:
             body = await self._call(self.controller.metrics.exposition)
             return _response(200, body, EXPOSITION_CONTENT_TYPE)
         if path == "/api/v1/decisions":
-            refusal = self.authorize(request.headers.get("Authorization"), "decisions request")
+            refusal = self._authorized(request.headers.get("Authorization"), "decisions request")
             if refusal is not None:
                 return _refusal(*refusal)
             return _json(*await self._call(self.decisions, request.query_string))
@@ -440,7 +504,7 @@ class ControllerAPI:
             presented = request.headers.get("Authorization")
             if presented is None and path == "/status" and "token" in request.query:
                 presented = f"Bearer {request.query['token']}"  # a browser link cannot send a header
-            refusal = self.authorize(presented, "status request")
+            refusal = self._authorized(presented, "status request")
             if refusal is not None:
                 return _refusal(*refusal)
             status, document, headers = await self._call(self.status)
@@ -458,7 +522,7 @@ class ControllerAPI:
         if path != "/api/v1/alerts":
             status = 404 if path not in ("/healthz", "/readyz", "/metrics", "/api/v1/decisions") else 405
             return await self._answer_unread(request, _json(status, {"error": f"no POST endpoint at {path}"}))
-        refusal = self.authorize_webhook(request.headers.get("Authorization"))
+        refusal = self._authorized(request.headers.get("Authorization"), "Alertmanager webhook")
         if refusal is not None:
             return await self._answer_unread(request, _refusal(*refusal))
         standby = self.refuse_if_standby()
@@ -482,7 +546,7 @@ class ControllerAPI:
         return _json(*await self._call(self.alerts, body))
 
     async def _post_control(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
-        refusal = self.authorize(request.headers.get("Authorization"), "control request")
+        refusal = self._authorized(request.headers.get("Authorization"), "control request")
         if refusal is not None:
             return await self._answer_unread(request, _refusal(*refusal))
         standby = self.refuse_if_standby("control")
@@ -522,7 +586,7 @@ class ControllerAPI:
                 return _refuse_body(_json(400, {"error": "the body did not arrive whole"}), request)
         answer = await self._forwarder.forward(
             request.method,
-            request.path_qs,
+            request.raw_path,
             dict(request.headers),
             body,
             hop=request.headers.get(FORWARDED_HEADER),

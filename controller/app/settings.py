@@ -170,6 +170,29 @@ class ControllerSettings(_Strict):
             "or webhook.bearerTokenEnv, or listen on 127.0.0.1"
         )
 
+    def peer_secret(self) -> bytes | None:
+        """The replicas' own secret (leaderElection.peerSecretFile/peerSecretEnv), read now; None when not set (the
+        API then derives the replica key from the webhook token, controller/app/peer_auth.py)."""
+        election = self.leaderElection
+        if election is None or (election.peerSecretFile is None and election.peerSecretEnv is None):
+            return None
+        if election.peerSecretEnv is not None:
+            where = f"leaderElection.peerSecretEnv: environment variable {election.peerSecretEnv}"
+            secret = os.environ.get(election.peerSecretEnv, "")
+        else:
+            assert election.peerSecretFile is not None
+            path = self.path(election.peerSecretFile)
+            where = f"leaderElection.peerSecretFile: {path}"
+            try:
+                secret = path.read_text(encoding="utf-8")
+            except OSError as unreadable:
+                reason = unreadable.strerror or type(unreadable).__name__
+                raise WebhookTokenError(f"{where}: cannot read the secret: {reason}") from None
+        secret = secret.strip()
+        if len(secret.encode()) < 16:
+            raise WebhookTokenError(f"{where}: the secret is not set or shorter than 16 bytes")
+        return secret.encode()
+
     def webhook_token(self) -> str | None:
         """The token Alertmanager must present, read now; None when `webhook` is absent (an open webhook)."""
         if self.webhook is None:
