@@ -22,6 +22,7 @@ from kubernetes_validate.utils import latest_version
 
 from controller.app.settings import load_settings, parse_settings_text
 from controller.core.policy_files import load_policies
+from controller.tools.cluster_permissions import PEER_PERMISSIONS
 from serving.manifests import (
     EXAMPLE_POLICIES_DIR,
     KustomizeError,
@@ -186,7 +187,8 @@ def test_rbac_is_exactly_what_the_actuators_call(base: list[dict[str, Any]]) -> 
     events = _triples(
         {"apiGroups": [g], "resources": [r], "verbs": sorted(v)} for (g, r), v in EVENT_PERMISSIONS.items()
     )
-    assert granted["tailguard"] == lease_and_events
+    peers = _triples(PEER_PERMISSIONS)  # replica-to-replica trust: the standby reads the Lease holder's pod
+    assert granted["tailguard"] == lease_and_events | peers
     assert granted[SERVING_NAMESPACE] == expected_actuator_permissions() | events
 
 

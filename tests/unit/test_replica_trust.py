@@ -30,6 +30,7 @@ from controller.app.api import ControllerAPI
 from controller.app.forwarding import ANSWERED_BY_HEADER, FORWARDED_HEADER, VIA_HEADER
 from controller.app.peer_auth import NONCE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, PeerKey
 from controller.kit.clock import ManualClock
+from controller.tools.cluster_permissions import PEER_PERMISSIONS
 from tests.support.fake_kubernetes import FakeKubernetes
 from tests.unit.test_api_forwarding import FIXTURES, DirectoryLeader, OperatorController
 
@@ -250,8 +251,11 @@ def test_the_real_leader_behind_the_same_checks_answers(cluster: Cluster) -> Non
     assert pause.status_code == 200 and cluster.leader_controller.paused == [(None, True, "alice (bearer token)")]
     for answer in (status, decisions, alert, pause):
         assert answer.headers[ANSWERED_BY_HEADER] == LEADER_POD and answer.headers[VIA_HEADER] == STANDBY_POD
-    # The pod was read once for the four requests (the check is cached), and the standby's own once.
+    # The pod was read once for the four requests (the check is cached), and the standby's own once: calls that
+    # deploy/base's Role grants (PEER_PERMISSIONS, compared with the rendered Role in tests/unit/test_deploy.py).
     assert len(cluster.fake.calls("get", "pods")) == 2
+    pods = {(r.api_group, r.resource, r.verb) for r in cluster.fake.requests if r.resource == "pods"}
+    assert pods == {(p.api_group, p.resource, verb) for p in PEER_PERMISSIONS for verb in p.verbs}
 
 
 def test_the_leader_refuses_forged_replayed_and_stale_replica_signatures(cluster: Cluster) -> None:
