@@ -404,3 +404,13 @@ def test_crd_policies_component_grants_exactly_the_policy_permissions(tmp_path: 
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tailguard", "namespace": "tailguard"}]
     base_rules = [rule for r in by_kind(render_kustomization(BASE), "Role") for rule in r["rules"]]
     assert not any("tailguard.io" in rule["apiGroups"] for rule in base_rules)
+
+
+def test_the_image_ships_promtool() -> None:
+    """Issue 24 item 9: `tailguard rules validate` in the image needs a PromQL parser (it fails without one)."""
+    lines = [line.strip() for line in (REPO / "Dockerfile").read_text().splitlines()]
+    stages = [line.split() for line in lines if line.startswith("FROM ")]
+    promtool_stage = [stage for stage in stages if stage[-1] == "promtool"]
+    assert promtool_stage and promtool_stage[0][1].startswith("prom/prometheus:v"), "a pinned Prometheus release"
+    final = lines[max(i for i, line in enumerate(lines) if line.startswith("FROM ")) :]
+    assert "COPY --from=promtool /bin/promtool /usr/local/bin/promtool" in final, "copied into the runtime image"
