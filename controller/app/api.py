@@ -67,8 +67,8 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
 
+from controller.app.capped_server import CappedServer
 from controller.app.forwarding import (
     ANSWERED_BY_HEADER,
     FORWARD_TIMEOUT_SECONDS,
@@ -106,7 +106,7 @@ DEFAULT_DECISIONS = 50
 MAX_DECISIONS = 1000
 STANDBY_RETRY_AFTER_SECONDS = 2  # about one leader-election retry period: the Lease is settled by then
 MAX_JSON_DEPTH = 32  # an Alertmanager payload is 4 levels deep (payload > alerts > alert > labels)
-MAX_CONNECTIONS = 1000  # open connections; at the cap the longest-idle one makes room (see ControllerAPI)
+MAX_CONNECTIONS = 1000  # open connections; past the cap new ones wait for a slot (controller/app/capped_server.py)
 IDLE_TIMEOUT_SECONDS = 30.0  # a connection with no complete request head (new or kept alive) is closed then
 BODY_TIMEOUT_SECONDS = 10.0  # the whole body of a POST within this (else 408)
 WORKER_THREADS = 4  # threads answering what asks the controller (readiness, metrics, decisions, alerts)
@@ -157,9 +157,11 @@ class ControllerAPI:
     OSError) and `.port` is known before `start`.
 
     Limits (module constants, overridable per instance): at most `max_connections` open connections (at the cap the
-    longest-idle connection is closed for the new one, so a flood of idle connections never locks a probe out; with
-    none idle the new one is closed), an idle/header timeout (`idle_timeout`: a connection that sends no complete
-    request head within it is closed, a kept-alive one between requests too), a body timeout (`body_timeout`: 408),
+    least recently used connection idle for a second or more is closed for the new one, so a flood of idle
+    connections never locks a probe out; with none, the new one waits unread for a slot, up to LISTEN_BACKLOG of
+    them, and is answered late rather than reset: controller/app/capped_server.py), an idle/header timeout
+    (`idle_timeout`: a connection that sends no complete request head within it is closed, a kept-alive one
+    between requests too), a body timeout (`body_timeout`: 408),
     request-line/header size limits (aiohttp: 400/431), bodies over `max_body_bytes` refused unread (413, the
     connection closed), JSON nested deeper than `MAX_JSON_DEPTH` refused (400). Answers that ask the controller
     (readiness, metrics, decisions, alerts) run on a small worker pool (`workers` threads), so a slow one never
@@ -218,7 +220,7 @@ class ControllerAPI:
         self._workers = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tailguard-api-worker")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.ServerRunner | None = None
-        self._server: _CappedServer | None = None
+        self._server: CappedServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -266,10 +268,11 @@ class ControllerAPI:
         logger.info("API listening on %s", self.url)
 
     async def _serve(self) -> None:
-        self._server = _CappedServer(
+        self._server = CappedServer(
             self._handle,
             max_connections=self.max_connections,
-            keepalive_timeout=self.idle_timeout,  # also bounds an incomplete request head: see _CappedServer
+            max_waiting=LISTEN_BACKLOG,  # past the cap, new connections wait for a slot
+            keepalive_timeout=self.idle_timeout,  # also bounds an incomplete request head: see CappedServer
             lingering_time=0,  # an unread body is never drained: the connection is closed instead
             max_line_size=MAX_LINE_BYTES,
             max_field_size=MAX_LINE_BYTES,
@@ -303,9 +306,9 @@ class ControllerAPI:
         self._socket.close()
 
     def open_connections(self) -> int:
-        """Connections open right now (at most `max_connections`)."""
+        """Connections admitted right now (at most `max_connections`; more may wait for a slot)."""
         server = self._server
-        return len(server.connections) if server is not None else 0
+        return server.admitted if server is not None else 0
 
     def connection_sockets(self) -> list[socket.socket]:
         """The sockets of the open connections (for checks of their options, e.g. TCP_NODELAY)."""
@@ -483,6 +486,9 @@ class ControllerAPI:
             if request.method == "POST":
                 return await self._post(request, path)
             return _refuse_body(_json(405, {"error": f"method {request.method} is not allowed"}), request)
+        except ConnectionError as gone:  # the client closed or reset its connection mid-request: nothing to answer
+            logger.debug("%s %s: the client went away (%s)", request.method, path, type(gone).__name__)
+            return _refuse_body(_json(400, {"error": "the connection was lost"}), request)
         except Exception:  # a bug in one request must not take the server down; details go to the log
             logger.exception("%s %s failed", request.method, path)
             return _refuse_body(_json(500, {"error": "internal error (see the controller log)"}), request)
@@ -675,53 +681,6 @@ class ControllerAPI:
         elif length == 0 or (length is None and not request.body_exists):
             return answer
         return _refuse_body(answer, request)
-
-
-class _CappedServer(web.Server):
-    """aiohttp's low-level server with a connection cap.
-
-    aiohttp's `keepalive_timeout` runs from the connection's start and from each answer, and closes the connection
-    if no complete request head arrived by then: it is the idle AND the header timeout. At the cap, the connection
-    idle the longest (no request in progress) is closed to make room; if every connection is busy, the new one is
-    closed instead."""
-
-    def __init__(self, handler: Any, *, max_connections: int, **kwargs: Any) -> None:
-        super().__init__(handler, **kwargs)
-        self._max_connections = max_connections
-        self._busy: set[Any] = set()
-        self.request_handler = self._tracked(handler)
-
-    def _tracked(self, handler: Any) -> Any:
-        busy = self._busy
-
-        async def tracked(request: web.BaseRequest) -> web.StreamResponse:
-            protocol = request.protocol
-            busy.add(protocol)
-            try:
-                response: web.StreamResponse = await handler(request)
-                return response
-            finally:
-                busy.discard(protocol)
-
-        return tracked
-
-    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # aiohttp sets it too; never Nagle
-        open_now = self.connections  # oldest first
-        if len(open_now) >= self._max_connections:
-            idle = next((existing for existing in open_now if existing not in self._busy), None)
-            if idle is None:
-                transport.abort()  # every connection is busy: refuse the new one
-                return
-            idle.force_close()
-            self._connections.pop(idle, None)
-        super().connection_made(handler, transport)
-
-    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
-        self._busy.discard(handler)
-        super().connection_lost(handler, exc)
 
 
 def _control_of(path: str) -> tuple[str | None, bool] | None:
