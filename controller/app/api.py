@@ -592,7 +592,7 @@ class ControllerAPI:
                 return _refuse_body(_json(400, {"error": "the body did not arrive whole"}), request)
         answer = await self._forwarder.forward(
             request.method,
-            request.raw_path,
+            _without_link_token(request),
             dict(request.headers),
             body,
             hop=request.headers.get(FORWARDED_HEADER),
@@ -681,6 +681,14 @@ class ControllerAPI:
         elif length == 0 or (length is None and not request.body_exists):
             return answer
         return _refuse_body(answer, request)
+
+
+def _without_link_token(request: web.BaseRequest) -> str:
+    """The path and query to forward: the status page's `?token=` (a client credential) never leaves the standby."""
+    if "token" not in request.query:
+        return request.raw_path
+    kept = [(name, value) for name, value in request.query.items() if name != "token"]
+    return str(request.rel_url.with_query(kept))
 
 
 def _control_of(path: str) -> tuple[str | None, bool] | None:
