@@ -55,7 +55,6 @@ whose controller gave it (`X-Tailguard-Answered-By`).
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import hmac
 import json
 import logging
@@ -76,7 +75,8 @@ from controller.app.forwarding import (
     LeaderForwarder,
     forwarded_path,
 )
-from controller.app.peer_auth import NONCE_HEADER, SIGNATURE_HEADER, PeerKey
+from controller.app.peer_auth import PeerKey
+from controller.app.replica_gate import ReplicaGate
 from controller.app.status_page import render_status_page
 from controller.core.alerts import (
     AlertmanagerPayload,
@@ -116,9 +116,6 @@ MAX_HEADERS = 64
 DRAIN_LIMIT_BYTES = 64 * 1024  # a refused POST's body up to this is read (the connection stays usable)
 SHUTDOWN_SECONDS = 2.0
 MAX_CONTROL_BYTES = 4096  # {"by": ..., "reason": ...}
-# The nonce of the request being answered when a replica signed it and it was accepted (each request is answered
-# in its own task, so this is per request); its answer is signed with it.
-PEER_NONCE: contextvars.ContextVar[str | None] = contextvars.ContextVar("tailguard_peer_nonce", default=None)
 
 
 def parse_alertmanager_payload(body: bytes) -> AlertmanagerPayload:
@@ -204,7 +201,6 @@ class ControllerAPI:
         # token (never the token itself); `peers` says which URL is a replica's (controller/adapters/lease/peers.py).
         if peer_key is None and webhook_token is not None:
             peer_key = PeerKey.derived_from_token(webhook_token)
-        self._peer_key = peer_key
         # One view across replicas: a standby forwards to the leader's published API (an elector that says where).
         self._forwarder = (
             LeaderForwarder(
@@ -212,6 +208,12 @@ class ControllerAPI:
             )
             if isinstance(leader, LeaderDirectoryPort)
             else None
+        )
+        # The leader's side: a replica-signed request instead of the token, and the signed answer.
+        self._replicas = ReplicaGate(
+            peer_key,
+            self._forwarder.identity if self._forwarder is not None else None,
+            leader.is_leader if leader is not None else (lambda: True),
         )
         self.status_links = dict(status_links or {})  # Grafana links on the status page
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -409,53 +411,17 @@ class ControllerAPI:
         return await loop.run_in_executor(self._workers, function, *args)
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        PEER_NONCE.set(None)
+        self._replicas.begin()
         response = await self._answer(request)
         if self._forwarder is not None:
             # Which replica's controller answered (a forwarded answer already names the leader).
             response.headers.setdefault(ANSWERED_BY_HEADER, self._forwarder.identity)
-            nonce = PEER_NONCE.get()
-            if (
-                nonce is not None
-                and self._peer_key is not None
-                and isinstance(response, web.Response)
-                and self._leader is not None
-                and self._leader.is_leader()
-            ):
-                # The leader's answer to a replica's request, signed: the standby relays nothing else.
-                response.headers[SIGNATURE_HEADER] = self._peer_key.sign_answer(
-                    nonce=nonce,
-                    leader=self._forwarder.identity,
-                    status=response.status,
-                    body=bytes(response.body or b""),
-                )
+            self._replicas.sign(response)
         return response
 
-    def _peer_refusal(self, request: web.BaseRequest) -> web.Response | None:
-        """A request signed by a replica (controller/app/peer_auth.py): checked here, remembered on the request
-        (its answer is signed in _handle, its token check is the signature). None when unsigned or valid."""
-        if SIGNATURE_HEADER not in request.headers:
-            return None
-        if self._peer_key is None or self._forwarder is None:
-            reason = "this replica takes no replica-signed requests (no replica key or no leader election)"
-        else:
-            reason = self._peer_key.check_request(
-                request.headers,
-                sender=request.headers.get(FORWARDED_HEADER, ""),
-                receiver=self._forwarder.identity,
-                method=request.method,
-                path_qs=request.raw_path,
-                content_length=request.content_length or 0,
-            )
-        if reason is None:
-            PEER_NONCE.set(request.headers[NONCE_HEADER])
-            return None
-        logger.warning("rejected %s %s from %s: %s (403)", request.method, request.path, request.remote, reason)
-        return _json(403, {"error": f"not accepted as a replica's request: {reason}"})
-
     def _authorized(self, presented: str | None, what: str) -> tuple[int, dict[str, Any]] | None:
-        """The bearer-token check, or a replica's signature checked already (`_peer_refusal`)."""
-        if PEER_NONCE.get() is not None:
+        """The bearer-token check, or a replica's signature accepted already (controller/app/replica_gate.py)."""
+        if self._replicas.accepted():
             return None
         return self.authorize(presented, what)
 
@@ -470,9 +436,10 @@ class ControllerAPI:
                     "no token is configured on this controller: this endpoint answers requests from its own host only"
                 )
                 return await self._answer_unread(request, _json(403, {"error": error}))
-            peer_refusal = self._peer_refusal(request)
-            if peer_refusal is not None:
-                return await self._answer_unread(request, peer_refusal)
+            refused = self._replicas.refusal(request)
+            if refused is not None:
+                error = {"error": f"not accepted as a replica's request: {refused}"}
+                return await self._answer_unread(request, _json(403, error))
             if (
                 self._forwarder is not None
                 and request.method in ("GET", "POST")
