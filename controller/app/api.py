@@ -438,8 +438,8 @@ class ControllerAPI:
                 return await self._answer_unread(request, _json(403, {"error": error}))
             refused = self._replicas.refusal(request)
             if refused is not None:
-                error = {"error": f"not accepted as a replica's request: {refused}"}
-                return await self._answer_unread(request, _json(403, error))
+                not_a_replica = {"error": f"not accepted as a replica's request: {refused}"}
+                return await self._answer_unread(request, _json(403, not_a_replica))
             if (
                 self._forwarder is not None
                 and request.method in ("GET", "POST")

@@ -64,7 +64,7 @@ class ReplicaGate:
             return
         if not self.is_leader():
             return
-        body = bytes(response.body or b"")
+        body = bytes(response.body) if isinstance(response.body, (bytes, bytearray)) else b""  # ours are bytes
         response.headers[SIGNATURE_HEADER] = self.key.sign_answer(
             nonce=nonce, leader=self.identity, status=response.status, body=body
         )
