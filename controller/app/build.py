@@ -382,7 +382,6 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         from controller.app.cluster import build_peer_check
 
         assert not isinstance(elector, ShardedElector)
-
         peers = build_peer_check(elector, settings.leaderElection, clock, settings.listen.port)
     try:
         api = ControllerAPI(
