@@ -6,6 +6,10 @@
 # matching the Deployment's runAsUser) with a read-only root filesystem; it writes only to /var/lib/tailguard
 # and /tmp, which the Deployment mounts as emptyDirs.
 
+# promtool (a static Go binary) from the official Prometheus image, pinned: `tailguard rules validate` parses every
+# rendered query with it, and refuses to pass without a parser (install promtool or --prometheus).
+FROM prom/prometheus:v2.53.2 AS promtool
+
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -20,6 +24,7 @@ FROM python:3.11-slim
 RUN groupadd --gid 10001 tailguard \
     && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /var/lib/tailguard --shell /usr/sbin/nologin tailguard \
     && install -d -o 10001 -g 10001 /var/lib/tailguard
+COPY --from=promtool /bin/promtool /usr/local/bin/promtool
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-index --find-links /wheels tailguard[cluster,ml] && rm -rf /wheels
 ENV PYTHONDONTWRITEBYTECODE=1 \

@@ -25,9 +25,11 @@ count stay as they were. The alert only says "look now at this target"; the
 observation counts toward `for` like any other, and never shortens it (a
 `for: N` streak must span (N-1) x interval, see rules/README.md).
 
-Authentication: with a webhook token (settings `webhook:`), `POST /api/v1/alerts`
-needs `Authorization: Bearer <token>`: 401 without it, 403 with another token
-(compared in constant time, so the answer time does not leak how much of a guess
+Authentication: control is never anonymous. Without a token (no `webhook:` section) alerts, pause/resume, abort,
+decisions and status answer requests from loopback only (403 to any other peer), and the controller refuses to
+start with a `listen` address that is not loopback (settings `anonymous_control_error`). With a webhook token
+(settings `webhook:`), `POST /api/v1/alerts` needs `Authorization: Bearer <token>`: 401 without it, 403 with
+another token (compared in constant time, so the answer time does not leak how much of a guess
 was right). The token is never logged or echoed. The same token guards every
 non-health endpoint: `GET /api/v1/decisions` (decisions carry evidence and action
 parameters) answers 401/403 the same way. /healthz, /readyz and /metrics stay
@@ -40,7 +42,9 @@ cut to scheme+host (`controller.kit.redact`).
 Standby: with leader election, only the leader evaluates. One view across replicas: when the elector knows
 where the leader's API answers (the Lease annotation `tailguard.io/api-url`), a standby authenticates every
 `/api/v1/*` and `/status` request itself and answers with the leader's answer (controller/app/forwarding.py:
-timeout, bounded size, one hop at most); alerts too, so an alert that reaches the standby is evaluated by the
+timeout, bounded size, one hop at most; only to the Lease holder's pod of this Deployment, signed with the replicas'
+key instead of the client's token, and only an answer the leader signed is relayed); alerts too, so an alert that
+reaches the standby is evaluated by the
 leader. With no leader known or reachable (or without a published URL), a standby answers those requests with
 503, a `Retry-After` header and `{"standby": true, ...}` instead of accepting an alert it would drop: Alertmanager
 retries a 5xx (notify/util.go `Retrier.Check`: 5xx are retried, 4xx are not), and a retry reaches the leader.
@@ -62,8 +66,8 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
 
+from controller.app.capped_server import CappedServer
 from controller.app.forwarding import (
     ANSWERED_BY_HEADER,
     FORWARD_TIMEOUT_SECONDS,
@@ -71,6 +75,8 @@ from controller.app.forwarding import (
     LeaderForwarder,
     forwarded_path,
 )
+from controller.app.peer_auth import PeerKey
+from controller.app.replica_gate import ReplicaGate
 from controller.app.status_page import render_status_page
 from controller.core.alerts import (
     AlertmanagerPayload,
@@ -86,7 +92,9 @@ from controller.core.ports import (
     LeaderDirectoryPort,
     LeaderPort,
     OperatorPort,
+    PeerCheckPort,
 )
+from controller.kit.net import is_loopback_host
 from controller.kit.redact import redact_value
 from controller.loop.metrics import EXPOSITION_CONTENT_TYPE
 
@@ -98,7 +106,7 @@ DEFAULT_DECISIONS = 50
 MAX_DECISIONS = 1000
 STANDBY_RETRY_AFTER_SECONDS = 2  # about one leader-election retry period: the Lease is settled by then
 MAX_JSON_DEPTH = 32  # an Alertmanager payload is 4 levels deep (payload > alerts > alert > labels)
-MAX_CONNECTIONS = 1000  # open connections; at the cap the longest-idle one makes room (see ControllerAPI)
+MAX_CONNECTIONS = 1000  # open connections; past the cap new ones wait for a slot (controller/app/capped_server.py)
 IDLE_TIMEOUT_SECONDS = 30.0  # a connection with no complete request head (new or kept alive) is closed then
 BODY_TIMEOUT_SECONDS = 10.0  # the whole body of a POST within this (else 408)
 WORKER_THREADS = 4  # threads answering what asks the controller (readiness, metrics, decisions, alerts)
@@ -146,9 +154,11 @@ class ControllerAPI:
     OSError) and `.port` is known before `start`.
 
     Limits (module constants, overridable per instance): at most `max_connections` open connections (at the cap the
-    longest-idle connection is closed for the new one, so a flood of idle connections never locks a probe out; with
-    none idle the new one is closed), an idle/header timeout (`idle_timeout`: a connection that sends no complete
-    request head within it is closed, a kept-alive one between requests too), a body timeout (`body_timeout`: 408),
+    least recently used connection idle for a second or more is closed for the new one, so a flood of idle
+    connections never locks a probe out; with none, the new one waits unread for a slot, up to LISTEN_BACKLOG of
+    them, and is answered late rather than reset: controller/app/capped_server.py), an idle/header timeout
+    (`idle_timeout`: a connection that sends no complete request head within it is closed, a kept-alive one
+    between requests too), a body timeout (`body_timeout`: 408),
     request-line/header size limits (aiohttp: 400/431), bodies over `max_body_bytes` refused unread (413, the
     connection closed), JSON nested deeper than `MAX_JSON_DEPTH` refused (400). Answers that ask the controller
     (readiness, metrics, decisions, alerts) run on a small worker pool (`workers` threads), so a slow one never
@@ -171,6 +181,8 @@ class ControllerAPI:
         workers: int = WORKER_THREADS,
         status_links: Mapping[str, str] | None = None,
         forward_timeout: float = FORWARD_TIMEOUT_SECONDS,
+        peer_key: PeerKey | None = None,
+        peers: PeerCheckPort | None = None,
     ) -> None:
         if webhook_token is not None and not webhook_token:
             raise ValueError("webhook_token must not be empty (None leaves the webhook open)")
@@ -185,11 +197,23 @@ class ControllerAPI:
         # With leader election: a standby refuses alerts with 503 so that Alertmanager retries on the leader.
         self._leader = leader
         self.standby_retry_after = max(1, int(standby_retry_after))
+        # Replica-to-replica trust (controller/app/peer_auth.py): the replicas' own key, else one derived from the
+        # token (never the token itself); `peers` says which URL is a replica's (controller/adapters/lease/peers.py).
+        if peer_key is None and webhook_token is not None:
+            peer_key = PeerKey.derived_from_token(webhook_token)
         # One view across replicas: a standby forwards to the leader's published API (an elector that says where).
         self._forwarder = (
-            LeaderForwarder(leader, timeout=forward_timeout, retry_after=self.standby_retry_after)
+            LeaderForwarder(
+                leader, key=peer_key, peers=peers, timeout=forward_timeout, retry_after=self.standby_retry_after
+            )
             if isinstance(leader, LeaderDirectoryPort)
             else None
+        )
+        # The leader's side: a replica-signed request instead of the token, and the signed answer.
+        self._replicas = ReplicaGate(
+            peer_key,
+            self._forwarder.identity if self._forwarder is not None else None,
+            leader.is_leader if leader is not None else (lambda: True),
         )
         self.status_links = dict(status_links or {})  # Grafana links on the status page
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -198,7 +222,7 @@ class ControllerAPI:
         self._workers = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tailguard-api-worker")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.ServerRunner | None = None
-        self._server: _CappedServer | None = None
+        self._server: CappedServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -246,10 +270,11 @@ class ControllerAPI:
         logger.info("API listening on %s", self.url)
 
     async def _serve(self) -> None:
-        self._server = _CappedServer(
+        self._server = CappedServer(
             self._handle,
             max_connections=self.max_connections,
-            keepalive_timeout=self.idle_timeout,  # also bounds an incomplete request head: see _CappedServer
+            max_waiting=LISTEN_BACKLOG,  # past the cap, new connections wait for a slot
+            keepalive_timeout=self.idle_timeout,  # also bounds an incomplete request head: see CappedServer
             lingering_time=0,  # an unread body is never drained: the connection is closed instead
             max_line_size=MAX_LINE_BYTES,
             max_field_size=MAX_LINE_BYTES,
@@ -283,9 +308,9 @@ class ControllerAPI:
         self._socket.close()
 
     def open_connections(self) -> int:
-        """Connections open right now (at most `max_connections`)."""
+        """Connections admitted right now (at most `max_connections`; more may wait for a slot)."""
         server = self._server
-        return len(server.connections) if server is not None else 0
+        return server.admitted if server is not None else 0
 
     def connection_sockets(self) -> list[socket.socket]:
         """The sockets of the open connections (for checks of their options, e.g. TCP_NODELAY)."""
@@ -386,15 +411,35 @@ class ControllerAPI:
         return await loop.run_in_executor(self._workers, function, *args)
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        self._replicas.begin()
         response = await self._answer(request)
         if self._forwarder is not None:
             # Which replica's controller answered (a forwarded answer already names the leader).
             response.headers.setdefault(ANSWERED_BY_HEADER, self._forwarder.identity)
+            self._replicas.sign(response)
         return response
+
+    def _authorized(self, presented: str | None, what: str) -> tuple[int, dict[str, Any]] | None:
+        """The bearer-token check, or a replica's signature accepted already (controller/app/replica_gate.py)."""
+        if self._replicas.accepted():
+            return None
+        return self.authorize(presented, what)
 
     async def _answer(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
         try:
+            if self._webhook_token is None and forwarded_path(path) and not is_loopback_host(request.remote):
+                # No token configured: alerts, controls, decisions and status are this machine's only.
+                logger.warning("refused %s %s from %s: no token is configured, so it answers loopback only (403)",
+                               request.method, path, request.remote)  # fmt: skip
+                error = (
+                    "no token is configured on this controller: this endpoint answers requests from its own host only"
+                )
+                return await self._answer_unread(request, _json(403, {"error": error}))
+            refused = self._replicas.refusal(request)
+            if refused is not None:
+                not_a_replica = {"error": f"not accepted as a replica's request: {refused}"}
+                return await self._answer_unread(request, _json(403, not_a_replica))
             if (
                 self._forwarder is not None
                 and request.method in ("GET", "POST")
@@ -408,6 +453,9 @@ class ControllerAPI:
             if request.method == "POST":
                 return await self._post(request, path)
             return _refuse_body(_json(405, {"error": f"method {request.method} is not allowed"}), request)
+        except ConnectionError as gone:  # the client closed or reset its connection mid-request: nothing to answer
+            logger.debug("%s %s: the client went away (%s)", request.method, path, type(gone).__name__)
+            return _refuse_body(_json(400, {"error": "the connection was lost"}), request)
         except Exception:  # a bug in one request must not take the server down; details go to the log
             logger.exception("%s %s failed", request.method, path)
             return _refuse_body(_json(500, {"error": "internal error (see the controller log)"}), request)
@@ -421,7 +469,7 @@ class ControllerAPI:
             body = await self._call(self.controller.metrics.exposition)
             return _response(200, body, EXPOSITION_CONTENT_TYPE)
         if path == "/api/v1/decisions":
-            refusal = self.authorize(request.headers.get("Authorization"), "decisions request")
+            refusal = self._authorized(request.headers.get("Authorization"), "decisions request")
             if refusal is not None:
                 return _refusal(*refusal)
             return _json(*await self._call(self.decisions, request.query_string))
@@ -429,7 +477,7 @@ class ControllerAPI:
             presented = request.headers.get("Authorization")
             if presented is None and path == "/status" and "token" in request.query:
                 presented = f"Bearer {request.query['token']}"  # a browser link cannot send a header
-            refusal = self.authorize(presented, "status request")
+            refusal = self._authorized(presented, "status request")
             if refusal is not None:
                 return _refusal(*refusal)
             status, document, headers = await self._call(self.status)
@@ -447,7 +495,7 @@ class ControllerAPI:
         if path != "/api/v1/alerts":
             status = 404 if path not in ("/healthz", "/readyz", "/metrics", "/api/v1/decisions") else 405
             return await self._answer_unread(request, _json(status, {"error": f"no POST endpoint at {path}"}))
-        refusal = self.authorize_webhook(request.headers.get("Authorization"))
+        refusal = self._authorized(request.headers.get("Authorization"), "Alertmanager webhook")
         if refusal is not None:
             return await self._answer_unread(request, _refusal(*refusal))
         standby = self.refuse_if_standby()
@@ -471,7 +519,7 @@ class ControllerAPI:
         return _json(*await self._call(self.alerts, body))
 
     async def _post_control(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
-        refusal = self.authorize(request.headers.get("Authorization"), "control request")
+        refusal = self._authorized(request.headers.get("Authorization"), "control request")
         if refusal is not None:
             return await self._answer_unread(request, _refusal(*refusal))
         standby = self.refuse_if_standby("control")
@@ -511,7 +559,7 @@ class ControllerAPI:
                 return _refuse_body(_json(400, {"error": "the body did not arrive whole"}), request)
         answer = await self._forwarder.forward(
             request.method,
-            request.path_qs,
+            _without_link_token(request),
             dict(request.headers),
             body,
             hop=request.headers.get(FORWARDED_HEADER),
@@ -565,7 +613,7 @@ class ControllerAPI:
         try:
             raw = json.loads(body) if body.strip() else {}
         except (UnicodeDecodeError, json.JSONDecodeError):
-            return 400, {"error": "the body must be JSON: {\"reason\": ..., \"by\": ...}"}
+            return 400, {"error": 'the body must be JSON: {"reason": ..., "by": ...}'}
         if not isinstance(raw, dict):
             return 400, {"error": "the body must be a JSON object"}
         reason, by = raw.get("reason"), raw.get("by")
@@ -602,51 +650,12 @@ class ControllerAPI:
         return _refuse_body(answer, request)
 
 
-class _CappedServer(web.Server):
-    """aiohttp's low-level server with a connection cap.
-
-    aiohttp's `keepalive_timeout` runs from the connection's start and from each answer, and closes the connection
-    if no complete request head arrived by then: it is the idle AND the header timeout. At the cap, the connection
-    idle the longest (no request in progress) is closed to make room; if every connection is busy, the new one is
-    closed instead."""
-
-    def __init__(self, handler: Any, *, max_connections: int, **kwargs: Any) -> None:
-        super().__init__(handler, **kwargs)
-        self._max_connections = max_connections
-        self._busy: set[Any] = set()
-        self.request_handler = self._tracked(handler)
-
-    def _tracked(self, handler: Any) -> Any:
-        busy = self._busy
-
-        async def tracked(request: web.BaseRequest) -> web.StreamResponse:
-            protocol = request.protocol
-            busy.add(protocol)
-            try:
-                response: web.StreamResponse = await handler(request)
-                return response
-            finally:
-                busy.discard(protocol)
-
-        return tracked
-
-    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # aiohttp sets it too; never Nagle
-        open_now = self.connections  # oldest first
-        if len(open_now) >= self._max_connections:
-            idle = next((existing for existing in open_now if existing not in self._busy), None)
-            if idle is None:
-                transport.abort()  # every connection is busy: refuse the new one
-                return
-            idle.force_close()
-            self._connections.pop(idle, None)
-        super().connection_made(handler, transport)
-
-    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
-        self._busy.discard(handler)
-        super().connection_lost(handler, exc)
+def _without_link_token(request: web.BaseRequest) -> str:
+    """The path and query to forward: the status page's `?token=` (a client credential) never leaves the standby."""
+    if "token" not in request.query:
+        return request.raw_path
+    kept = [(name, value) for name, value in request.query.items() if name != "token"]
+    return str(request.rel_url.with_query(kept))
 
 
 def _control_of(path: str) -> tuple[str | None, bool] | None:

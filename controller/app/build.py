@@ -31,6 +31,7 @@ from controller.adapters.stores.outbox import OutboxError
 from controller.adapters.tier.local_tier import LocalTierClient
 from controller.app.api import ControllerAPI
 from controller.app.extras import CLUSTER, ML, require
+from controller.app.peer_auth import PeerKey
 from controller.app.settings import ControllerSettings
 from controller.app.status_page import dashboard_link
 from controller.core.actions import ActionType
@@ -372,6 +373,16 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
     # incremental vacuum) and the Grafana outbox's delivered entries. Stopped before the outbox and journal close.
     housekeeper = Housekeeper(_retention_tasks(settings, journal, grafana), clock)
     stack.callback(housekeeper.stop)
+    # Replica-to-replica trust: the replicas' own key (else derived from the token inside the API), and which Lease
+    # URL is a replica's (the holder's pod of this Deployment, on the API's port).
+    peer_secret = settings.peer_secret()
+    peers = None
+    if elector is not None and sharded is None and settings.leaderElection is not None:
+        # The cluster extra (kubernetes): imported with the leaderElection section, as the elector was.
+        from controller.app.cluster import build_peer_check
+
+        assert not isinstance(elector, ShardedElector)
+        peers = build_peer_check(elector, settings.leaderElection, clock, settings.listen.port)
     try:
         api = ControllerAPI(
             controller,
@@ -383,11 +394,15 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
             standby_retry_after=math.ceil(settings.leaderElection.retryPeriod) if settings.leaderElection else 2,
             status_links=dashboard_link(settings.links.grafanaUrl, settings.links.dashboardUid),
             forward_timeout=settings.leaderElection.forwardTimeout if settings.leaderElection else 5.0,
+            peer_key=PeerKey(peer_secret) if peer_secret is not None else None,
+            peers=peers,
         )
     except OSError as unbound:
         where = f"{settings.listen.host}:{settings.listen.port}"
         raise ConfigError(f"cannot listen on {where}: {unbound.strerror}") from unbound
     stack.callback(api.stop)
+    if peers is not None and peers.port == 0:
+        peers.port = api.port  # `listen` port 0 (tests): the port the replicas' API was given
     if elector is not None and not isinstance(elector, ShardedElector) and settings.leaderElection is not None:
         # One view across replicas: the leader publishes where its API answers (the bound port: 0 picks one).
         # Sharded replicas each lead their own shards: there is no one leader to forward to, each answers itself.

@@ -66,11 +66,17 @@ def _parser() -> argparse.ArgumentParser:
     rules_commands = rules.add_subparsers(dest="rules_command", required=True, metavar="SUBCOMMAND")
     validate = rules_commands.add_parser("validate", help="check policy files; every error as file:line: field")
     validate.add_argument("paths", nargs="+", metavar="PATH", help="policy files or directories")
-    validate.add_argument(
+    parser_check = validate.add_mutually_exclusive_group()
+    parser_check.add_argument(
         "--prometheus",
         metavar="URL",
         default=None,
-        help="also parse every rendered query with this Prometheus (default: promtool when on PATH)",
+        help="parse every rendered query with this Prometheus (default: promtool, which must then be on PATH)",
+    )
+    parser_check.add_argument(
+        "--skip-promql",
+        action="store_true",
+        help="do not parse the rendered queries (without promtool or --prometheus, validate fails instead)",
     )
     schema = rules_commands.add_parser("schema", help="print the policy JSON Schema")
     schema.add_argument("--output", "-o", type=Path, help="write it to this file instead of stdout")
@@ -94,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _delegate(args_list[0], args_list[1:])
     args = _parser().parse_args(args_list)
     if args.command == "rules" and args.rules_command == "validate":
-        return validate_rules(args.paths, prometheus=args.prometheus)
+        return validate_rules(args.paths, prometheus=args.prometheus, skip_promql=args.skip_promql)
     if args.command == "rules" and args.rules_command == "schema":
         return write_schema(args.output)
     if args.command == "rules" and args.rules_command == "to-cr":
@@ -120,21 +126,30 @@ def _delegate(command: str, argv: list[str]) -> int:
     return int(entry(argv) or 0)
 
 
-def validate_rules(paths: Sequence[str], prometheus: str | None = None) -> int:
+def validate_rules(paths: Sequence[str], prometheus: str | None = None, *, skip_promql: bool = False) -> int:
     """Schema and references of every policy, then every rendered signal query through the real Prometheus
-    parser (`--prometheus URL`, else promtool on PATH, else skipped with a note on stderr)."""
+    parser (`--prometheus URL`, else promtool on PATH). Neither available: exit 2 saying how to get one; the check
+    is skipped only when `--skip-promql` says so (a note on stderr), never silently."""
     files = policy_paths(paths)
     if not files:
         print(f"no policy files (*.yaml, *.yml) under {', '.join(paths)}", file=sys.stderr)
         return EXIT_INVALID
     loaded, errors = load_policies(paths)
-    try:
-        errors = [*errors, *_parser_errors(loaded, prometheus)]
-    except ParserUnavailable as unavailable:
-        if prometheus is not None:  # asked for and not usable: the command line cannot be honoured
-            print(f"--prometheus {prometheus}: {unavailable}", file=sys.stderr)
+    if skip_promql:
+        print("skipped the PromQL parser check (--skip-promql)", file=sys.stderr)
+    else:
+        try:
+            errors = [*errors, *_parser_errors(loaded, prometheus)]
+        except ParserUnavailable as unavailable:
+            if prometheus is not None:  # asked for and not usable: the command line cannot be honoured
+                print(f"--prometheus {prometheus}: {unavailable}", file=sys.stderr)
+            else:
+                print(
+                    f"cannot check PromQL: {unavailable}; install promtool or pass --prometheus URL "
+                    "(or --skip-promql to validate without the parser check)",
+                    file=sys.stderr,
+                )
             return EXIT_CONFIG
-        print(f"skipped the PromQL parser check: {unavailable}", file=sys.stderr)
     for error in errors:
         print(error, file=sys.stderr)
     if errors:
@@ -211,12 +226,16 @@ def run_controller(config: Path) -> int:
 
     try:
         with ExitStack() as stack:
+            anonymous = settings.anonymous_control_error()
+            if anonymous is not None:
+                raise ConfigError(anonymous)
             webhook_token = settings.webhook_token()
             check_policies(settings)
             if webhook_token is None:
                 logger.warning(
-                    "no `webhook` section in %s: POST /api/v1/alerts accepts anyone who can reach %s:%d "
-                    "(set webhook.bearerTokenFile or webhook.bearerTokenEnv)",
+                    "no `webhook` section in %s: alerts, pause/resume, abort, decisions and status answer only "
+                    "requests from this machine (loopback, %s:%d); set webhook.bearerTokenFile or "
+                    "webhook.bearerTokenEnv to serve them to others",
                     config,
                     settings.listen.host,
                     settings.listen.port,

@@ -16,6 +16,7 @@ import yaml
 from kubernetes import client as k8s
 
 from controller.adapters.lease.leader import LeaderElector
+from controller.adapters.lease.peers import PodPeerCheck
 from controller.adapters.lease.settings import LeaderElectionSettings
 from controller.adapters.lease.shards import ShardChange, ShardedElector
 from controller.adapters.rollback.deployment import DeploymentRef, DeploymentRollback, RollbackRecord
@@ -170,3 +171,10 @@ def build_leader_elector(
     if election.shards > 1:
         return ShardedElector.from_settings(election, k8s.CoordinationV1Api(client), clock, on_change=on_shard_change)
     return LeaderElector.from_settings(election, k8s.CoordinationV1Api(client), clock)
+
+
+def build_peer_check(elector: LeaderElector, election: LeaderElectionSettings, clock: Clock, port: int) -> PodPeerCheck:
+    """Which Lease URL a standby may forward to: the holder's pod of this Deployment (adapters/lease/peers.py)."""
+    return PodPeerCheck(
+        k8s.CoreV1Api(elector.api.api_client), election.namespace, election.resolved_identity(), port, clock
+    )

@@ -8,7 +8,8 @@ Two ways, the first that is available:
   generated rules file (one group per query) and `promtool check rules` parses them; each failure is mapped back
   to its policy file and line.
 
-Without either the check is skipped, and the command says so on stderr.
+Without either the command fails (exit 2: "install promtool or pass --prometheus"); `--skip-promql` skips the
+check explicitly, and says so on stderr. The container image ships promtool (Dockerfile).
 """
 
 from __future__ import annotations

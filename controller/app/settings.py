@@ -38,6 +38,7 @@ from controller.kit.located_yaml import (
     read_bounded,
     yaml_problem,
 )
+from controller.kit.net import is_loopback_host
 from controller.loop.dispatcher import GlobalLimits
 from predictors.serving import ModelSpec, PredictorSettings, model_specs
 
@@ -63,6 +64,11 @@ def _listen(value: Any) -> Any:
 class Listen(_Strict):
     host: str = Field(default="127.0.0.1", min_length=1, description="address the HTTP API binds")
     port: int = Field(default=DEFAULT_PORT, ge=0, le=65535, description="0 picks a free port")
+
+    @property
+    def loopback(self) -> bool:
+        """Whether only this machine can reach the address (127.0.0.0/8, ::1, localhost)."""
+        return is_loopback_host(self.host)
 
 
 class TierSettings(_Strict):
@@ -112,7 +118,9 @@ class ControllerSettings(_Strict):
     )
     annotations: AnnotationSettings | None = None
     webhook: WebhookAuthSettings | None = Field(
-        default=None, description="bearer token required on POST /api/v1/alerts (absent: the webhook is open)"
+        default=None,
+        description="bearer token required on POST /api/v1/alerts and on every control, decisions and status "
+        "endpoint (absent: those answer on loopback only, and a `listen` address that is not loopback is refused)",
     )
     receivers: dict[str, WebhookReceiver] = Field(default_factory=dict, description="notify action receivers")
     links: LinkSettings = Field(default_factory=LinkSettings, description="Grafana/Argo CD links in notifications")
@@ -151,6 +159,39 @@ class ControllerSettings(_Strict):
 
     def annotations_path(self) -> Path | None:
         return self.path(self.annotations.path) if self.annotations is not None else None
+
+    def anonymous_control_error(self) -> str | None:
+        """Why this configuration must not start: control endpoints reachable off this machine with no token."""
+        if self.webhook is not None or self.listen.loopback:
+            return None
+        return (
+            f"listen: {self.listen.host}:{self.listen.port} is reachable from other machines and no `webhook` token "
+            "is set: pause, resume, abort, decisions and status would be anonymous; set webhook.bearerTokenFile "
+            "or webhook.bearerTokenEnv, or listen on 127.0.0.1"
+        )
+
+    def peer_secret(self) -> bytes | None:
+        """The replicas' own secret (leaderElection.peerSecretFile/peerSecretEnv), read now; None when not set (the
+        API then derives the replica key from the webhook token, controller/app/peer_auth.py)."""
+        election = self.leaderElection
+        if election is None or (election.peerSecretFile is None and election.peerSecretEnv is None):
+            return None
+        if election.peerSecretEnv is not None:
+            where = f"leaderElection.peerSecretEnv: environment variable {election.peerSecretEnv}"
+            secret = os.environ.get(election.peerSecretEnv, "")
+        else:
+            assert election.peerSecretFile is not None
+            path = self.path(election.peerSecretFile)
+            where = f"leaderElection.peerSecretFile: {path}"
+            try:
+                secret = path.read_text(encoding="utf-8")
+            except OSError as unreadable:
+                reason = unreadable.strerror or type(unreadable).__name__
+                raise WebhookTokenError(f"{where}: cannot read the secret: {reason}") from None
+        secret = secret.strip()
+        if len(secret.encode()) < 16:
+            raise WebhookTokenError(f"{where}: the secret is not set or shorter than 16 bytes")
+        return secret.encode()
 
     def webhook_token(self) -> str | None:
         """The token Alertmanager must present, read now; None when `webhook` is absent (an open webhook)."""

@@ -461,7 +461,19 @@ class LeaderDirectoryPort(Protocol):
 
     identity: str
 
-    def leader_api_url(self) -> str | None: ...
+    def leader_endpoint(self) -> tuple[str, str] | None:
+        """(the Lease holder's identity, the API URL it published), read together; None when another replica
+        does not hold an unexpired Lease or published no URL."""
+        ...
+
+
+@runtime_checkable
+class PeerCheckPort(Protocol):
+    """Whether `url` may receive what a standby forwards to the Lease holder `identity`: its host must be the IP of
+    the pod of that name, a pod of this controller's own Deployment, and its port the API's
+    (controller/adapters/lease/peers.py). None: yes; else why not (a sentence for the log and the 503)."""
+
+    def check(self, identity: str, url: str) -> str | None: ...
 
 
 @runtime_checkable

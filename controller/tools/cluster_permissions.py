@@ -95,6 +95,15 @@ LEASE_PERMISSIONS: tuple[Permission, ...] = (
 ALL_PERMISSIONS = ACTUATOR_PERMISSIONS + HELM_PERMISSIONS + LEASE_PERMISSIONS
 
 
+# In the controller's own namespace, with one leader Lease (not sharded: each shard's holder answers itself):
+# replica-to-replica trust reads the Lease holder's pod and its own before a standby forwards
+# (controller/adapters/lease/peers.py). Kept apart from ALL_PERMISSIONS, whose controller-scope entries a sharded
+# elector uses all of; deploy/base/rbac-leader-election.yaml grants it (tests/unit/test_deploy.py compares).
+PEER_PERMISSIONS: tuple[Permission, ...] = (
+    Permission("", "pods", ("get",), "PodPeerCheck: read_namespaced_pod (the Lease holder's, its own)", "controller"),
+)
+
+
 # In the namespace of `kubernetes.policies` (TailguardPolicy custom resources), only with that section: kept
 # apart from ALL_PERMISSIONS (the base RBAC): the optional component deploy/components/crd-policies grants them
 # (tests/unit/test_deploy.py compares); tests/unit/test_policy_crd.py proves the CRD source

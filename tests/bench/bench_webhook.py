@@ -13,6 +13,14 @@ adds nothing). "old" is controller/app/api.py as of fe59cca~1 (stdlib ThreadingH
 into a temporary module; without git only "new" runs. Target: >= 1,000 alerts/s held. Printed, not asserted.
 
     python tests/bench/bench_webhook.py [--seconds 5] [--connections 16] [--alerts-per-post 1,10] [--json out.json]
+
+Through a real Alertmanager (issue 24 item 7), `--alertmanager 1000[,2000]`: that many alert groups flushed at once
+(tests/support/alert_storm.py) into the API as of 7710821 and the current one, side by side, each with
+`--max-connections` (default: the API's 1,000). Printed per server and storm: groups delivered, notification
+attempts and failed attempts (retried by Alertmanager), resets (RST), closed kept-alive connections, tracebacks in
+the controller's log, and the seconds until the last delivery.
+
+    python tests/bench/bench_webhook.py --alertmanager 1000,2000 [--max-connections 1000]
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "alertmanager" / "firing.json"
 OLD_REVISION = "fe59cca~1"  # the last commit with the stdlib http.server API
+STORM_REVISION = "7710821"  # before issue 24: connections past the cap were reset
 POLICY = """\
 apiVersion: tailguard.io/v1alpha1
 kind: Policy
@@ -58,11 +67,11 @@ conditions:
 # ----- the server (child process) ---------------------------------------------------------------------------
 
 
-def old_api_class(scratch: Path) -> Any:
-    """ControllerAPI of the stdlib server, or None when git cannot show it."""
+def old_api_class(scratch: Path, revision: str = OLD_REVISION) -> Any:
+    """ControllerAPI of the stdlib server (or of `revision`), or None when git cannot show it."""
     try:
         source = subprocess.run(
-            ["git", "-C", str(REPO), "show", f"{OLD_REVISION}:controller/app/api.py"],
+            ["git", "-C", str(REPO), "show", f"{revision}:controller/app/api.py"],
             check=True,
             capture_output=True,
             text=True,
@@ -70,7 +79,7 @@ def old_api_class(scratch: Path) -> Any:
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    if "ThreadingHTTPServer" not in source:
+    if revision == OLD_REVISION and "ThreadingHTTPServer" not in source:
         return None
     path = scratch / "tailguard_old_api.py"
     path.write_text(source, encoding="utf-8")
@@ -82,7 +91,7 @@ def old_api_class(scratch: Path) -> Any:
     return module.ControllerAPI
 
 
-def serve(kind: str) -> None:
+def serve(kind: str, max_connections: int | None = None) -> None:
     sys.path.insert(0, str(REPO))
     import logging
 
@@ -99,7 +108,11 @@ def serve(kind: str) -> None:
     logging.basicConfig(level=logging.WARNING)  # the per-post info line is not what is measured
     with tempfile.TemporaryDirectory() as scratch_name:
         scratch = Path(scratch_name)
-        api_class = ControllerAPI if kind == "new" else old_api_class(scratch)
+        api_class = (
+            ControllerAPI
+            if kind == "new"
+            else old_api_class(scratch, STORM_REVISION if kind == STORM_REVISION else OLD_REVISION)
+        )
         rules = scratch / "rules"
         rules.mkdir()
         (rules / "checkout.yaml").write_text(POLICY, encoding="utf-8")
@@ -112,7 +125,8 @@ def serve(kind: str) -> None:
             metrics=ControllerMetrics(CollectorRegistry()),
             schedule=False,
         )
-        api = api_class(controller, "127.0.0.1", 0)
+        limits = {"max_connections": max_connections} if max_connections is not None else {}
+        api = api_class(controller, "127.0.0.1", 0, **limits)
         api.start()
         controller.start()
         print(api.port, flush=True)
@@ -221,9 +235,63 @@ def bench(kind: str, sizes: list[int], connections: int, seconds: float) -> list
     return results
 
 
+def storm(kind: str, groups: int, max_connections: int | None) -> dict[str, Any]:
+    """One storm of `groups` through a real Alertmanager into the API `kind` serves (a child process)."""
+    sys.path.insert(0, str(REPO))
+    from tests.support.alert_storm import run_storm
+
+    with tempfile.TemporaryDirectory() as scratch_name:
+        scratch = Path(scratch_name)
+        log = scratch / "controller.log"
+        limits = ["--max-connections", str(max_connections)] if max_connections is not None else []
+        with log.open("w") as stderr:
+            child = subprocess.Popen(
+                [sys.executable, __file__, "--serve", kind, *limits],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+            )
+            assert child.stdin is not None and child.stdout is not None
+            try:
+                port = int(child.stdout.readline())
+                result = run_storm(f"http://127.0.0.1:{port}/api/v1/alerts", groups, scratch / "storm")
+            finally:
+                child.stdin.close()
+                try:
+                    child.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+        text = log.read_text(encoding="utf-8", errors="replace")
+    return {"server": kind, **result.to_json(), "tracebacks": text.count("Traceback (most recent call last)")}
+
+
+def storms(groups: list[int], max_connections: int | None) -> list[dict[str, Any]]:
+    cap = max_connections if max_connections is not None else "default (1000)"
+    print(f"alert storms through a real Alertmanager: every group flushed at once; API connection cap {cap}")
+    print(
+        f"{'server':<8} {'groups':>6} {'delivered':>9} {'gave up':>7} {'attempts':>8} {'failed':>6} "
+        f"{'resets':>6} {'closed':>6} {'tracebacks':>10} {'seconds':>7}"
+    )
+    rows = []
+    for size in groups:
+        for kind in (STORM_REVISION, "new"):
+            row = storm(kind, size, max_connections)
+            rows.append(row)
+            print(
+                f"{row['server']:<8} {row['groups']:>6} {row['delivered']:>9} {row['failed_notifications']:>7} "
+                f"{row['requests']:>8} {row['failed_requests']:>6} {row['resets']:>6} {row['closed']:>6} "
+                f"{row['tracebacks']:>10} {row['seconds']:>7.1f}",
+                flush=True,
+            )
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--serve", choices=["old", "new"], help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=["old", "new", STORM_REVISION], help=argparse.SUPPRESS)
+    parser.add_argument("--max-connections", type=int, default=None, help="the API's connection cap (storms)")
+    parser.add_argument("--alertmanager", default=None, help="storms through a real Alertmanager: group counts")
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each of the two rounds")
     parser.add_argument("--connections", type=int, default=16, help="kept-alive client connections")
     parser.add_argument("--alerts-per-post", default="1,10", help="comma-separated payload sizes")
@@ -231,7 +299,12 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve)
+        serve(args.serve, args.max_connections)
+        return 0
+    if args.alertmanager:
+        rows = storms([int(size) for size in args.alertmanager.split(",")], args.max_connections)
+        if args.json is not None:
+            args.json.write_text(json.dumps(rows, indent=2), encoding="utf-8")
         return 0
     sizes = [int(size) for size in args.alerts_per_post.split(",")]
     with tempfile.TemporaryDirectory() as scratch:

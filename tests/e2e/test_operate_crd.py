@@ -49,7 +49,7 @@ from tests.e2e.test_shipped_config import (
     shorten,
     stack,  # noqa: F401 - the fixture: exporter, Prometheus, Argo CD, Grafana, Kubernetes, receiver
 )
-from tests.support.controller_process import REPO, poll, ready, start_controller, tail
+from tests.support.controller_process import REPO, poll, ready, replica_pod, start_controller, tail
 from tests.support.fake_argocd import application
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
@@ -65,7 +65,10 @@ TIMEOUT = 10
 
 @dataclass
 class Replica:
+    """One replica of the Deployment: the API port is every replica's, the address (its pod IP) its own."""
+
     name: str
+    host: str
     port: int
     config: Path
     log: Path
@@ -73,13 +76,13 @@ class Replica:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self) -> None:
         self.process = start_controller(
             self.config,
             self.log,
-            {"POD_NAME": self.name, "POD_NAMESPACE": NAMESPACE, "POD_IP": "127.0.0.1"},
+            {"POD_NAME": self.name, "POD_NAMESPACE": NAMESPACE, "POD_IP": self.host},
         )
 
     def stop(self) -> None:
@@ -100,7 +103,8 @@ def replica_configs(stack: Stack) -> tuple[dict[str, Any], dict[str, Any], dict[
     leader["kubernetes"]["policies"] = {"namespace": NAMESPACE, "statusInterval": "1s"}
     leader["argocd"]["apps"][OTHER] = OTHER
     standby = copy.deepcopy(leader)
-    standby["listen"] = f"127.0.0.1:{free_port()}"
+    # The same port on the standby's own address (its pod IP): a standby forwards only to the API's port.
+    standby["listen"] = "127.0.0.2:" + str(leader["listen"]).rsplit(":", 1)[1]
     for config, own in ((leader, "a"), (standby, "b")):
         config["journal"] = str(stack.tmp / own / "journal.db")
         config["stateDir"] = str(stack.tmp / own / "state")
@@ -133,8 +137,9 @@ def replicas(stack: Stack) -> Iterator[tuple[Replica, Replica, dict[str, Any]]]:
     for name, config in (("tailguard-a", leader_config), ("tailguard-b", standby_config)):
         path = stack.tmp / f"{name}.yaml"
         path.write_text(json.dumps(config, indent=2), encoding="utf-8")  # JSON is YAML
-        port = int(config["listen"].rsplit(":", 1)[1])
-        made.append(Replica(name, port, path, stack.tmp / f"{name}.log"))
+        host, port = str(config["listen"]).rsplit(":", 1)
+        made.append(Replica(name, host, int(port), path, stack.tmp / f"{name}.log"))
+        stack.kube.put_object(replica_pod(name, NAMESPACE, host))  # a standby forwards only to a replica's pod
     try:
         yield made[0], made[1], {"shipped": shipped, "config": leader_config}
     finally:
@@ -207,7 +212,7 @@ def test_a_tailguard_policy_rolls_back_is_suspended_and_resumed_and_the_standby_
             application(service, [("good1", stack.rollout_at - 7200), ("bad2", stack.rollout_at)], automated=True)
         )
     leader.start()
-    poll("the leader ready", lambda: ready(leader.port), leader.process, leader.log)
+    poll("the leader ready", lambda: ready(leader.port, leader.host), leader.process, leader.log)
     poll(
         "tailguard-a to hold the Lease",
         lambda: (
@@ -219,7 +224,7 @@ def test_a_tailguard_policy_rolls_back_is_suspended_and_resumed_and_the_standby_
         leader.log,
     )
     standby.start()
-    poll("the standby ready", lambda: ready(standby.port), standby.process, standby.log)
+    poll("the standby ready", lambda: ready(standby.port, standby.host), standby.process, standby.log)
     lease = stack.kube.get_object("leases", NAMESPACE, "tailguard-leader")
     assert lease is not None and lease["metadata"]["annotations"]["tailguard.io/api-url"] == leader.url
 

@@ -28,7 +28,13 @@ from controller.adapters.stores.journal import Journal
 from controller.core.handover import HANDOVER_ANNOTATION, decode_action_times
 from controller.core.model import target_key
 from serving.promstack import free_port
-from tests.support.controller_process import ScrapedStack, poll_processes, scraped_stack, start_controller
+from tests.support.controller_process import (
+    ScrapedStack,
+    poll_processes,
+    replica_pod,
+    scraped_stack,
+    start_controller,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -36,6 +42,8 @@ SERVICE = "chat"
 HPA_NAME = "chat-stable"
 NAMESPACE = "llm"
 LEASE_NAMESPACE = "tailguard"
+REPLICA_ADDRESSES = {"tailguard-a": "127.0.0.1", "tailguard-b": "127.0.0.2"}
+PEER_SECRET = "cluster-run-replica-secret-0123456789"
 LEASE_NAME = "tailguard-leader"
 DEADLINE_SECONDS = 60.0  # per wait; generous for a loaded 2-core machine, never reached when things work
 KUBE_TOKEN = "integration-kube-token"
@@ -79,9 +87,12 @@ Stack = ScrapedStack
 class ControllerProcess:
     """One `python -m controller run` in its own process group, its output in a log file."""
 
-    def __init__(self, stack: Stack, name: str, *, leader_election: bool) -> None:
+    def __init__(self, stack: Stack, name: str, *, leader_election: bool, port: int | None = None) -> None:
+        """Replicas of one Deployment share the API port and have an address each (their pod IP): tailguard-a
+        127.0.0.1, tailguard-b 127.0.0.2, both pods seeded in the fake API (a standby forwards only there)."""
         self.name = name
-        self.port = free_port()
+        self.host = REPLICA_ADDRESSES.get(name, "127.0.0.1")
+        self.port = port if port is not None else free_port()
         self.dir = stack.tmp / name
         (self.dir / "rules").mkdir(parents=True)
         (self.dir / "rules" / "queue-scale.yaml").write_text(POLICY, encoding="utf-8")
@@ -90,7 +101,7 @@ class ControllerProcess:
             "policies": ["rules"],
             "journal": "journal.db",
             "stateDir": "state",
-            "listen": f"127.0.0.1:{self.port}",
+            "listen": f"{self.host}:{self.port}",
             "reloadInterval": "1s",
             "kubernetes": {
                 "inCluster": False,
@@ -108,19 +119,23 @@ class ControllerProcess:
                 "leaseDuration": "3s",
                 "renewDeadline": "2s",
                 "retryPeriod": 0.5,
+                # Replica-to-replica trust: the replicas' own secret (this configuration has no webhook token).
+                "peerSecretEnv": "TAILGUARD_PEER_SECRET",
             }
+            stack.kube.put_object(replica_pod(name, LEASE_NAMESPACE, self.host))
         self.config = self.dir / "controller.yaml"
         self.config.write_text(json.dumps(config, indent=2), encoding="utf-8")  # JSON is YAML
         self.log = self.dir / "controller.log"
         # POD_IP: the leader publishes its API URL in the Lease; the standby forwards to it.
-        self.process = start_controller(self.config, self.log, env={"POD_NAME": name, "POD_IP": "127.0.0.1"})
+        env = {"POD_NAME": name, "POD_IP": self.host, "TAILGUARD_PEER_SECRET": PEER_SECRET}
+        self.process = start_controller(self.config, self.log, env=env)
 
     def tail(self, limit: int = 3000) -> str:
         return self.log.read_text(encoding="utf-8", errors="replace")[-limit:] if self.log.exists() else ""
 
     def get(self, path: str) -> Any:
         try:
-            answer = requests.get(f"http://127.0.0.1:{self.port}{path}", timeout=2)
+            answer = requests.get(f"http://{self.host}:{self.port}{path}", timeout=2)
         except requests.RequestException:
             return None
         return answer.json() if answer.headers.get("Content-Type", "").startswith("application/json") else None
@@ -247,7 +262,7 @@ def test_only_the_leader_acts_and_the_standby_takes_over_after_sigterm(stack: St
             "tailguard-a to hold the Lease", lambda: True if lease_holder(stack) == "tailguard-a" else None, first
         )
         poll_processes("tailguard-a ready", lambda: True if (first.readiness() or {}).get("ready") else None, first)
-        second = ControllerProcess(stack, "tailguard-b", leader_election=True)
+        second = ControllerProcess(stack, "tailguard-b", leader_election=True, port=first.port)
         standby = second
         poll_processes("tailguard-b ready as a follower", lambda: True if standby.following() else None, first, standby)
         # An alert that reaches the standby is handed to the leader (one view across replicas), not accepted and
@@ -257,7 +272,7 @@ def test_only_the_leader_acts_and_the_standby_takes_over_after_sigterm(stack: St
             "status": "firing",
             "alerts": [{"status": "firing", "labels": {"tailguard_policy": "queue-scale", "service": SERVICE}}],
         }
-        forwarded = requests.post(f"http://127.0.0.1:{standby.port}/api/v1/alerts", json=alert, timeout=5)
+        forwarded = requests.post(f"http://{standby.host}:{standby.port}/api/v1/alerts", json=alert, timeout=5)
         assert forwarded.status_code == 202 and "triggered" in forwarded.json(), forwarded.text
         assert forwarded.headers["X-Tailguard-Answered-By"] == "tailguard-a"
 

@@ -94,9 +94,9 @@ def start_controller(config: Path, log: Path, env: Mapping[str, str] | None = No
         )
 
 
-def ready(port: int) -> bool | None:
+def ready(port: int, host: str = "127.0.0.1") -> bool | None:
     try:
-        answer = requests.get(f"http://127.0.0.1:{port}/readyz", timeout=2)
+        answer = requests.get(f"http://{host}:{port}/readyz", timeout=2)
     except requests.RequestException:
         return None
     return True if answer.status_code == 200 and answer.json().get("ready") is True else None
@@ -145,3 +145,29 @@ def scraped_stack(tmp: Path, namespace: str, hpas: Mapping[str, str], kube_token
             prometheus.wait_target_up("vllm", timeout=DEADLINE_SECONDS)
             kubeconfig = write_kubeconfig(tmp / "kubeconfig.yaml", kube.url, kube_token)
             yield ScrapedStack(tmp, exporter, prometheus, kube, kubeconfig)
+
+
+def replica_pod(name: str, namespace: str, ip: str, deployment: str = "tailguard") -> dict[str, Any]:
+    """The Pod of controller replica `name` (owned by a ReplicaSet of Deployment `deployment`, at `ip`), as the
+    fake Kubernetes API must hold it for a standby to forward to that replica (controller/adapters/lease/peers.py)."""
+    template_hash = "5f7c9d"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/name": "tailguard", "pod-template-hash": template_hash},
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": f"{deployment}-{template_hash}",
+                    "uid": f"uid-{deployment}-{template_hash}",
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {"containers": [{"name": "controller", "image": "tailguard:dev"}]},
+        "status": {"podIP": ip, "podIPs": [{"ip": ip}]},
+    }

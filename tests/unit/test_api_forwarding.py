@@ -29,16 +29,28 @@ TIMEOUT = 10
 class DirectoryLeader:
     """The elector as the API sees it: leading or not, and where the leader's API answers (the Lease's URL)."""
 
-    def __init__(self, identity: str, leading: bool) -> None:
+    def __init__(self, identity: str, leading: bool, holder: str = "tailguard-a") -> None:
         self.identity = identity
         self.leading = leading
+        self.holder = holder  # the Lease's holderIdentity
         self.url: str | None = None
 
     def is_leader(self) -> bool:
         return self.leading
 
-    def leader_api_url(self) -> str | None:
-        return None if self.leading else self.url
+    def leader_endpoint(self) -> tuple[str, str] | None:
+        return None if self.leading or self.url is None else (self.holder, self.url)
+
+
+class AddressBook:
+    """The PeerCheckPort as a table: the URL each replica really answers at (the pod check is
+    tests/unit/test_replica_trust.py's, against the fake Kubernetes API)."""
+
+    def __init__(self) -> None:
+        self.replicas: dict[str, str] = {}
+
+    def check(self, identity: str, url: str) -> str | None:
+        return None if self.replicas.get(identity) == url else f"{url} is not replica {identity}"
 
     def attach_handover(self, handover: HandoverPort) -> None:
         pass
@@ -84,11 +96,19 @@ class Pair:
         self.standby_controller = OperatorController("tailguard-b", tmp / "b")
         self.leader_elector = DirectoryLeader("tailguard-a", leading=True)
         self.standby_elector = DirectoryLeader("tailguard-b", leading=False)
-        self.leader = ControllerAPI(self.leader_controller, webhook_token=TOKEN, leader=self.leader_elector)
+        self.peers = AddressBook()
+        self.leader = ControllerAPI(
+            self.leader_controller, webhook_token=TOKEN, leader=self.leader_elector, peers=self.peers
+        )
         self.standby = ControllerAPI(
-            self.standby_controller, webhook_token=TOKEN, leader=self.standby_elector, standby_retry_after=3
+            self.standby_controller,
+            webhook_token=TOKEN,
+            leader=self.standby_elector,
+            standby_retry_after=3,
+            peers=self.peers,
         )
         self.standby_elector.url = self.leader.url  # what the leader published in the Lease
+        self.peers.replicas = {"tailguard-a": self.leader.url, "tailguard-b": self.standby.url}
 
 
 @pytest.fixture
@@ -180,6 +200,7 @@ def test_an_unreachable_leader_is_a_503(pair: Pair) -> None:
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         pair.standby_elector.url = f"http://127.0.0.1:{closed.getsockname()[1]}"  # bound, never listening
+        pair.peers.replicas["tailguard-a"] = pair.standby_elector.url
         answer = post_alert(pair.standby.url)
     assert answer.status_code == 503 and answer.headers["Retry-After"] == "3"
     assert "unreachable" in answer.json()["reason"]
@@ -190,11 +211,14 @@ def test_a_forwarded_request_is_never_forwarded_again(pair: Pair) -> None:
     # The Lease moved: the old leader is now a standby that believes the other standby leads. A request with the
     # hop marker is answered 503 where it lands, so the two never pass it back and forth.
     pair.leader_elector.leading = False
+    pair.leader_elector.holder = "tailguard-b"
     pair.leader_elector.url = pair.standby.url
     answer = requests.get(f"{pair.standby.url}/api/v1/status", headers=auth(), timeout=TIMEOUT)
+    # tailguard-a answered 503 ("forwarded by 'tailguard-b'"), unsigned since it does not lead: the standby never
+    # relays that as the leader's answer, it answers 503 itself.
     assert answer.status_code == 503
-    assert "forwarded by 'tailguard-b'" in answer.json()["reason"]
-    assert answer.headers[ANSWERED_BY_HEADER] == "tailguard-a"
+    assert "did not answer as the leader 'tailguard-a'" in answer.json()["reason"]
+    assert answer.headers[ANSWERED_BY_HEADER] == "tailguard-b"
     assert pair.leader_controller.status_reads == 0 and pair.standby_controller.status_reads == 0
     marked = requests.get(
         f"{pair.standby.url}/api/v1/status", headers={**auth(), FORWARDED_HEADER: "someone"}, timeout=TIMEOUT

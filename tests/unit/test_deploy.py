@@ -22,6 +22,7 @@ from kubernetes_validate.utils import latest_version
 
 from controller.app.settings import load_settings, parse_settings_text
 from controller.core.policy_files import load_policies
+from controller.tools.cluster_permissions import PEER_PERMISSIONS
 from serving.manifests import (
     EXAMPLE_POLICIES_DIR,
     KustomizeError,
@@ -186,7 +187,8 @@ def test_rbac_is_exactly_what_the_actuators_call(base: list[dict[str, Any]]) -> 
     events = _triples(
         {"apiGroups": [g], "resources": [r], "verbs": sorted(v)} for (g, r), v in EVENT_PERMISSIONS.items()
     )
-    assert granted["tailguard"] == lease_and_events
+    peers = _triples(PEER_PERMISSIONS)  # replica-to-replica trust: the standby reads the Lease holder's pod
+    assert granted["tailguard"] == lease_and_events | peers
     assert granted[SERVING_NAMESPACE] == expected_actuator_permissions() | events
 
 
@@ -402,3 +404,13 @@ def test_crd_policies_component_grants_exactly_the_policy_permissions(tmp_path: 
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tailguard", "namespace": "tailguard"}]
     base_rules = [rule for r in by_kind(render_kustomization(BASE), "Role") for rule in r["rules"]]
     assert not any("tailguard.io" in rule["apiGroups"] for rule in base_rules)
+
+
+def test_the_image_ships_promtool() -> None:
+    """Issue 24 item 9: `tailguard rules validate` in the image needs a PromQL parser (it fails without one)."""
+    lines = [line.strip() for line in (REPO / "Dockerfile").read_text().splitlines()]
+    stages = [line.split() for line in lines if line.startswith("FROM ")]
+    promtool_stage = [stage for stage in stages if stage[-1] == "promtool"]
+    assert promtool_stage and promtool_stage[0][1].startswith("prom/prometheus:v"), "a pinned Prometheus release"
+    final = lines[max(i for i, line in enumerate(lines) if line.startswith("FROM ")) :]
+    assert "COPY --from=promtool /bin/promtool /usr/local/bin/promtool" in final, "copied into the runtime image"

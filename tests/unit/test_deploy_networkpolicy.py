@@ -53,11 +53,18 @@ def test_ingress_is_prometheus_and_alertmanager_on_the_api_port_only(rendered: l
 def test_egress_is_dns_the_api_server_and_the_configured_systems_only(rendered: list[dict[str, Any]]) -> None:
     policy = one(rendered, "NetworkPolicy")
     rules = policy["spec"]["egress"]
-    open_destination = [rule for rule in rules if "to" not in rule]
-    assert open_destination == [{"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}], (
-        "only the API server's ports go anywhere (its endpoints are not pods)"
-    )
+    # Issue 24 item 9: no rule goes to any host (at 7710821 the API server's rule allowed any host on 443/6443).
+    assert [rule for rule in rules if "to" not in rule] == [], "every egress rule names where it goes"
     assert all(rule.get("ports") for rule in rules), "every egress rule names its ports"
+    # The API server (not a pod): an ipBlock of its endpoints, a placeholder the user fills, on 443/6443 only.
+    blocks = [rule for rule in rules if any("ipBlock" in peer for peer in rule["to"])]
+    assert blocks == [
+        {
+            "to": [{"ipBlock": {"cidr": "192.0.2.10/32"}}],
+            "ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}],
+        }
+    ]
+    assert all("ipBlock" not in peer for rule in rules if rule not in blocks for peer in rule["to"])
     dns = [rule for rule in rules if {"port": 53, "protocol": "UDP"} in rule.get("ports", [])]
     assert len(dns) == 1 and namespaces(dns[0]["to"]) == {"kube-system"}
     # Every system controller.yaml talks to is reachable: a rule to the namespace of its in-cluster host.
@@ -68,11 +75,12 @@ def test_egress_is_dns_the_api_server_and_the_configured_systems_only(rendered: 
     urls = [config["prometheus"]["url"], config["argocd"]["url"], config["annotations"]["grafana"]["url"]]
     urls += [receiver["url"] for receiver in config["receivers"].values()]
     # The other replica's API port, in the controller's own namespace (a podSelector alone).
-    replica = [rule for rule in rules if any("namespaceSelector" not in peer for peer in rule.get("to", []))]
+    replica = [rule for rule in rules if any("podSelector" in peer and "namespaceSelector" not in peer
+                                             for peer in rule["to"])]  # fmt: skip
     assert replica == [
         {"to": [{"podSelector": policy["spec"]["podSelector"]}], "ports": [{"port": 9464, "protocol": "TCP"}]}
     ]
-    allowed = set().union(*(namespaces(rule["to"]) for rule in rules if "to" in rule and rule not in replica))
+    allowed = set().union(*(namespaces(rule["to"]) for rule in rules if rule not in replica and rule not in blocks))
     for url in urls:
         host = urlsplit(url).hostname or ""
         assert host.endswith(".svc") or ".svc." in host, f"{url}: an in-cluster Service"

@@ -159,7 +159,8 @@ def test_the_holder_publishes_its_api_url_and_the_follower_reads_it_only_while_t
     lease = fake.get_object("leases", "llm", "tailguard")
     assert lease is not None and lease["metadata"]["annotations"][API_URL_ANNOTATION] == "http://10.0.0.1:9464"
     assert b.leader_api_url() == "http://10.0.0.1:9464"
-    assert a.leader_api_url() is None, "the leader forwards nothing"
+    assert b.leader_endpoint() == ("pod-a", "http://10.0.0.1:9464"), "the holder and its URL, read together"
+    assert a.leader_api_url() is None and a.leader_endpoint() is None, "the leader forwards nothing"
     # a dies without releasing: once its Lease expired b takes over and publishes its own URL; b forwards no more
     clock.advance(10)
     assert b.run_once() is False and b.leader_api_url() == "http://10.0.0.1:9464"
@@ -167,11 +168,11 @@ def test_the_holder_publishes_its_api_url_and_the_follower_reads_it_only_while_t
     assert b.run_once() is True and b.leader_api_url() is None
     lease = fake.get_object("leases", "llm", "tailguard")
     assert lease is not None and lease["metadata"]["annotations"][API_URL_ANNOTATION] == "http://10.0.0.2:9464"
-    assert a.run_once() is False and a.leader_api_url() == "http://10.0.0.2:9464"
+    assert a.run_once() is False and a.leader_endpoint() == ("pod-b", "http://10.0.0.2:9464")
     # b releases on stop: the Lease names nobody, so a has no URL to forward to until it leads
     b.release()
     clock.advance(1)
-    assert a.run_once() is True and a.leader_api_url() is None
+    assert a.run_once() is True and a.leader_api_url() is None and a.leader_endpoint() is None
 
 
 def test_the_advertised_url_comes_from_the_pod_ip_and_the_listen_port(monkeypatch: pytest.MonkeyPatch) -> None:

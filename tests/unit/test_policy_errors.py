@@ -233,14 +233,33 @@ def test_rules_validate_parses_every_query_with_promtool_and_names_file_and_line
     assert cli.main(["rules", "validate", str(tmp_path)]) == cli.EXIT_OK
 
 
-def test_rules_validate_without_promtool_or_url_says_it_skipped_the_parser_check(
+def test_rules_validate_without_promtool_or_url_fails_and_says_how_to_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24 item 9: at 7710821 this exited 0 ("ok") with a query that does not parse, promtool missing."""
+    monkeypatch.setattr(cli, "promtool_path", lambda: None)
+    (tmp_path / "bad.yaml").write_text(policy_yaml("lat-bad", query=BAD_QUERY))
+    assert cli.main(["rules", "validate", str(tmp_path)]) == cli.EXIT_CONFIG
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "cannot check PromQL: promtool is not on PATH and no --prometheus URL was given; install promtool or pass "
+        "--prometheus URL (or --skip-promql to validate without the parser check)\n"
+    )
+
+
+def test_rules_validate_skips_the_parser_check_only_when_told(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(cli, "promtool_path", lambda: None)
     (tmp_path / "bad.yaml").write_text(policy_yaml("lat-bad", query=BAD_QUERY))
-    assert cli.main(["rules", "validate", str(tmp_path)]) == cli.EXIT_OK
+    assert cli.main(["rules", "validate", "--skip-promql", str(tmp_path)]) == cli.EXIT_OK
     captured = capsys.readouterr()
-    assert "skipped the PromQL parser check" in captured.err and captured.out.startswith("ok: 1 policies")
+    assert captured.err == "skipped the PromQL parser check (--skip-promql)\n"
+    assert captured.out.startswith("ok: 1 policies")
+    with pytest.raises(SystemExit) as usage:  # one or the other
+        cli.main(["rules", "validate", "--skip-promql", "--prometheus", "http://127.0.0.1:9", str(tmp_path)])
+    assert usage.value.code == 2
 
 
 def test_rules_validate_with_an_unreachable_prometheus_is_a_usage_error(

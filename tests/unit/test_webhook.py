@@ -36,11 +36,42 @@ def test_signature_against_a_known_vector() -> None:
     body = '{"decision":{"id":"abc"}}'
     expected = "sha256=109da400b130dcca1cdc9d1053a1039527ab62a1d3c0c94a921c239895c0f17b"
     assert sign(SECRET, "1700000000", body) == expected
-    assert verify_signature(SECRET, "1700000000", body.encode(), expected)
-    assert not verify_signature(SECRET, "1700000001", body, expected)  # another timestamp
-    assert not verify_signature(SECRET, "1700000000", body + " ", expected)  # another body
-    assert not verify_signature("other", "1700000000", body, expected)
-    assert not verify_signature(SECRET, "1700000000", body, expected.removeprefix("sha256="))
+    now = 1_700_000_010.0  # the receiver's clock, ten seconds later
+    assert verify_signature(SECRET, "1700000000", body.encode(), expected, now=now)
+    assert not verify_signature(SECRET, "1700000001", body, expected, now=now)  # another timestamp
+    assert not verify_signature(SECRET, "1700000000", body + " ", expected, now=now)  # another body
+    assert not verify_signature("other", "1700000000", body, expected, now=now)
+    assert not verify_signature(SECRET, "1700000000", body, expected.removeprefix("sha256="), now=now)
+
+
+def test_a_signature_outside_the_replay_window_is_refused() -> None:
+    """Issue 24: the helper had no replay window: a notification captured once verified forever."""
+    body = '{"decision":{"id":"abc"}}'
+    signed = sign(SECRET, "1700000000", body)
+    assert verify_signature(SECRET, "1700000000", body, signed, now=1_700_000_000.0 + 299)
+    assert verify_signature(SECRET, "1700000000", body, signed, now=1_700_000_000.0 - 299)  # sender's clock ahead
+    assert not verify_signature(SECRET, "1700000000", body, signed, now=1_700_000_000.0 + 301)  # replayed later
+    assert not verify_signature(SECRET, "1700000000", body, signed, now=1_700_000_000.0 - 301)
+    assert not verify_signature(SECRET, "1700000000", body, signed)  # today's clock: years later
+    assert verify_signature(SECRET, "1700000000", body, signed, now=1_700_003_000.0, window=3600)
+    assert not verify_signature(SECRET, "nan", body, sign(SECRET, "nan", body), now=1_700_000_000.0)
+
+
+def test_a_retry_late_in_the_window_is_signed_afresh(secret_env: str) -> None:
+    """A retry keeps its first timestamp (the same message) while a receiver would still accept it; a retry past
+    half the replay window gets a new timestamp, so a receiver never refuses a genuine retry as a replay."""
+    clock = ManualClock(1_700_000_000.0)
+    with receiver() as (url, state):
+        notifier = WebhookNotifier({"oncall": WebhookReceiver(url=url, secretEnv=secret_env)}, clock)
+        for advance in (0.0, 100.0, 100.0):  # sent at +0, +100, +200 (half the window is 150)
+            clock.advance(advance)
+            notifier.notify("oncall", {"decision": {"id": "d1"}}, idempotency_key="d1:fire:2")
+    stamps = [headers["X-Tailguard-Timestamp"] for headers, _ in state.requests]
+    assert stamps == ["1700000000", "1700000000", "1700000200"]
+    for (headers, body), now in zip(state.requests, (1_700_000_000.0, 1_700_000_100.0, 1_700_000_200.0), strict=True):
+        assert verify_signature(
+            SECRET, headers["X-Tailguard-Timestamp"], body, headers["X-Tailguard-Signature"], now=now
+        )
 
 
 def test_notify_posts_signed_json(secret_env: str) -> None:
@@ -54,7 +85,9 @@ def test_notify_posts_signed_json(secret_env: str) -> None:
     assert headers["X-Tailguard-Timestamp"] == "1700000000"
     assert headers["Idempotency-Key"] == "d1:fire:2"
     assert headers["Content-Type"] == "application/json"
-    assert verify_signature(SECRET, headers["X-Tailguard-Timestamp"], body, headers["X-Tailguard-Signature"])
+    assert verify_signature(
+        SECRET, headers["X-Tailguard-Timestamp"], body, headers["X-Tailguard-Signature"], now=clock.now()
+    )
     sent = json.loads(body)
     assert sent["decision"] == {"id": "d1"} and sent["evidence"] == [[1.0, 1.2]]
     assert sent["receiver"] == "oncall" and sent["idempotency_key"] == "d1:fire:2"
@@ -133,10 +166,13 @@ def test_secret_from_file(tmp_path: Path) -> None:
     path = tmp_path / "secret"
     path.write_text(SECRET + "\n")
     with receiver() as (url, state):
-        notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretFile=path)}, ManualClock())
+        clock = ManualClock()
+        notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretFile=path)}, clock)
         assert notifier.notify("r", {}, idempotency_key="k").status is OutcomeStatus.SUCCEEDED
     headers, body = state.requests[0]
-    assert verify_signature(SECRET, headers["X-Tailguard-Timestamp"], body, headers["X-Tailguard-Signature"])
+    assert verify_signature(
+        SECRET, headers["X-Tailguard-Timestamp"], body, headers["X-Tailguard-Signature"], now=clock.now()
+    )
 
 
 def test_unknown_receiver() -> None:

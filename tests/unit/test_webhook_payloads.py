@@ -96,13 +96,12 @@ def test_links_only_for_what_is_configured() -> None:
 def test_generic_payload_carries_decision_evidence_links_and_is_signed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TG_PAYLOAD_SECRET", SECRET)
     with receiver() as (url, state):
-        notifier = WebhookNotifier(
-            {"ops": WebhookReceiver(url=url, secretEnv="TG_PAYLOAD_SECRET")}, ManualClock(ONSET + 60)
-        )
+        clock = ManualClock(ONSET + 60)
+        notifier = WebhookNotifier({"ops": WebhookReceiver(url=url, secretEnv="TG_PAYLOAD_SECRET")}, clock)
         outcome = notifier.notify("ops", payload(), idempotency_key="abcdef0123456789:fire:2")
     assert outcome.status is OutcomeStatus.SUCCEEDED and outcome.detail["format"] == "generic"
     [(headers, body)] = state.requests
-    assert verify_signature(SECRET, headers[TIMESTAMP_HEADER], body, headers[SIGNATURE_HEADER])
+    assert verify_signature(SECRET, headers[TIMESTAMP_HEADER], body, headers[SIGNATURE_HEADER], now=clock.now())
     sent = json.loads(body)
     assert sent["decision"]["id"] == "abcdef0123456789"
     assert sent["evidence"][-1] == [ONSET + 30, 1.5]
@@ -122,7 +121,7 @@ def test_slack_payload_is_text_and_blocks_signed_and_retried(monkeypatch: pytest
     assert outcome.status is OutcomeStatus.SUCCEEDED and outcome.detail["attempts"] == 2
     assert len(state.requests) == 2 and state.requests[0][1] == state.requests[1][1]  # the same message again
     headers, body = state.requests[1]
-    assert verify_signature(SECRET, headers[TIMESTAMP_HEADER], body, headers[SIGNATURE_HEADER])
+    assert verify_signature(SECRET, headers[TIMESTAMP_HEADER], body, headers[SIGNATURE_HEADER], now=clock.now())
     sent = json.loads(body)
     assert set(sent) == {"text", "blocks"}  # nothing Slack would not understand
     assert "p99-rollback/p99-above-800ms" in sent["text"] and "rolling back" in sent["text"]

@@ -101,6 +101,7 @@ class LeaderElector:
         self._handover: HandoverPort | None = None
         self._advertised_url: str | None = None  # ours, written with every Lease write
         self._holder_url: str | None = None  # the current (other) holder's, read each round
+        self._holder_identity: str | None = None  # who published it
         self._rounds = RoundLoop(self.run_once, "tailguard-leader", join_timeout=self.timeout + 1)
 
     @classmethod
@@ -127,6 +128,13 @@ class LeaderElector:
         (we lead, nobody leads, or the holder published none)."""
         with self._lock:
             return self._holder_url
+
+    def leader_endpoint(self) -> tuple[str, str] | None:
+        """(holder identity, published API URL) of another replica's unexpired Lease, read together; else None."""
+        with self._lock:
+            if self._holder_url is None or self._holder_identity is None:
+                return None
+            return self._holder_identity, self._holder_url
 
     def advertise(self, url: str) -> None:
         """Publish `url` (this replica's API) in the Lease from the next write on."""
@@ -159,16 +167,16 @@ class LeaderElector:
             return self.is_leader()
         view = _view(found)
         if view.holder == self.identity:
-            self._set_holder_url(None)
+            self._set_holder_url(None, None)
             return self._write(found, started, acquiring=False)
         if view.holder and not self._expired(view, started):
             with self._lock:
                 self._leader_until = 0.0
             self._set_holder_url(
-                ((found.metadata.annotations if found.metadata else None) or {}).get(API_URL_ANNOTATION)
+                view.holder, ((found.metadata.annotations if found.metadata else None) or {}).get(API_URL_ANNOTATION)
             )
             return False
-        self._set_holder_url(None)
+        self._set_holder_url(None, None)
         log.info("lease %s/%s %s; %s takes it", self.namespace, self.name,
                  f"held by {view.holder!r} expired" if view.holder else "is free", self.identity)  # fmt: skip
         return self._write(found, started, acquiring=True)
@@ -251,8 +259,9 @@ class LeaderElector:
                             "journal", self.namespace, self.name, CONTROLS_ANNOTATION, unreadable)  # fmt: skip
         lease.metadata.annotations = self._annotations(lease.metadata.annotations)
 
-    def _set_holder_url(self, url: str | None) -> None:
+    def _set_holder_url(self, holder: str | None, url: str | None) -> None:
         with self._lock:
+            self._holder_identity = holder or None
             self._holder_url = url or None
 
     def _annotations(self, current: dict[str, str] | None) -> dict[str, str] | None:

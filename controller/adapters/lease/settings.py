@@ -34,6 +34,15 @@ class LeaderElectionSettings(BaseModel):
         "leader publishes http://ADDRESS:listen.port in its Lease and a standby forwards reads, controls and alerts "
         "there (one view across replicas); null or unset: nothing is published and a standby answers 503",
     )
+    peerSecretFile: str | None = Field(
+        default=None,
+        min_length=1,
+        description="file holding the replicas' own secret (16+ bytes) a standby signs forwarded requests with and "
+        "the leader its answers (docs/deploy.md 'Security'); unset: a key derived from the webhook token",
+    )
+    peerSecretEnv: str | None = Field(
+        default=None, min_length=1, description="environment variable holding that secret (instead of a file)"
+    )
     forwardTimeout: Duration = Field(
         default=5.0, gt=0, description="a standby waits this long for the leader's answer to a forwarded request"
     )
@@ -47,6 +56,8 @@ class LeaderElectionSettings(BaseModel):
 
     @model_validator(mode="after")
     def _ordered(self) -> LeaderElectionSettings:
+        if self.peerSecretFile is not None and self.peerSecretEnv is not None:
+            raise ValueError("expected at most one of peerSecretFile or peerSecretEnv")
         if not 0 < self.retryPeriod < self.renewDeadline <= self.leaseDuration:
             raise ValueError(
                 "expected 0 < retryPeriod < renewDeadline <= leaseDuration, got "

@@ -4,19 +4,21 @@ Each POST carries:
     X-Tailguard-Timestamp: <unix seconds>
     X-Tailguard-Signature: sha256=<hex HMAC-SHA256(secret, f"{timestamp}.{body}")>
     Idempotency-Key: <the action's key>
-A receiver recomputes the signature over the raw body with `verify_signature`.
+A receiver recomputes the signature over the raw body with `verify_signature`, which also refuses a timestamp
+more than `window` seconds (default 300) from its clock: a captured notification cannot be replayed later. A
+retried notification keeps its first timestamp (the same signed message, deduplicated by its key) while that is
+younger than half the window, and is signed afresh after that, so a retry is never refused as a replay.
 The secret is read from an environment variable or a file when sending, and is
 never logged nor put into an error message.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,6 +32,13 @@ from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
 from controller.kit.errors import ConfigError
 from controller.kit.http import RetryPolicy, request_with_retry
 from controller.kit.redact import url_origin
+from controller.kit.signing import (
+    DEFAULT_REPLAY_WINDOW_SECONDS,
+    hmac_sha256_hex,
+    same_digest,
+    timestamp_fresh,
+    to_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,21 +96,31 @@ class WebhookReceiver(BaseModel):
         return text.encode("utf-8")
 
 
-def _bytes(value: str | bytes) -> bytes:
-    return value.encode("utf-8") if isinstance(value, str) else value
+REPLAY_WINDOW_SECONDS = DEFAULT_REPLAY_WINDOW_SECONDS
 
 
 def sign(secret: str | bytes, timestamp: str, body: str | bytes) -> str:
     """The signature header value: `sha256=` + hex HMAC-SHA256 over `{timestamp}.{body}`."""
-    message = _bytes(timestamp) + b"." + _bytes(body)
-    return "sha256=" + hmac.new(_bytes(secret), message, hashlib.sha256).hexdigest()
+    return "sha256=" + hmac_sha256_hex(secret, to_bytes(timestamp) + b"." + to_bytes(body))
 
 
-def verify_signature(secret: str | bytes, timestamp: str, body: str | bytes, header: str) -> bool:
-    """For receivers: does `header` (X-Tailguard-Signature) match the raw body and timestamp?"""
+def verify_signature(
+    secret: str | bytes,
+    timestamp: str,
+    body: str | bytes,
+    header: str,
+    *,
+    now: float | None = None,
+    window: float = REPLAY_WINDOW_SECONDS,
+) -> bool:
+    """For receivers: does `header` (X-Tailguard-Signature) match the raw body and timestamp, and is the timestamp
+    within `window` seconds of `now` (default: this machine's clock)? An old (or far-future) timestamp is refused
+    even with a right signature: a notification captured once cannot be posted again later."""
     if not header.startswith("sha256="):
         return False
-    return hmac.compare_digest(sign(secret, timestamp, body).encode("ascii"), header.strip().encode("ascii", "replace"))
+    if not timestamp_fresh(timestamp, time.time() if now is None else now, window):
+        return False
+    return same_digest(sign(secret, timestamp, body), header)
 
 
 # Idempotency keys whose first timestamp is remembered, so a retried notification is the same signed message.
@@ -183,7 +202,12 @@ class WebhookNotifier:
 
     def _timestamp(self, idempotency_key: str) -> str:
         with self._lock:
-            timestamp = self._timestamps.pop(idempotency_key, None) or str(int(self.clock.now()))
+            now = self.clock.now()
+            timestamp = self._timestamps.pop(idempotency_key, None)
+            if timestamp is None or not timestamp_fresh(timestamp, now, REPLAY_WINDOW_SECONDS / 2):
+                # A retry late enough that the receiver could take the first timestamp for a replay: signed anew
+                # (the Idempotency-Key still says it is the same notification).
+                timestamp = str(int(now))
             self._timestamps[idempotency_key] = timestamp
             while len(self._timestamps) > TIMESTAMPS_KEPT:
                 self._timestamps.popitem(last=False)
