@@ -26,7 +26,8 @@ observation counts toward `for` like any other, and never shortens it (a
 `for: N` streak must span (N-1) x interval, see rules/README.md).
 
 Authentication: with a webhook token (settings `webhook:`), `POST /api/v1/alerts`
-needs `Authorization: Bearer <token>`: 401 without it, 403 with another token
+needs `Authorization: Bearer <token>` (or `X-Tailguard-Token: <token>`, what passes the Kubernetes API's service
+proxy: controller/app/api_auth.py): 401 without it, 403 with another token
 (compared in constant time, so the answer time does not leak how much of a guess
 was right). The token is never logged or echoed. The same token guards every
 non-health endpoint: `GET /api/v1/decisions` (decisions carry evidence and action
@@ -64,6 +65,7 @@ from urllib.parse import parse_qs
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from controller.app.api_auth import presented_authorization
 from controller.app.forwarding import (
     ANSWERED_BY_HEADER,
     FORWARD_TIMEOUT_SECONDS,
@@ -421,12 +423,12 @@ class ControllerAPI:
             body = await self._call(self.controller.metrics.exposition)
             return _response(200, body, EXPOSITION_CONTENT_TYPE)
         if path == "/api/v1/decisions":
-            refusal = self.authorize(request.headers.get("Authorization"), "decisions request")
+            refusal = self.authorize(presented_authorization(request.headers), "decisions request")
             if refusal is not None:
                 return _refusal(*refusal)
             return _json(*await self._call(self.decisions, request.query_string))
         if path in ("/api/v1/status", "/status"):
-            presented = request.headers.get("Authorization")
+            presented = presented_authorization(request.headers)
             if presented is None and path == "/status" and "token" in request.query:
                 presented = f"Bearer {request.query['token']}"  # a browser link cannot send a header
             refusal = self.authorize(presented, "status request")
@@ -447,7 +449,7 @@ class ControllerAPI:
         if path != "/api/v1/alerts":
             status = 404 if path not in ("/healthz", "/readyz", "/metrics", "/api/v1/decisions") else 405
             return await self._answer_unread(request, _json(status, {"error": f"no POST endpoint at {path}"}))
-        refusal = self.authorize_webhook(request.headers.get("Authorization"))
+        refusal = self.authorize_webhook(presented_authorization(request.headers))
         if refusal is not None:
             return await self._answer_unread(request, _refusal(*refusal))
         standby = self.refuse_if_standby()
@@ -471,7 +473,7 @@ class ControllerAPI:
         return _json(*await self._call(self.alerts, body))
 
     async def _post_control(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
-        refusal = self.authorize(request.headers.get("Authorization"), "control request")
+        refusal = self.authorize(presented_authorization(request.headers), "control request")
         if refusal is not None:
             return await self._answer_unread(request, _refusal(*refusal))
         standby = self.refuse_if_standby("control")
@@ -489,7 +491,7 @@ class ControllerAPI:
     async def _forward(self, request: web.BaseRequest) -> web.StreamResponse:
         """On a standby: authenticate here, then the leader's answer (controller/app/forwarding.py)."""
         assert self._forwarder is not None
-        presented = request.headers.get("Authorization")
+        presented = presented_authorization(request.headers)
         if presented is None and request.path == "/status" and "token" in request.query:
             presented = f"Bearer {request.query['token']}"  # the status page's link form, checked here too
         refusal = self.authorize(presented, f"{request.method} {request.path} on the standby")

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from controller.app.api_auth import TOKEN_HEADER
 from controller.core.ports import LeaderDirectoryPort
 
 logger = logging.getLogger("tailguard.api.forwarding")
@@ -35,7 +36,7 @@ ANSWERED_BY_HEADER = "X-Tailguard-Answered-By"  # the replica whose controller a
 VIA_HEADER = "X-Tailguard-Via"  # the standby that passed the leader's answer on
 FORWARD_TIMEOUT_SECONDS = 5.0
 MAX_FORWARDED_RESPONSE_BYTES = 16 << 20  # 1,000 decisions with evidence fit several times over
-REQUEST_HEADERS = ("Authorization", "Content-Type", "Accept")
+REQUEST_HEADERS = ("Authorization", TOKEN_HEADER, "Content-Type", "Accept")
 RESPONSE_HEADERS = ("Content-Type", "Cache-Control", "Retry-After", "WWW-Authenticate", ANSWERED_BY_HEADER)
 # Paths whose answer is the leader's: the operator reads and controls, and the alert webhook. Probes and /metrics
 # stay per replica (each pod's own health and counters).
