@@ -298,11 +298,11 @@ def completion_main(argv: Sequence[str], *, prog: str = "kubectl tailguard compl
         sys.stdout.write(KUBECTL_COMPLETE)
         return EXIT_OK
     try:
-        import argcomplete
+        from argcomplete.shell_integration import shellcode
     except ModuleNotFoundError:
         print(f"{prog}: argcomplete is not installed (pip install argcomplete)", file=sys.stderr)
         return EXIT_FAILED
-    sys.stdout.write(argcomplete.shellcode(["kubectl-tailguard", "tailguard"], shell=args.shell))
+    sys.stdout.write(shellcode(["kubectl-tailguard", "tailguard"], shell=args.shell))
     return EXIT_OK
 
 
