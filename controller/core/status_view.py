@@ -79,6 +79,9 @@ def _status(name: str, policy: Policy | None, state: PolicyState, controls: Cont
         "suspended": (policy is not None and policy.suspend) or pause is not None,
         "suspend": policy.suspend if policy is not None else None,
         "paused": pause.to_json() if pause is not None else None,
+        # The policy's own pause, apart from the kill switch (which `paused` shows first): lifting the kill switch
+        # leaves this one in force.
+        "policyPause": own.to_json() if (own := controls.latest.get(name)) is not None and own.paused else None,
         "evaluations": state.evaluations,
         "lastEvaluatedAt": state.last_evaluated_at,
         "targets": targets,
@@ -127,7 +130,12 @@ def signal_unit(policy: Policy, signal_name: str) -> str:
     if signal.predict is not None:
         return "probability"
     names = re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", signal.query or "")
-    units = {unit for name in names for suffix, unit in _UNIT_SUFFIXES if re.search(rf"{suffix}(_bucket|_sum|_count|_total)?$", name)}
+    units = {
+        unit
+        for name in names
+        for suffix, unit in _UNIT_SUFFIXES
+        if re.search(rf"{suffix}(_bucket|_sum|_count|_total)?$", name)
+    }
     return units.pop() if len(units) == 1 else ""
 
 
