@@ -14,7 +14,14 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from controller.app.incident_view import INCIDENT_CSS, condition_text, human_duration, incidents_section, with_unit
+from controller.app.incident_view import (
+    INCIDENT_CSS,
+    action_text,
+    condition_text,
+    human_duration,
+    incidents_section,
+    with_unit,
+)
 
 REFRESH_SECONDS = 15
 
@@ -130,7 +137,7 @@ def _timeline(document: Mapping[str, Any]) -> str:
         for record in decision.get("action_records", []):
             detail = record.get("error") or record.get("detail") or ""
             actions.append(
-                f"<li>{_e(record.get('kind', record.get('type', 'action')))}: "
+                f"<li>{_e(action_text(record))}: "
                 f'<b data-status="{_e(record.get("status"))}">{_e(record.get("status"))}</b> {_e(detail)}</li>'
             )
         link = ""
