@@ -135,3 +135,22 @@ def test_cli_markdown_table(backfilled_prometheus: BackfilledPrometheus, capsys:
     assert code == 0
     out = capsys.readouterr().out
     assert '| p99-rollback | p99-above-800ms | {service="regress"} | 2023-11-14T22:33:20Z |' in out
+
+
+def test_cli_warns_about_a_blind_policy_and_strict_fails(
+    backfilled_prometheus: BackfilledPrometheus, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The same policy with a misspelt metric matches no series: the report says '0 targets ever seen' beside the
+    real policy's count, the warning goes to stderr, and --strict exits 3."""
+    blind = RULES.read_text().replace("name: p99-rollback", "name: p99-typo", 1)
+    assert "_bucket" in blind
+    (tmp_path / "typo.yaml").write_text(blind.replace("_bucket", "_buckets"))
+    common = ["--prometheus", backfilled_prometheus.url, "--rules", str(RULES), "--rules", str(tmp_path / "typo.yaml"),
+              "--start", str(T0 + 60), "--end", str(T0 + 3600), "--output", "json"]  # fmt: skip
+    assert backtest_main(common) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert out["targets_seen"]["p99-typo"] == {"*": 0, "p99-above-800ms": 0}
+    assert out["targets_seen"]["p99-rollback"]["*"] >= 2
+    assert "warning: p99-typo: matched no series in the window (0 targets ever seen)" in captured.err
+    assert backtest_main([*common, "--strict"]) == 3
