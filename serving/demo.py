@@ -494,7 +494,17 @@ def run_demo(
                     f"{engine.threshold_s:g}s during the new replica's cold start (CPU contention); "
                     "raise the threshold or lower the load"
                 )
-        rollout_at = time.time()
+        if engine.engine == "simulator":
+            # The tier's own stamp of the revision (its revision record, what the change tracker reads): the
+            # simulated version takes traffic the moment it is created, so this is when r2 began serving.
+            listed = requests.get(f"{control_url}/api/v1/services/{SERVICE}/revisions", timeout=HTTP_TIMEOUT).json()
+            rollout_at = float(next(r["created_at"] for r in listed if r["version"] == bad_version))
+            rollout_source = (
+                f"the tier's revision record of {bad_version} (created_at: the simulator serves it at once)"
+            )
+        else:
+            rollout_at = time.time()
+            rollout_source = f"when the demo saw {bad_version}'s first replica healthy (its warm-up passed)"
         _log(start, f"ROLLOUT {SERVICE} {bad_version}: profile {engine.bad_profile} ({engine.bad_change})")
 
         fired: dict[str, Any] = {}
@@ -561,8 +571,9 @@ def run_demo(
                     f"{r['version']}{' (bad: ' + str(r.get('reason')) + ')' if r.get('bad') else ''}" for r in revisions
                 ),
                 f"active revision now: r{service_state['active_revision']}",
-                f"evidence (t, P99 s) at fire: {decision['evidence']}",
             ),
+            rollout_source=rollout_source,
+            evidence=tuple((float(at), float(value)) for at, value in decision["evidence"]),
         )
         paths = write_report(timeline, out_dir)
         summary = timeline.summary()
