@@ -57,6 +57,7 @@ DELEGATED = {
     "incidents": ("controller.app.kubectl_plugin", "incidents_main", "open incidents of a controller"),
     "logs": ("controller.app.kubectl_plugin", "logs_main", "the leader pod's log (through the cluster)"),
     "completion": ("controller.app.kubectl_plugin", "completion_main", "print shell completion code"),
+    "report": ("controller.app.report_command", "report_main", "the incident report of a journaled decision"),
 }
 
 logger = logging.getLogger("tailguard.cli")

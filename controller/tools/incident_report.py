@@ -120,9 +120,14 @@ def render_markdown(timeline: IncidentTimeline) -> str:
         f"After the rollout of {rollout} of `{timeline.service}` at {_stamp(timeline.rollout_at)}, its "
         f"{timeline.signal} rose above {threshold}{peak_text}. tailguard's policy `{timeline.policy}` (condition "
         f"`{timeline.condition}`, fires when > {threshold}) fired {_seconds(summary['seconds_rollout_to_detection'])} "
-        f"after the rollout and rolled back to {timeline.rollback_to or '?'}; the latency was back under the "
-        f"threshold {_seconds(summary['seconds_rollout_to_recovery'])} after the rollout. Decision "
-        f"`{timeline.decision_id}`."
+        f"after the rollout and rolled back to {timeline.rollback_to or '?'}"
+        + (
+            f"; the value was back under the threshold {_seconds(summary['seconds_rollout_to_recovery'])} after the "
+            "rollout"
+            if summary["seconds_rollout_to_recovery"] is not None
+            else ""
+        )
+        + f". Decision `{timeline.decision_id}`."
     )
     impact = f"- {timeline.signal} above {threshold} for {'—' if above is None else f'{above:.0f} s'}{peak_text}."
     events = [
