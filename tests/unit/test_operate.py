@@ -294,7 +294,8 @@ def test_the_status_page_signs_in_with_a_form_and_never_reads_a_token_in_the_url
     expired = requests.get(f"{url}/status", cookies={"tailguard_session": session}, timeout=TIMEOUT)
     assert expired.status_code == 401 and "sign in again" in expired.text
     # The cookie is the page's only: the API still wants the token itself.
-    assert requests.get(f"{url}/api/v1/status", cookies={"tailguard_session": session}, timeout=TIMEOUT).status_code == 401
+    api = requests.get(f"{url}/api/v1/status", cookies={"tailguard_session": session}, timeout=TIMEOUT)
+    assert api.status_code == 401
 
 
 class _ControlsHandover(FakeHandover):
