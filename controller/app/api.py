@@ -75,6 +75,7 @@ from controller.app.forwarding import (
     forwarded_path,
 )
 from controller.app.status_login import (
+    AFTER_LOGIN,
     LOGIN_PATH,
     cookie_value,
     issue_session,
@@ -567,7 +568,7 @@ class ControllerAPI:
         except (TimeoutError, asyncio.IncompleteReadError):
             return _refuse_body(_json(400, {"error": "the body did not arrive whole"}), request)
         token = parse_qs(body.decode("utf-8", "replace")).get("token", [""])[-1].strip()
-        headers = {"Location": "/status", "Cache-Control": "no-store"}
+        headers = {"Location": AFTER_LOGIN, "Cache-Control": "no-store"}
         if self._webhook_token is None:
             return _response(303, b"", "text/plain", headers)
         if not token or not hmac.compare_digest(token.encode(), self._webhook_token):

@@ -33,9 +33,9 @@ from controller.app import operate
 from controller.app.reach import (
     DEFAULT_NAMESPACE,
     OperateError,
-    _send,
     call,
     load_kube_access,
+    send,
 )
 
 EXIT_OK = 0
@@ -230,7 +230,7 @@ def logs_main(argv: Sequence[str], *, prog: str = "tailguard logs") -> int:
         kube = load_kube_access(args.kubeconfig, args.context, args.namespace, "", "")
         namespace = quote(args.namespace, safe="")
         lease_path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{quote(args.lease, safe='')}"
-        lease = _send("GET", kube.api_url(lease_path), kube, {}, None)
+        lease = send("GET", kube.api_url(lease_path), kube, {}, None)
         if lease.status_code != 200:
             raise OperateError(
                 f"cannot read the Lease {args.namespace}/{args.lease} (HTTP {lease.status_code}): is tailguard "
@@ -243,7 +243,7 @@ def logs_main(argv: Sequence[str], *, prog: str = "tailguard logs") -> int:
             f"/api/v1/namespaces/{namespace}/pods/{quote(holder, safe='')}/log?container={CONTAINER}"
             f"&tailLines={max(1, args.tail)}"
         )
-        answer = _send("GET", kube.api_url(log_path), kube, {}, None)
+        answer = send("GET", kube.api_url(log_path), kube, {}, None)
         if answer.status_code != 200:
             raise OperateError(
                 f"cannot read the log of the leader pod {args.namespace}/{holder} (HTTP {answer.status_code}): "

@@ -174,7 +174,7 @@ def _token_from_secret(kube: KubeAccess) -> str | None:
 
     path = f"/api/v1/namespaces/{quote(kube.namespace, safe='')}/secrets/{TOKEN_SECRET}"
     try:
-        answer = _send("GET", kube.api_url(path), kube, {}, None)
+        answer = send("GET", kube.api_url(path), kube, {}, None)
     except OperateError:
         return None
     if answer.status_code != 200:
@@ -186,7 +186,7 @@ def _token_from_secret(kube: KubeAccess) -> str | None:
         return None
 
 
-def _send(
+def send(
     method: str, target: str, kube: KubeAccess | None, headers: Mapping[str, str], body: Mapping[str, Any] | None
 ) -> requests.Response:
     sent = dict(headers)
@@ -241,7 +241,7 @@ def call(
             headers["Authorization"] = f"Bearer {address.token}"
         else:
             headers[TOKEN_HEADER] = address.token
-    answer = _send(method, address.base_url + path, address.kube, headers, body)
+    answer = send(method, address.base_url + path, address.kube, headers, body)
     try:
         value = answer.json()
     except ValueError:

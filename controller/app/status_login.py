@@ -17,6 +17,7 @@ from collections.abc import Mapping
 SESSION_COOKIE = "tailguard_session"
 SESSION_SECONDS = 900
 LOGIN_PATH = "/status/login"
+AFTER_LOGIN = "../status"  # relative to /status/login: /status, also behind a path prefix
 
 
 def _signature(token: bytes, expiry: int) -> str:
@@ -57,7 +58,9 @@ def login_page(message: str = "") -> str:
         "input{width:100%;padding:.4rem;margin:.4rem 0 .8rem;font-family:ui-monospace,monospace}"
         ".error{color:#9b1c1c;font-weight:600}</style></head><body>"
         "<h1>tailguard status</h1>"
-        f"{note}<form method=post action={LOGIN_PATH} id=login>"
+        # Relative, so the form and its redirect work behind a path prefix too (the Kubernetes API's service proxy,
+        # `kubectl proxy`): from .../status this posts to .../status/login.
+        f"{note}<form method=post action=status/login id=login>"
         "<label for=token>The controller's token (the Secret tailguard-alertmanager, key token):</label>"
         "<input type=password name=token id=token autocomplete=current-password required>"
         "<button type=submit>Sign in</button></form>"

@@ -145,7 +145,7 @@ def _shot(url: str, tmp_path: Path, name: str) -> Path:
 
 def test_the_incident_view_firing_paused_and_resolved(running: Running, tmp_path: Path) -> None:
     refused = _chromium("--dump-dom", f"{running.api.url}/status?token={TOKEN}")
-    assert 'action="/status/login"' in refused.stdout or "action=/status/login" in refused.stdout
+    assert 'action="status/login"' in refused.stdout
     assert "chat-p99-rollback" not in refused.stdout, "a token in the URL must not open the page"
     sign_in = _sign_in_page(running, tmp_path)
 

@@ -444,7 +444,7 @@ class FakeKubernetes:
         target = backend + rest + (f"?{parts.query}" if parts.query else "")
         request = urllib.request.Request(target, data=body or None, headers=forwarded, method=method)
         try:
-            with urllib.request.urlopen(request, timeout=10) as answer:  # loopback backends only
+            with _NO_REDIRECTS.open(request, timeout=10) as answer:  # loopback backends only
                 return answer.status, _passed(answer.headers), answer.read()
         except urllib.error.HTTPError as refused:
             return refused.code, _passed(refused.headers), refused.read()
@@ -867,6 +867,16 @@ def _json_patch(document: Any, operations: list[Any]) -> Any:
 # Headers the service proxy does not pass on: the user's credential (kube-apiserver removes it once it has
 # authenticated the request) and the hop-by-hop ones.
 _NOT_PROXIED = frozenset({"authorization", "host", "connection", "content-length", "transfer-encoding", "keep-alive"})
+
+
+class _KeepRedirects(urllib.request.HTTPRedirectHandler):
+    """The proxy passes a backend's redirect on to the client (as the API server does), never follows it."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_NO_REDIRECTS = urllib.request.build_opener(_KeepRedirects)
 
 
 def _raw(answer: tuple[int, dict[str, Any]]) -> tuple[int, dict[str, str], bytes]:

@@ -184,3 +184,17 @@ def test_version_and_completion(capsys: pytest.CaptureFixture[str]) -> None:
 def test_the_console_script_is_declared() -> None:
     text = (REPO / "pyproject.toml").read_text()
     assert 'kubectl-tailguard = "controller.app.kubectl_plugin:plugin_main"' in text
+
+
+def test_the_status_page_signs_in_behind_the_service_proxy(operated: Operated) -> None:
+    """The sign-in form and its redirect are relative, so a browser reaching the page through the API server's
+    service proxy (a path prefix; the user's Authorization header removed there) signs in and reads the page."""
+    import requests
+
+    base = f"{operated.kube.url}/api/v1/namespaces/{NS}/services/tailguard:9464/proxy"
+    browser = requests.Session()
+    browser.headers["Authorization"] = "Bearer kube-user-token"  # the kubeconfig's credential: not the controller's
+    form = browser.get(f"{base}/status", timeout=10)
+    assert form.status_code == 401 and "action=status/login" in form.text
+    page = browser.post(f"{base}/status/login", data={"token": TOKEN}, timeout=10)
+    assert page.status_code == 200 and page.url == f"{base}/status" and "chat-p99" in page.text
