@@ -14,7 +14,7 @@ import pytest
 
 from serving.demo import DemoTimings, run_demo
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 HOG_SECONDS = 240  # longer than the shortened demo; each hog ends by itself then
 HOGS = max(2, 3 * (os.cpu_count() or 2))  # with the suite's own work: a load average of about 8 on 2 cores
