@@ -46,14 +46,16 @@ LEASE_NAME = "tailguard-leader"  # deploy/base/controller.yaml leaderElection.le
 CONTAINER = "controller"  # deploy/base/deployment.yaml
 DECISIONS_READ = 500
 
-COMMANDS: dict[str, tuple[str, Callable[[Sequence[str]], int] | None]] = {
-    "status": ("what the controller is doing now (policies, targets, last decisions)", None),
-    "pause": ("pause a policy (or --all: the kill switch)", None),
-    "resume": ("resume a paused policy (or --all)", None),
-    "abort": ("stop a decision's actions (a ramp or sync wait in flight)", None),
-    "incidents": ("open incidents (fired, not yet resolved); --all: recent ones too", None),
-    "logs": ("the leader pod's log", None),
-    "completion": ("print shell completion code (bash, zsh, fish, kubectl)", None),
+# The commands and their one-line help (each parses its own arguments; the top-level parser below repeats their
+# options only for --help and completion).
+COMMANDS: dict[str, str] = {
+    "status": "what the controller is doing now (policies, targets, last decisions)",
+    "pause": "pause a policy (or --all: the kill switch)",
+    "resume": "resume a paused policy (or --all)",
+    "abort": "stop a decision's actions (a ramp or sync wait in flight)",
+    "incidents": "open incidents (fired, not yet resolved); --all: recent ones too",
+    "logs": "the leader pod's log",
+    "completion": "print shell completion code (bash, zsh, fish, kubectl)",
 }
 
 
@@ -79,7 +81,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (summary, _) in COMMANDS.items():
+    for name, summary in COMMANDS.items():
         sub = commands.add_parser(name, help=summary, add_help=False)
         if name in ("pause", "resume"):
             sub.add_argument("policy", nargs="?")
@@ -90,10 +92,16 @@ def _parser(prog: str) -> argparse.ArgumentParser:
             sub.add_argument("--reason")
         if name == "completion":
             sub.add_argument("shell", choices=("bash", "zsh", "fish", "kubectl"))
-        if name not in ("completion",):
+        if name == "logs":
+            for option in ("--kubeconfig", "--context", "--namespace", "--lease", "--tail"):
+                sub.add_argument(option)
+        elif name != "completion":
             for option in ("--url", "--token-file", "--kubeconfig", "--context", "--namespace", "--service", "--port"):
                 sub.add_argument(option)
-            sub.add_argument("--output", "-o", choices=("table", "json"))
+            if name in ("status", "incidents"):
+                sub.add_argument("--output", "-o", choices=("table", "json"))
+            if name != "incidents" and name != "status":
+                sub.add_argument("--by")
     return parser
 
 
