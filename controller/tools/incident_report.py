@@ -244,6 +244,8 @@ def render_plot(timeline: IncidentTimeline, path: Path) -> None:
     axes.grid(True, alpha=0.3)
     axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4, fontsize=7, frameon=False)
     figure.autofmt_xdate()
+    if timeline.rollout_source:
+        figure.text(0.01, 0.01, f"rollout time: {timeline.rollout_source}", fontsize=7, color="#555555")
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
