@@ -140,6 +140,16 @@ def test_status_and_decisions_read_on_the_standby_are_the_leaders(pair: Pair) ->
     assert health.status_code == 200 and health.headers[ANSWERED_BY_HEADER] == "tailguard-b"
 
 
+def test_the_token_header_of_the_service_proxy_reaches_the_leader_through_the_standby(pair: Pair) -> None:
+    """Through the Kubernetes API's service proxy the token is in X-Tailguard-Token (the API server drops
+    Authorization): the standby checks it and passes it on, so the leader answers."""
+    proxied = {"X-Tailguard-Token": TOKEN}
+    answer = requests.get(f"{pair.standby.url}/api/v1/status", headers=proxied, timeout=TIMEOUT)
+    assert answer.status_code == 200 and answer.headers[ANSWERED_BY_HEADER] == "tailguard-a"
+    wrong = requests.get(f"{pair.standby.url}/api/v1/status", headers={"X-Tailguard-Token": "x"}, timeout=TIMEOUT)
+    assert wrong.status_code == 403
+
+
 def test_an_alert_posted_to_the_standby_is_evaluated_once_by_the_leader(pair: Pair) -> None:
     answer = post_alert(pair.standby.url)
     assert answer.status_code == 202, answer.text
