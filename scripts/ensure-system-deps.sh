@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
 # Installs the system packages tailguard needs, only when they are missing:
-#   prometheus (with promtool), prometheus-alertmanager, python3-venv, and chromium (headless browser tests).
+#   prometheus (with promtool), prometheus-alertmanager, python3-venv; with --with-browser also chromium (the
+#   status page's headless browser test: `make test` asks for it, `make demo` does not, which keeps a fresh clone's
+#   demo from downloading a browser it never starts).
 # Idempotent: when everything is present it changes nothing and touches no network.
 set -euo pipefail
+
+with_browser=0
+for argument in "$@"; do
+  case "$argument" in
+    --with-browser) with_browser=1 ;;
+    *) echo "usage: $0 [--with-browser]" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
@@ -12,7 +22,9 @@ command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alert
 # Debian splits ensurepip out of python3; without it `python3 -m venv` fails.
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
 # The status page's browser test (tests/integration/test_status_page_browser.py) renders it in headless chromium.
-command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+if [ "$with_browser" -eq 1 ]; then
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+fi
 
 if [ "${#missing[@]}" -eq 0 ]; then
   exit 0

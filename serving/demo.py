@@ -290,8 +290,10 @@ def run_demo(
     *,
     python: str = sys.executable,
     engine: EngineSetup = SIMULATOR,
+    hold: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the scenario; returns the incident summary. Raises DemoError when the loop did not close."""
+    """Run the scenario; returns the incident summary. Raises DemoError when the loop did not close. `hold(url)`,
+    when given, is called with the status page's address once the report is written, before anything stops."""
     start = time.monotonic()
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -452,6 +454,8 @@ def run_demo(
 
         if not _wait(healthy, 30.0):
             raise DemoError(f"controller did not start: {controller.log_tail()}")
+        status_page = f"http://127.0.0.1:{controller_port}/status"
+        _log(start, f"status page: {status_page} (the incident view; open it in a browser)")
 
         deadline = time.monotonic() + timings.warmup_s
         while time.monotonic() < deadline:
@@ -490,7 +494,17 @@ def run_demo(
                     f"{engine.threshold_s:g}s during the new replica's cold start (CPU contention); "
                     "raise the threshold or lower the load"
                 )
-        rollout_at = time.time()
+        if engine.engine == "simulator":
+            # The tier's own stamp of the revision (its revision record, what the change tracker reads): the
+            # simulated version takes traffic the moment it is created, so this is when r2 began serving.
+            listed = requests.get(f"{control_url}/api/v1/services/{SERVICE}/revisions", timeout=HTTP_TIMEOUT).json()
+            rollout_at = float(next(r["created_at"] for r in listed if r["version"] == bad_version))
+            rollout_source = (
+                f"the tier's revision record of {bad_version} (created_at: the simulator serves it at once)"
+            )
+        else:
+            rollout_at = time.time()
+            rollout_source = f"when the demo saw {bad_version}'s first replica healthy (its warm-up passed)"
         _log(start, f"ROLLOUT {SERVICE} {bad_version}: profile {engine.bad_profile} ({engine.bad_change})")
 
         fired: dict[str, Any] = {}
@@ -534,37 +548,41 @@ def run_demo(
         revisions = requests.get(f"{control_url}/api/v1/services/{SERVICE}/revisions", timeout=HTTP_TIMEOUT).json()
         service_state = requests.get(f"{control_url}/api/v1/services/{SERVICE}", timeout=HTTP_TIMEOUT).json()
 
-    decision = fired["decision"]
-    result = record.get("result") or {}
-    detail = result.get("detail", result)
-    timeline = IncidentTimeline(
-        policy=POLICY_NAME,
-        condition=engine.condition_name,
-        service=SERVICE,
-        threshold_seconds=engine.threshold_s,
-        series=series,
-        rollout_at=rollout_at,
-        rollout_revision=bad_version,
-        onset_at=decision["onset"],
-        fired_at=decision["fired_at"],
-        rollback_at=record.get("finished_at"),
-        rollback_to=f"r{detail['to_revision']}" if "to_revision" in detail else None,
-        resolved_at=resolved.get("resolved_at"),
-        decision_id=decision["id"],
-        notes=(
-            "revisions after the incident: "
-            + ", ".join(
-                f"{r['version']}{' (bad: ' + str(r.get('reason')) + ')' if r.get('bad') else ''}" for r in revisions
+        decision = fired["decision"]
+        result = record.get("result") or {}
+        detail = result.get("detail", result)
+        timeline = IncidentTimeline(
+            policy=POLICY_NAME,
+            condition=engine.condition_name,
+            service=SERVICE,
+            threshold_seconds=engine.threshold_s,
+            series=series,
+            rollout_at=rollout_at,
+            rollout_revision=bad_version,
+            onset_at=decision["onset"],
+            fired_at=decision["fired_at"],
+            rollback_at=record.get("finished_at"),
+            rollback_to=f"r{detail['to_revision']}" if "to_revision" in detail else None,
+            resolved_at=resolved.get("resolved_at"),
+            decision_id=decision["id"],
+            notes=(
+                "revisions after the incident: "
+                + ", ".join(
+                    f"{r['version']}{' (bad: ' + str(r.get('reason')) + ')' if r.get('bad') else ''}" for r in revisions
+                ),
+                f"active revision now: r{service_state['active_revision']}",
             ),
-            f"active revision now: r{service_state['active_revision']}",
-            f"evidence (t, P99 s) at fire: {decision['evidence']}",
-        ),
-    )
-    paths = write_report(timeline, out_dir)
-    summary = timeline.summary()
-    summary["report"] = {kind: str(path) for kind, path in paths.items()}
-    summary["active_revision"] = service_state["active_revision"]
-    summary["revisions"] = revisions
+            rollout_source=rollout_source,
+            evidence=tuple((float(at), float(value)) for at, value in decision["evidence"]),
+        )
+        paths = write_report(timeline, out_dir)
+        summary = timeline.summary()
+        summary["report"] = {kind: str(path) for kind, path in paths.items()}
+        summary["active_revision"] = service_state["active_revision"]
+        summary["revisions"] = revisions
+        summary["status_page"] = status_page
+        if hold is not None:
+            hold(status_page)  # the controller, the tier and Prometheus keep running until it returns
     return summary
 
 
@@ -588,6 +606,14 @@ class _LogRelay:
         for raw in chunk[:complete].decode("utf-8", errors="replace").splitlines():
             if "tailguard.controller:" in raw or "Traceback" in raw or " ERROR " in raw:
                 _log(self.start, "controller | " + raw.split(": ", 1)[-1])
+
+
+def _hold_until_enter(status_page: str) -> None:
+    print(f"\nthe incident is over; its status page stays up at {status_page}: press Enter to stop", flush=True)
+    try:
+        input()
+    except (EOFError, KeyboardInterrupt):
+        pass
 
 
 SCENARIOS = ("rollback", "surge")
@@ -616,6 +642,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--engine", choices=sorted(ENGINES), default="simulator", help="simulated replicas or real vLLM processes"
     )
+    parser.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="stop at once when the report is written (default: keep the controller and its status page up until "
+        "Enter, when stdin is a terminal)",
+    )
     args = parser.parse_args(argv)
     engine = ENGINES[args.engine]
 
@@ -626,7 +658,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, terminate)
     timings = DemoTimings(warmup_s=args.warmup) if engine.engine == "simulator" else vllm_timings(args.warmup)
     try:
-        summary = run_demo(Path(args.out), timings, engine=engine)
+        hold = None if args.no_wait or not sys.stdin.isatty() else _hold_until_enter
+        summary = run_demo(Path(args.out), timings, engine=engine, hold=hold)
     except (DemoError, PromStackError, requests.RequestException, OSError) as failed:
         print(f"demo failed: {failed}", file=sys.stderr)
         return 1
@@ -638,6 +671,7 @@ def main(argv: list[str] | None = None) -> int:
         f"-> resolved: {summary['seconds_rollout_to_resolution']} s"
     )
     print(f"incident report: {summary['report']['markdown']}, {summary['report']['png']}, {summary['report']['json']}")
+    print(f"status page (while the demo ran): {summary['status_page']}")
     return 0
 
 

@@ -28,7 +28,8 @@ observation counts toward `for` like any other, and never shortens it (a
 Authentication: control is never anonymous. Without a token (no `webhook:` section) alerts, pause/resume, abort,
 decisions and status answer requests from loopback only (403 to any other peer), and the controller refuses to
 start with a `listen` address that is not loopback (settings `anonymous_control_error`). With a webhook token
-(settings `webhook:`), `POST /api/v1/alerts` needs `Authorization: Bearer <token>`: 401 without it, 403 with
+(settings `webhook:`), `POST /api/v1/alerts` needs `Authorization: Bearer <token>` (or `X-Tailguard-Token: <token>`,
+what passes the Kubernetes API's service proxy: controller/app/api_auth.py): 401 without it, 403 with
 another token (compared in constant time, so the answer time does not leak how much of a guess
 was right). The token is never logged or echoed. The same token guards every
 non-health endpoint: `GET /api/v1/decisions` (decisions carry evidence and action
@@ -60,6 +61,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -67,6 +69,7 @@ from urllib.parse import parse_qs
 
 from aiohttp import web
 
+from controller.app.api_auth import presented_authorization
 from controller.app.capped_server import CappedServer
 from controller.app.forwarding import (
     ANSWERED_BY_HEADER,
@@ -77,6 +80,15 @@ from controller.app.forwarding import (
 )
 from controller.app.peer_auth import PeerKey
 from controller.app.replica_gate import ReplicaGate
+from controller.app.status_login import (
+    AFTER_LOGIN,
+    LOGIN_PATH,
+    cookie_value,
+    issue_session,
+    login_page,
+    session_cookie_header,
+    session_valid,
+)
 from controller.app.status_page import render_status_page
 from controller.core.alerts import (
     AlertmanagerPayload,
@@ -216,6 +228,7 @@ class ControllerAPI:
             leader.is_leader if leader is not None else (lambda: True),
         )
         self.status_links = dict(status_links or {})  # Grafana links on the status page
+        self.wall_clock: Callable[[], float] = time.time  # the status page's session expiry (tests replace it)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
         self._host, self._port = self._socket.getsockname()[:2]
@@ -469,15 +482,19 @@ class ControllerAPI:
             body = await self._call(self.controller.metrics.exposition)
             return _response(200, body, EXPOSITION_CONTENT_TYPE)
         if path == "/api/v1/decisions":
-            refusal = self._authorized(request.headers.get("Authorization"), "decisions request")
+            refusal = self._authorized(presented_authorization(request.headers), "decisions request")
             if refusal is not None:
                 return _refusal(*refusal)
             return _json(*await self._call(self.decisions, request.query_string))
         if path in ("/api/v1/status", "/status"):
-            presented = request.headers.get("Authorization")
-            if presented is None and path == "/status" and "token" in request.query:
-                presented = f"Bearer {request.query['token']}"  # a browser link cannot send a header
-            refusal = self._authorized(presented, "status request")
+            presented = presented_authorization(request.headers)
+            if path == "/status" and presented is None and not self._replicas.accepted():
+                # a browser: its session cookie, else the sign-in form
+                if not self._page_signed_in(request):
+                    return self._login_answer(request)
+                refusal = None
+            else:
+                refusal = self._authorized(presented, "status request")
             if refusal is not None:
                 return _refusal(*refusal)
             status, document, headers = await self._call(self.status)
@@ -492,10 +509,14 @@ class ControllerAPI:
     async def _post(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
         if _control_of(path) is not None or _abort_of(path) is not None:
             return await self._post_control(request, path)
+        if path == LOGIN_PATH:
+            return await self._login(request)
         if path != "/api/v1/alerts":
             status = 404 if path not in ("/healthz", "/readyz", "/metrics", "/api/v1/decisions") else 405
             return await self._answer_unread(request, _json(status, {"error": f"no POST endpoint at {path}"}))
-        refusal = self._authorized(request.headers.get("Authorization"), "Alertmanager webhook")
+        refusal = (
+            None if self._replicas.accepted() else self.authorize_webhook(presented_authorization(request.headers))
+        )
         if refusal is not None:
             return await self._answer_unread(request, _refusal(*refusal))
         standby = self.refuse_if_standby()
@@ -519,7 +540,7 @@ class ControllerAPI:
         return _json(*await self._call(self.alerts, body))
 
     async def _post_control(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
-        refusal = self._authorized(request.headers.get("Authorization"), "control request")
+        refusal = self._authorized(presented_authorization(request.headers), "control request")
         if refusal is not None:
             return await self._answer_unread(request, _refusal(*refusal))
         standby = self.refuse_if_standby("control")
@@ -537,12 +558,16 @@ class ControllerAPI:
     async def _forward(self, request: web.BaseRequest) -> web.StreamResponse:
         """On a standby: authenticate here, then the leader's answer (controller/app/forwarding.py)."""
         assert self._forwarder is not None
-        presented = request.headers.get("Authorization")
-        if presented is None and request.path == "/status" and "token" in request.query:
-            presented = f"Bearer {request.query['token']}"  # the status page's link form, checked here too
-        refusal = self.authorize(presented, f"{request.method} {request.path} on the standby")
-        if refusal is not None:
-            return await self._answer_unread(request, _refusal(*refusal))
+        if request.path == "/status" and presented_authorization(request.headers) is None:
+            # Signed in by cookie: checked here; the leader trusts this replica's signature, never a credential.
+            if not self._page_signed_in(request):
+                return self._login_answer(request)
+        else:
+            refusal = self.authorize(
+                presented_authorization(request.headers), f"{request.method} {request.path} on the standby"
+            )
+            if refusal is not None:
+                return await self._answer_unread(request, _refusal(*refusal))
         body = b""
         if request.method == "POST":
             length = request.content_length
@@ -567,6 +592,40 @@ class ControllerAPI:
         headers = dict(answer.headers)
         content_type = headers.pop("Content-Type", "application/octet-stream")
         return _response(answer.status, answer.body, content_type, headers)
+
+    # ----- the status page's sign-in (controller/app/status_login.py) -------------------------------------
+
+    def _page_signed_in(self, request: web.BaseRequest) -> bool:
+        """A browser reading the page without a token header: a valid session cookie. A token in the URL is not
+        read: URLs end up in history and logs."""
+        if self._webhook_token is None:
+            return True
+        return session_valid(cookie_value(request.cookies), self._webhook_token, self.wall_clock())
+
+    def _login_answer(self, request: web.BaseRequest) -> web.Response:
+        expired = cookie_value(request.cookies) is not None
+        message = "your session is not valid any more (sessions last 15 minutes): sign in again" if expired else ""
+        return _response(401, login_page(message).encode(), "text/html; charset=utf-8", {"Cache-Control": "no-store"})
+
+    async def _login(self, request: web.BaseRequest) -> web.StreamResponse:
+        """POST /status/login (form: token=...): a session cookie and 303 to /status, or the form again (403)."""
+        length = request.content_length or 0
+        if length > MAX_CONTROL_BYTES:
+            return _refuse_body(_json(413, {"error": f"a sign-in is at most {MAX_CONTROL_BYTES} bytes"}), request)
+        try:
+            body = await asyncio.wait_for(request.content.readexactly(length), self.body_timeout) if length else b""
+        except (TimeoutError, asyncio.IncompleteReadError):
+            return _refuse_body(_json(400, {"error": "the body did not arrive whole"}), request)
+        token = parse_qs(body.decode("utf-8", "replace")).get("token", [""])[-1].strip()
+        headers = {"Location": AFTER_LOGIN, "Cache-Control": "no-store"}
+        if self._webhook_token is None:
+            return _response(303, b"", "text/plain", headers)
+        if not token or not hmac.compare_digest(token.encode(), self._webhook_token):
+            logger.warning("rejected status page sign-in: wrong token (403)")  # never the token itself
+            page = login_page("that is not the controller's token").encode()
+            return _response(403, page, "text/html; charset=utf-8", {"Cache-Control": "no-store"})
+        session = issue_session(self._webhook_token, self.wall_clock())
+        return _response(303, b"", "text/plain", {**headers, "Set-Cookie": session_cookie_header(session)})
 
     # ----- operator endpoints (controller/core/controls.py, controller/core/status_view.py) ---------------
 

@@ -24,6 +24,7 @@ import yaml
 
 from controller.adapters.policies.crd_schema import policy_manifest
 from controller.app.build import PolicyConfigError, build, check_policies
+from controller.app.kubectl_plugin import version
 from controller.app.logging_setup import configure_logging
 from controller.app.query_check import ParserUnavailable, prometheus_errors, promtool_errors, promtool_path
 from controller.app.settings import SettingsError, WebhookTokenError, load_settings
@@ -53,6 +54,10 @@ DELEGATED = {
     "pause": ("controller.app.operate", "pause_main", "pause a policy (or --all: the kill switch) of a controller"),
     "resume": ("controller.app.operate", "resume_main", "resume a paused policy (or --all)"),
     "abort": ("controller.app.operate", "abort_main", "stop a decision's actions (a ramp or sync wait in flight)"),
+    "incidents": ("controller.app.kubectl_plugin", "incidents_main", "open incidents of a controller"),
+    "logs": ("controller.app.kubectl_plugin", "logs_main", "the leader pod's log (through the cluster)"),
+    "completion": ("controller.app.kubectl_plugin", "completion_main", "print shell completion code"),
+    "report": ("controller.app.report_command", "report_main", "the incident report of a journaled decision"),
 }
 
 logger = logging.getLogger("tailguard.cli")
@@ -60,6 +65,7 @@ logger = logging.getLogger("tailguard.cli")
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tailguard", description="Closed-loop SRE controller for LLM serving.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     rules = commands.add_parser("rules", help="validate policies, print their JSON Schema")

@@ -1,13 +1,21 @@
-"""Operate a running controller: `tailguard status`, `tailguard pause`, `tailguard resume`, `tailguard abort`.
+"""Operate a running controller: `tailguard status|pause|resume|abort|incidents|logs` (also `kubectl tailguard ...`).
 
-    tailguard status  --url URL [--token-file F] [--watch [SECONDS]] [--output table|json]
-    tailguard status  --journal FILE [--output table|json]           (offline: the journal's states and decisions)
-    tailguard pause   POLICY | --all  --url URL [--token-file F] [--by WHO] --reason WHY
-    tailguard resume  POLICY | --all  --url URL [--token-file F] [--by WHO] [--reason WHY]
-    tailguard abort   DECISION        --url URL [--token-file F] [--by WHO] --reason WHY
+    tailguard status    [WHERE] [--watch [SECONDS]] [--output table|json]
+    tailguard status    --journal FILE [--output table|json]          (offline: the journal's states and decisions)
+    tailguard pause     POLICY | --all  [WHERE] [--by WHO] --reason WHY
+    tailguard resume    POLICY | --all  [WHERE] [--by WHO] [--reason WHY]
+    tailguard abort     DECISION        [WHERE] [--by WHO] --reason WHY
+    tailguard incidents [WHERE] [--all] [--output table|json]       (open incidents: fired, not yet resolved)
+    tailguard logs      [--tail N]                                   (the leader pod's log; through the cluster)
 
-Exit codes: 0 done; 1 the controller refused or could not be reached (the message says why; an abort of a decision
-that had already finished, or of an unknown one, too); 2 the command line.
+WHERE: `--url URL` (or $TAILGUARD_URL) for direct access, e.g. http://127.0.0.1:9464 after
+`kubectl -n tailguard port-forward svc/tailguard 9464`; without either, the Kubernetes API's service proxy with your
+kubeconfig (`--kubeconfig`, `--context`, `-n/--namespace` tailguard, `--service` tailguard, `--port` 9464:
+controller/app/reach.py). `--token-file F`: the controller's bearer token; through the cluster it is read from the
+Secret tailguard-alertmanager when your RBAC allows.
+
+Exit codes: 0 done; 1 the controller refused or could not be reached (one line says why and what to try; an abort
+of a decision that had already finished, or of an unknown one, too); 2 the command line.
 A control is journaled by the controller with who (`--by`, default the local user) and why (`--reason`).
 """
 
@@ -23,62 +31,60 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import requests
-
 from controller.adapters.stores.journal import Journal, JournalError
+from controller.app.reach import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_PORT,
+    DEFAULT_SERVICE,
+    URL_ENV,
+    ControllerAddress,
+    OperateError,
+    call,
+    resolve,
+)
 from controller.core.controls import MAX_ABORT_REASON
 from controller.core.status_view import journal_policy_status
-from controller.kit.errors import TailguardError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-TIMEOUT_SECONDS = 10.0
-
-
-class OperateError(TailguardError):
-    """The controller refused a request or could not be reached."""
 
 
 def _connection(parser: argparse.ArgumentParser, *, journal: bool) -> None:
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--url", help="the controller's API, e.g. http://tailguard.tailguard.svc:8080")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--url", help=f"the controller's API, e.g. http://127.0.0.1:{DEFAULT_PORT} (default: ${URL_ENV}, else the "
+        "service proxy of your kubeconfig)",
+    )  # fmt: skip
     if journal:
         where.add_argument("--journal", type=Path, help="read a journal file instead of a running controller")
-    parser.add_argument("--token-file", type=Path, help="the bearer token (the controller's webhook token)")
+    parser.add_argument("--token-file", type=Path, help="the controller's bearer token (its webhook token)")
+    cluster = parser.add_argument_group("through the cluster (no --url)")
+    cluster.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
+    cluster.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
+    cluster.add_argument("--namespace", "-n", default=DEFAULT_NAMESPACE, help="the controller's namespace")
+    cluster.add_argument("--service", default=DEFAULT_SERVICE, help="the controller's Service")
+    cluster.add_argument("--port", default=DEFAULT_PORT, help="the Service's port (name or number)")
 
 
-def _token(path: Path | None) -> str | None:
-    if path is None:
-        return None
-    try:
-        return path.read_text(encoding="utf-8").strip() or None
-    except OSError as unreadable:
-        raise OperateError(f"{path}: cannot read the token: {unreadable.strerror or unreadable}") from None
+def _address(args: argparse.Namespace) -> ControllerAddress:
+    return resolve(
+        url=args.url,
+        token_file=args.token_file,
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        namespace=args.namespace,
+        service=args.service,
+        port=str(args.port),
+    )
 
 
-def _request(
-    method: str, url: str, token: str | None, body: Mapping[str, Any] | None = None, *, accept: Sequence[int] = (200,)
-) -> Any:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        answer = requests.request(method, url, headers=headers, json=body, timeout=TIMEOUT_SECONDS)
-    except requests.RequestException as failure:
-        raise OperateError(f"{url}: {type(failure).__name__}: {failure}") from None
-    try:
-        value = answer.json()
-    except ValueError:
-        value = {"error": answer.text[:200]}
-    if answer.status_code not in accept:
-        error = value.get("error") if isinstance(value, dict) else None
-        raise OperateError(f"{url}: HTTP {answer.status_code}: {error or value}")
-    return value
-
-
-def fetch_status(url: str, token: str | None) -> dict[str, Any]:
-    value = _request("GET", url.rstrip("/") + "/api/v1/status", token)
+def fetch_status(address: ControllerAddress | str, token: str | None = None) -> dict[str, Any]:
+    if isinstance(address, str):
+        address = ControllerAddress(address.rstrip("/"), token)
+    value = call(address, "GET", "/api/v1/status")
     if not isinstance(value, dict):
-        raise OperateError(f"{url}: the status is not a JSON object")
+        raise OperateError(f"{address.where}: the status is not a JSON object")
     return value
 
 
@@ -186,8 +192,8 @@ def format_status(document: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def status_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="tailguard status", description="what the controller is doing now")
+def status_main(argv: Sequence[str], *, prog: str = "tailguard status") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description="what the controller is doing now")
     _connection(parser, journal=True)
     parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
     parser.add_argument(
@@ -196,12 +202,15 @@ def status_main(argv: Sequence[str]) -> int:
     parser.add_argument("--count", type=int, default=None, help=argparse.SUPPRESS)  # refreshes, for tests
     args = parser.parse_args(list(argv))
     shown = 0
+    address: ControllerAddress | None = None
     try:
+        if args.journal is None:
+            address = _address(args)
         while True:
             if args.journal is not None:
                 document = journal_status(args.journal)
             else:
-                document = fetch_status(args.url, _token(args.token_file))
+                document = fetch_status(address if address is not None else _address(args))
             if args.output == "json":
                 sys.stdout.write(json.dumps(document, indent=2, sort_keys=True) + "\n")
             else:
@@ -214,14 +223,14 @@ def status_main(argv: Sequence[str]) -> int:
                 return EXIT_OK
             time.sleep(max(0.1, args.watch))
     except OperateError as failed:
-        print(f"tailguard status: {failed}", file=sys.stderr)
+        print(f"{prog}: {failed}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_OK
 
 
-def _control_main(verb: str, argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"tailguard {verb}", description=f"{verb} a policy, or every policy")
+def _control_main(verb: str, argv: Sequence[str], prog: str) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=f"{verb} a policy, or every policy")
     parser.add_argument("policy", nargs="?", metavar="POLICY")
     parser.add_argument("--all", action="store_true", help=f"{verb} every policy (the global kill switch)")
     _connection(parser, journal=False)
@@ -239,25 +248,25 @@ def _control_main(verb: str, argv: Sequence[str]) -> int:
         by = "unknown"
     try:
         body = {"by": by, "reason": args.reason}
-        answer = _request("POST", args.url.rstrip("/") + path, _token(args.token_file), body)
+        answer = call(_address(args), "POST", path, body)
     except OperateError as failed:
-        print(f"tailguard {verb}: {failed}", file=sys.stderr)
+        print(f"{prog}: {failed}", file=sys.stderr)
         return EXIT_FAILED
     print(f"{verb}d {'every policy' if args.all else args.policy} (by {answer['control']['by']})")
     return EXIT_OK
 
 
-def pause_main(argv: Sequence[str]) -> int:
-    return _control_main("pause", argv)
+def pause_main(argv: Sequence[str], *, prog: str = "tailguard pause") -> int:
+    return _control_main("pause", argv, prog)
 
 
-def resume_main(argv: Sequence[str]) -> int:
-    return _control_main("resume", argv)
+def resume_main(argv: Sequence[str], *, prog: str = "tailguard resume") -> int:
+    return _control_main("resume", argv, prog)
 
 
-def abort_main(argv: Sequence[str]) -> int:
+def abort_main(argv: Sequence[str], *, prog: str = "tailguard abort") -> int:
     parser = argparse.ArgumentParser(
-        prog="tailguard abort",
+        prog=prog,
         description="stop a decision's actions: a traffic ramp or an Argo CD sync wait in flight stops at its next "
         "step; its queued or deferred actions never run",
     )
@@ -276,12 +285,12 @@ def abort_main(argv: Sequence[str]) -> int:
         by = args.by or getpass.getuser()
     except (KeyError, OSError):
         by = "unknown"
-    url = f"{args.url.rstrip('/')}/api/v1/decisions/{quote(args.decision, safe='')}/abort"
+    path = f"/api/v1/decisions/{quote(args.decision, safe='')}/abort"
     try:
         body = {"by": by, "reason": args.reason}
-        answer = _request("POST", url, _token(args.token_file), body, accept=(200, 202))
+        answer = call(_address(args), "POST", path, body, accept=(200, 202))
     except OperateError as failed:
-        print(f"tailguard abort: {failed}", file=sys.stderr)
+        print(f"{prog}: {failed}", file=sys.stderr)
         return EXIT_FAILED
     state = "in flight: stops at its next step" if answer.get("state") == "in_flight" else "cancelled"
     print(f"aborted {args.decision} ({state}; by {answer.get('by')}): {answer.get('message')}")

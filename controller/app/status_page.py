@@ -1,7 +1,8 @@
 """The status page (`GET /status`): one self-contained HTML document rendered from the status document
 (controller/core/status_view.py). Read-only, no external assets (inline CSS, no script needed to read it; a
-small inline script only reloads it), every value HTML-escaped. Behind the same bearer token as the API
-(`/status?token=...` for a browser, or the Authorization header).
+small inline script only reloads it), every value HTML-escaped. It leads with the open incidents
+(controller/app/incident_view.py). Behind the same token as the API: a header, or the session cookie of the sign-in
+form (controller/app/status_login.py); never a token in the URL.
 """
 
 from __future__ import annotations
@@ -12,6 +13,15 @@ import json
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
+
+from controller.app.incident_view import (
+    INCIDENT_CSS,
+    action_text,
+    condition_text,
+    human_duration,
+    incidents_section,
+    with_unit,
+)
 
 REFRESH_SECONDS = 15
 
@@ -64,34 +74,41 @@ def _number(value: Any) -> str:
 
 def _policies(document: Mapping[str, Any]) -> str:
     rows = []
+    kill = document.get("killSwitch")
     for policy in document.get("policies", []):
         badges = []
-        if policy.get("paused"):
-            paused = policy["paused"]
-            badges.append(f'<span class="phase paused" title="{_e(paused.get("reason"))}">paused by '
-                          f'{_e(paused.get("by"))}</span>')  # fmt: skip
-        elif policy.get("suspend"):
+        own = policy.get("policyPause")
+        if own is None and policy.get("paused") and not kill:
+            own = policy["paused"]  # a document from before policyPause: the pause shown is the policy's
+        if own:
+            badges.append(f'<span class="phase paused" data-badge="policy-paused" title="{_e(own.get("reason"))}">'
+                          f'paused by {_e(own.get("by"))}: {_e(own.get("reason"))}</span>')  # fmt: skip
+        if kill:
+            badges.append('<span class="phase paused" data-badge="kill-switch">kill switch</span>')
+        if policy.get("suspend"):
             badges.append('<span class="phase paused">suspended</span>')
         if policy.get("dryRun"):
             badges.append('<span class="phase stale">dry run</span>')
         targets = policy.get("targets") or [{}]
         for target in targets:
             phase = target.get("phase", "ok") if target else "ok"
+            unit = target.get("unit")
             rows.append(
                 "<tr>"
                 f'<td data-policy="{_e(policy["name"])}">{_e(policy["name"])} {" ".join(badges)}</td>'
                 f"<td>{_e(target.get('condition', '-'))}</td>"
                 f"<td>{_e(_target(target.get('target', {})) if target else '-')}</td>"
                 f'<td><span class="phase {_e(phase)}" data-phase="{_e(phase)}">{_e(phase)}</span></td>'
-                f"<td>{_number(target.get('value'))} {_e(target.get('op', ''))} {_number(target.get('threshold'))}</td>"
+                f"<td>{_e(with_unit(target.get('value'), unit))}</td>"
+                f"<td>{_e(condition_text(target) or '-')}</td>"
                 f"<td>{_e(target.get('streak', 0))}</td>"
-                f"<td>{_number(target.get('cooldownLeft', 0))} s</td>"
+                f"<td>{_e(human_duration(target.get('cooldownLeft', 0)))}</td>"
                 f"<td>{_e(target.get('budgetUsed', 0))}/{_e(target.get('budget', '-'))}</td>"
                 f"<td>{_e(target.get('decisionId') or '-')}</td>"
                 "</tr>"
             )
     header = (
-        "<tr><th>policy</th><th>condition</th><th>target</th><th>phase</th><th>value vs threshold</th>"
+        "<tr><th>policy</th><th>condition</th><th>target</th><th>phase</th><th>value</th><th>rule</th>"
         "<th>streak</th><th>cooldown left</th><th>budget (1 h)</th><th>last decision</th></tr>"
     )
     return f'<table id="policies">{header}{"".join(rows)}</table>'
@@ -101,10 +118,18 @@ def _timeline(document: Mapping[str, Any]) -> str:
     links = document.get("links") or {}
     dashboard = links.get("grafanaDashboard")
     items = []
+    # Each condition's terms (unit, rule) from the policies' targets: a decision's values in the signal's unit.
+    terms = {
+        (policy.get("name"), target.get("condition")): target
+        for policy in document.get("policies", [])
+        for target in policy.get("targets") or []
+    }
     for decision in document.get("decisions", []):
         kind = str(decision.get("kind", ""))
+        term = terms.get((decision.get("policy"), decision.get("condition")), {})
+        unit = term.get("unit")
         evidence = ", ".join(
-            f"{_time(point[0])[11:19]}={_number(point[1])}"
+            f"{_time(point[0])[11:19]} {with_unit(point[1], unit)}"
             for point in decision.get("evidence", [])
             if isinstance(point, list) and len(point) == 2
         )
@@ -112,7 +137,7 @@ def _timeline(document: Mapping[str, Any]) -> str:
         for record in decision.get("action_records", []):
             detail = record.get("error") or record.get("detail") or ""
             actions.append(
-                f"<li>{_e(record.get('kind', record.get('type', 'action')))}: "
+                f"<li>{_e(action_text(record))}: "
                 f'<b data-status="{_e(record.get("status"))}">{_e(record.get("status"))}</b> {_e(detail)}</li>'
             )
         link = ""
@@ -124,8 +149,8 @@ def _timeline(document: Mapping[str, Any]) -> str:
             f'<span class="kind {_e(kind)}">{_e(kind)}</span> <b>{_e(decision.get("policy"))}</b> / '
             f"{_e(decision.get('condition'))} on {_e(_target(decision.get('target', [])))} at "
             f"{_e(_time(decision.get('at')))}{' (dry run)' if decision.get('dry_run') else ''}{link}"
-            f"<div>{_e(decision.get('reason'))} · value {_number(decision.get('value'))} vs "
-            f"{_number(decision.get('threshold'))}</div>"
+            f"<div>{_e(decision.get('reason'))} · value {_e(with_unit(decision.get('value'), unit))}"
+            f"{' (' + _e(condition_text(term)) + ')' if condition_text(term) else ''}</div>"
             f'<div class="evidence">evidence: {_e(evidence) or "-"}</div>'
             f'<ul class="actions">{"".join(actions)}</ul>'
             "</li>"
@@ -153,10 +178,11 @@ def render_status_page(document: Mapping[str, Any]) -> str:
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         '<meta name=viewport content="width=device-width,initial-scale=1">'
-        f"<title>tailguard status</title><style>{_CSS}</style></head><body>"
+        f"<title>tailguard status</title><style>{_CSS}{INCIDENT_CSS}</style></head><body>"
         f"<h1>tailguard status</h1><div class=meta>as of {_e(_time(document.get('now')))}"
         f"{' · leader ' + _e(leader.get('identity')) if leader.get('identity') else ''}"
         f"{' · ' + link_items if link_items else ''}</div>{banner}"
+        f"{incidents_section(document)}"
         f"<h2>Policies and targets</h2>{_policies(document)}"
         f"<h2>Recent decisions</h2>{_timeline(document)}"
         f'<script type="application/json" id="status-meta">{data}</script>'

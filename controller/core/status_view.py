@@ -9,6 +9,7 @@ older than `staleAfter`), else the engine's `ok` / `pending` / `firing`.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,7 +17,7 @@ from controller.core.controls import Controls
 from controller.core.engine import PolicyState
 from controller.core.limits import cooling, in_budget_window
 from controller.core.model import target_labels
-from controller.core.policy import Policy
+from controller.core.policy import Condition, ForSpec, Policy
 
 STATUS_VERSION = 1
 
@@ -67,6 +68,7 @@ def _status(name: str, policy: Policy | None, state: PolicyState, controls: Cont
                 "budget": policy.limits.maxActionsPerHour if policy is not None else None,
                 "decisionId": condition_state.decision_id,
                 "firedAt": condition_state.fired_at,
+                **_condition_terms(policy, condition),
             }
         )
     return {
@@ -77,6 +79,9 @@ def _status(name: str, policy: Policy | None, state: PolicyState, controls: Cont
         "suspended": (policy is not None and policy.suspend) or pause is not None,
         "suspend": policy.suspend if policy is not None else None,
         "paused": pause.to_json() if pause is not None else None,
+        # The policy's own pause, apart from the kill switch (which `paused` shows first): lifting the kill switch
+        # leaves this one in force.
+        "policyPause": own.to_json() if (own := controls.latest.get(name)) is not None and own.paused else None,
         "evaluations": state.evaluations,
         "lastEvaluatedAt": state.last_evaluated_at,
         "targets": targets,
@@ -107,4 +112,51 @@ def status_document(
         "decisions": [dict(decision) for decision in decisions],
         "controls": [dict(control) for control in recent_controls],
         "links": dict(links or {}),
+    }
+
+
+# The opposite of a breach comparison: what "the threshold does not hold" means (a recovery without its own `when`).
+_NEGATION = {">": "<=", ">=": "<", "<": ">=", "<=": ">"}
+# Prometheus' naming convention puts the base unit at the end of a metric's name (before _bucket/_sum/_count/_total).
+_UNIT_SUFFIXES = (("_seconds", "s"), ("_bytes", "B"), ("_ratio", "ratio"), ("_percent", "%"), ("_perc", "ratio"))
+
+
+def signal_unit(policy: Policy, signal_name: str) -> str:
+    """The unit of a signal's values, for people: a `predict` signal is a probability; a query's from the metric
+    names it reads (Prometheus' convention: `_seconds`, `_bytes`, `_ratio`), '' when they do not say or disagree."""
+    signal = next((s for s in policy.signals if s.name == signal_name), None)
+    if signal is None:
+        return ""
+    if signal.predict is not None:
+        return "probability"
+    names = re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", signal.query or "")
+    units = {
+        unit
+        for name in names
+        for suffix, unit in _UNIT_SUFFIXES
+        if re.search(rf"{suffix}(_bucket|_sum|_count|_total)?$", name)
+    }
+    return units.pop() if len(units) == 1 else ""
+
+
+def describe_for(spec: ForSpec) -> str:
+    if spec.count is not None:
+        return f"{spec.count} evaluation{'s' if spec.count != 1 else ''}"
+    return f"{spec.seconds:g} s" if spec.seconds is not None else ""
+
+
+def _condition_terms(policy: Policy | None, condition: Condition | None) -> dict[str, Any]:
+    """What the condition means, spelled for a person: when it fires, what ends it, in which unit."""
+    if policy is None or condition is None:
+        return {}
+    recovery = condition.recovery
+    recover_op = recovery.when.op.value if recovery.when is not None else _NEGATION[condition.when.op.value]
+    recover_value = recovery.when.value if recovery.when is not None else condition.when.value
+    return {
+        "signal": condition.signal,
+        "unit": signal_unit(policy, condition.signal),
+        "for": describe_for(condition.for_),
+        "recoverOp": recover_op,
+        "recoverThreshold": recover_value,
+        "recoverFor": describe_for(recovery.for_),
     }

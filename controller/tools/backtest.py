@@ -82,12 +82,14 @@ from controller.kit.durations import parse_duration
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.loop.evaluation import EvaluationPorts, evaluate
 from controller.loop.metrics import ControllerMetrics
+from controller.tools.backtest_coverage import TargetsSeen
 from controller.tools.backtest_feed import PolicyFeed, QuietRun, chunk_times
 from controller.tools.backtest_world import RecordedAlert, RecordedRollouts, WouldRun, dispatch_outcome, load_alerts
 
 EXIT_OK = 0
 EXIT_SIGNAL_ERRORS = 1  # the report is printed, but some signal could not be queried
 EXIT_USAGE = 2  # bad arguments, bad rules, unreachable Prometheus
+EXIT_BLIND = 3  # --strict: a policy (or condition) matched no series in the window (backtest_coverage.py)
 
 # Skip the evaluations in which nothing can happen (backtest_feed.QuietRun); tests turn it off to compare.
 SKIP_QUIET = True
@@ -149,6 +151,9 @@ class BacktestReport:
     alert_evaluations: int = 0  # of `evaluations`, those recorded alerts triggered
     # of `evaluations`, those in which nothing could happen, applied at once (backtest_feed.QuietRun); not reported
     skipped_evaluations: int = 0
+    # {policy: {"*": targets any of its signals answered for, condition: targets its signal answered for}}
+    targets_seen: dict[str, dict[str, int]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # policies and conditions that saw nothing
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -158,6 +163,8 @@ class BacktestReport:
             "start": self.start,
             "end": self.end,
             "signal_errors": list(self.signal_errors),
+            "targets_seen": {policy: dict(counts) for policy, counts in self.targets_seen.items()},
+            "warnings": list(self.warnings),
         }
 
     def to_markdown(self) -> str:
@@ -192,6 +199,13 @@ class BacktestReport:
                 f"| {entry.policy} | {entry.condition} | {_cell(format_target(entry.target))} | "
                 f"{_iso(entry.onset)} | {fired} | {resolved} | {actions} |"
             )
+        if self.targets_seen:
+            lines += ["", "| policy | condition | targets seen |", "|---|---|---|"]
+            for policy, counts in self.targets_seen.items():
+                for condition, count in counts.items():
+                    lines.append(f"| {policy} | {'(any signal)' if condition == '*' else condition} | {count} |")
+        for warning in self.warnings:
+            lines.append(f"\nWARNING: {warning}")
         for error in self.signal_errors:
             lines.append(f"\nsignal error: {error}")
         return "\n".join(lines) + "\n"
@@ -446,6 +460,7 @@ def run_backtest(
     fetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailguard-backtest-fetch")
     feeds: list[PolicyFeed] = []
     entries: dict[str, BacktestEntry] = {}
+    seen = TargetsSeen()
     try:
         for index, policy in enumerate(policies):
             policy_step = policy.interval if step is None else step
@@ -453,6 +468,7 @@ def run_backtest(
             predicted, notes = historical.predict_range(source, policy, times, policy_step)
             feed = PolicyFeed(source, policy, start, end, policy_step, predicted, fetcher)
             _chunk_errors(policy, feed.first(), errors)
+            seen.record(policy, feed.grids)
             errors.extend(notes)
             feeds.append(feed)
             answers.feeds[policy.name] = feed
@@ -483,7 +499,7 @@ def run_backtest(
                     change_tracker=RecordedRollouts(known, clock, tracker_errors),
                     change_window=change_window,
                 )
-                skipped = _replay(policies, feeds, schedule, ports, journal, clock, entries, errors)
+                skipped = _replay(policies, feeds, schedule, ports, journal, clock, entries, errors, seen)
                 for entry in entries.values():
                     for _kind, action in entry.actions:
                         record = journal.get_action(action.idempotency_key)
@@ -498,7 +514,17 @@ def run_backtest(
         fetcher.shutdown(wait=True, cancel_futures=True)
     ordered = sorted(entries.values(), key=lambda e: (e.onset, e.policy, e.condition, e.target))
     triggered = sum(1 for evaluation in schedule if evaluation.trigger != TRIGGER_SCHEDULE)
-    return BacktestReport(ordered, len(schedule), start, end, errors, triggered, skipped)
+    return BacktestReport(
+        ordered,
+        len(schedule),
+        start,
+        end,
+        errors,
+        triggered,
+        skipped,
+        seen.per_condition(policies),
+        seen.blind_warnings(policies),
+    )
 
 
 def _replay(
@@ -510,6 +536,7 @@ def _replay(
     clock: ManualClock,
     entries: dict[str, BacktestEntry],
     errors: list[str],
+    seen: TargetsSeen,
 ) -> int:
     """The evaluations in time order, the live one each, except those QuietRun skips (applied before the policy's
     next real evaluation, at a chunk's end and at the end); the decisions merged into `entries`. Returns how
@@ -537,6 +564,7 @@ def _replay(
             if feed.locate(evaluation.at):  # a new chunk: what was skipped is applied, its errors reported
                 states[p] = quiet[p].apply(states[p], commit(policy))
                 _chunk_errors(policy, feed.grids, errors)
+                seen.record(policy, feed.grids)
                 arm(p)
             if quiet[p].skip(feed.index):
                 skipped += 1
@@ -632,6 +660,11 @@ def _parser() -> argparse.ArgumentParser:
         help="evaluation step such as 15s (default: each policy's interval)",
     )
     parser.add_argument("--output", choices=("json", "markdown"), default="json")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 3 when a policy or condition matched no series in the window (a blind backtest; always warned)",
+    )
     parser.add_argument(
         "--rollouts",
         default=None,
@@ -781,7 +814,11 @@ def backtest_main(
         print(report.to_markdown(), end="")
     for error in report.signal_errors:
         print(f"tailguard backtest: signal error: {error}", file=sys.stderr)
-    return EXIT_SIGNAL_ERRORS if report.signal_errors else EXIT_OK
+    for warning in report.warnings:
+        print(f"tailguard backtest: warning: {warning}", file=sys.stderr)
+    if report.signal_errors:
+        return EXIT_SIGNAL_ERRORS
+    return EXIT_BLIND if report.warnings and args.strict else EXIT_OK
 
 
 @contextmanager

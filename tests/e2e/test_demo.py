@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import requests
 
 from controller.adapters.stores.journal import Journal
 from serving.demo import THRESHOLD_SECONDS, DemoTimings, run_demo
@@ -38,7 +39,17 @@ def _descendants(pid: int) -> list[int]:
 
 def test_shortened_demo_rolls_back_and_recovers(tmp_path: Path) -> None:
     timings = DemoTimings(warmup_s=12.0, detect_timeout_s=60.0, recover_timeout_s=60.0, settle_s=2.0)
-    summary = run_demo(tmp_path, timings)
+    pages: list[tuple[str, int, str]] = []
+
+    def hold(status_page: str) -> None:
+        """What a person sees at the printed address while the demo holds (before Enter): the incident, resolved."""
+        answer = requests.get(status_page, timeout=10)
+        pages.append((status_page, answer.status_code, answer.text))
+
+    summary = run_demo(tmp_path, timings, hold=hold)
+    ((address, code, page),) = pages
+    assert address == summary["status_page"] and code == 200
+    assert 'data-kind="resolve"' in page and "rollback" in page and 'id="no-incidents"' in page
 
     assert summary["revisions"][1]["bad"] is True, "the bad revision r2 must be recorded as bad"
     assert summary["active_revision"] == 1, "the controller must have rolled back to r1"

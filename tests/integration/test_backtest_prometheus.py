@@ -135,3 +135,66 @@ def test_cli_markdown_table(backfilled_prometheus: BackfilledPrometheus, capsys:
     assert code == 0
     out = capsys.readouterr().out
     assert '| p99-rollback | p99-above-800ms | {service="regress"} | 2023-11-14T22:33:20Z |' in out
+
+
+def test_cli_warns_about_a_blind_policy_and_strict_fails(
+    backfilled_prometheus: BackfilledPrometheus, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The same policy with a misspelt metric matches no series: the report says '0 targets ever seen' beside the
+    real policy's count, the warning goes to stderr, and --strict exits 3."""
+    blind = RULES.read_text().replace("name: p99-rollback", "name: p99-typo", 1)
+    assert "_bucket" in blind
+    (tmp_path / "typo.yaml").write_text(blind.replace("_bucket", "_buckets"))
+    common = ["--prometheus", backfilled_prometheus.url, "--rules", str(RULES), "--rules", str(tmp_path / "typo.yaml"),
+              "--start", str(T0 + 60), "--end", str(T0 + 3600), "--output", "json"]  # fmt: skip
+    assert backtest_main(common) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert out["targets_seen"]["p99-typo"] == {"*": 0, "p99-above-800ms": 0}
+    assert out["targets_seen"]["p99-rollback"]["*"] >= 2
+    assert "warning: p99-typo: matched no series in the window (0 targets ever seen)" in captured.err
+    assert backtest_main([*common, "--strict"]) == 3
+
+
+def test_report_plots_a_journaled_incident_from_prometheus(
+    backfilled_prometheus: BackfilledPrometheus, tmp_path: Path
+) -> None:
+    """`tailguard report --config`: the series of the policy's own query around the journaled incident, for its
+    target, from the configuration's Prometheus (here the backfilled regression of service=regress)."""
+    from controller.adapters.stores.journal import Journal
+    from controller.app import cli
+    from controller.core.model import SignalResult, target_key
+    from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+    from controller.loop.runtime import Controller
+    from controller.testing import FakeRollback, FakeSource
+
+    regress = target_key({"service": "regress"})
+    journal = Journal(tmp_path / "journal.db")
+    clock = ManualClock(T0 + 1260)
+    source = FakeSource()
+    dispatcher = Dispatcher(journal, Actuators(rollback=FakeRollback({"regress": 2})), clock, GlobalLimits())
+    controller = Controller(policy_paths=[RULES], source=source, journal=journal, dispatcher=dispatcher, clock=clock,
+                            schedule=False, controls_store=journal)  # fmt: skip
+    controller.start()
+    try:
+        for value in (1.2, 1.2, 1.2, 1.2, 0.2, 0.2, 0.2):
+            source.default = SignalResult({regress: value})
+            controller.evaluate("p99-rollback")
+            clock.advance(15.0)
+        (fire,) = [d for d in controller.recent_decisions(20) if d["kind"] == "fire"]
+    finally:
+        controller.stop()
+    config = tmp_path / "controller.yaml"
+    config.write_text(
+        f"prometheus: {{url: {backfilled_prometheus.url}}}\npolicies: [{RULES}]\njournal: {tmp_path / 'j.db'}\n"
+        f"stateDir: {tmp_path / 'state'}\n"
+    )
+    out = tmp_path / "report"
+    argv = ["report", "--decision", fire["id"], "--journal", str(tmp_path / "journal.db"), "--config", str(config),
+            "--out", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    document = json.loads((out / "incident.json").read_text())
+    values = [value for _, value in document["series"]]
+    assert len(values) > 50 and max(values) > 1.0 and min(values) < 0.5  # the slow stretch and around it
+    assert document["series"][0][0] <= fire["onset"] - 590  # from ten minutes before the onset
+    assert "p99-e2e-latency above 800 ms" in (out / "incident.md").read_text()

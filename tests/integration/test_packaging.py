@@ -63,6 +63,8 @@ def test_wheel_declares_the_console_script_and_the_extras_the_dockerfile_install
     dist_info = next(n.split("/")[0] for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
     entry_points = archive.read(f"{dist_info}/entry_points.txt").decode()
     assert re.search(r"^tailguard = controller\.cli:main$", entry_points, re.MULTILINE)
+    # The kubectl plugin: kubectl runs `kubectl-tailguard` from PATH for `kubectl tailguard ...`.
+    assert re.search(r"^kubectl-tailguard = controller\.app\.kubectl_plugin:plugin_main$", entry_points, re.MULTILINE)
     metadata = archive.read(f"{dist_info}/METADATA").decode()
     extras = set(re.findall(r"^Provides-Extra: (\S+)$", metadata, re.MULTILINE))
     dockerfile = (REPO / "Dockerfile").read_text(encoding="utf-8")

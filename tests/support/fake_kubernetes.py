@@ -30,7 +30,16 @@ answers like the real API server:
   gets the ReplicaSet of that template (found by its `pod-template-hash`, else created, owned by the Deployment)
   bumped to the next `deployment.kubernetes.io/revision`, the Deployment's annotations copied onto it except
   those the real controller skips, and the Deployment's revision annotation set, as kube-controller-manager does
-  after `kubectl rollout undo` or a new rollout.
+  after `kubectl rollout undo` or a new rollout;
+- the service proxy (`/api/v1/namespaces/NS/services/[SCHEME:]NAME[:PORT]/proxy/PATH`, what `kubectl tailguard` and
+  `kubectl proxy` use): the Service's port (by name or number; the only one when none is named) is looked up in
+  the Endpoints of the same name (the subset port of that name, else the Service's numeric targetPort) and the
+  request goes to the first address, as the API server does: the `Authorization` header is removed first
+  (kube-apiserver drops the user's credential after authenticating it), 404 for an unknown Service, 503
+  `no endpoints available for service` without an address, 503 `error trying to reach service` when the backend
+  refuses; recorded as the RBAC verb on `services/proxy` (GET get, POST create, PUT update, PATCH patch, DELETE
+  delete) and injectable like any resource (`inject("get", "services/proxy", status=403)`);
+- pod logs (`GET .../pods/NAME/log`, text): what `set_pod_log` seeded, recorded as `get` on `pods/log`.
 """
 
 from __future__ import annotations
@@ -42,6 +51,8 @@ import gzip
 import hashlib
 import json
 import threading
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -100,6 +111,9 @@ RESOURCE_TYPES = (
     # Pods (seeded by tests; the rotation controller patches their metadata and, through the `status`
     # subresource, recorded as `pods/status` for RBAC, their readiness-gate conditions).
     ResourceType("", "v1", "pods", "Pod"),
+    # The controller's Service and its Endpoints (seeded by tests): the service proxy below routes through them.
+    ResourceType("", "v1", "services", "Service"),
+    ResourceType("", "v1", "endpoints", "Endpoints"),
     ResourceType("tailguard.io", "v1alpha1", "tailguardpolicies", "TailguardPolicy", crd_file="tailguardpolicy.yaml"),
 )
 # Subresources served on the parent object's storage: (group, version, resource, subresource).
@@ -174,6 +188,7 @@ class FakeKubernetes:
         self._validators: dict[str, jsonschema.protocols.Validator] = {}
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._pod_logs: dict[tuple[str, str], str] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -246,6 +261,11 @@ class FakeKubernetes:
         namespace = str(body.get("metadata", {}).get("namespace", "default"))
         with self._lock:
             return self._write(rtype, namespace, body, create=True)
+
+    def set_pod_log(self, namespace: str, name: str, text: str) -> None:
+        """What `GET .../pods/NAME/log` answers (the pod's container log)."""
+        with self._lock:
+            self._pod_logs[(namespace, name)] = text
 
     def get_object(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
         rtype = next(t for t in RESOURCE_TYPES if t.resource == resource)
@@ -393,6 +413,71 @@ class FakeKubernetes:
         if injection is not None and injection.delay_after > 0:
             self._stopping.wait(injection.delay_after)
         return code, answer
+
+    def proxy(
+        self, method: str, raw_path: str, headers: Mapping[str, str], body: bytes
+    ) -> tuple[int, dict[str, str], bytes] | None:
+        """A service-proxy or pod-log request: (status, headers, body); None when `raw_path` is neither."""
+        parts = urlsplit(raw_path)
+        segments = parts.path.split("/")
+        # "", "api", "v1", "namespaces", NS, "services", SERVICE, "proxy", rest... | ... "pods", NAME, "log"
+        if segments[1:4] == ["api", "v1", "namespaces"] and len(segments) == 8 and segments[5:8:2] == ["pods", "log"]:
+            return self._pod_log(segments[4], segments[6])
+        if not (segments[1:4] == ["api", "v1", "namespaces"] and len(segments) >= 8 and segments[5] == "services"
+                and segments[7] == "proxy"):  # fmt: skip
+            return None
+        namespace, reference, rest = segments[4], segments[6], "/" + "/".join(segments[8:])
+        fields = reference.split(":")
+        name, port = (fields[1], fields[2]) if len(fields) == 3 else (fields[0], fields[1] if len(fields) > 1 else "")
+        verb = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
+        record = RecordedRequest(verb, "", "services/proxy", namespace, name)
+        with self._lock:
+            self.requests.append(record)
+        injection = self._injection_for(verb, "services/proxy")
+        if injection is not None and injection.status is not None:
+            return _raw(_status(injection.status, _REASONS.get(injection.status, "InternalError"), "injected failure"))
+        with self._lock:
+            backend = self._backend(namespace, name, port)
+        if isinstance(backend, tuple):
+            return _raw(backend)
+        forwarded = {k: v for k, v in headers.items() if k.lower() not in _NOT_PROXIED}
+        target = backend + rest + (f"?{parts.query}" if parts.query else "")
+        request = urllib.request.Request(target, data=body or None, headers=forwarded, method=method)
+        try:
+            with _NO_REDIRECTS.open(request, timeout=10) as answer:  # loopback backends only
+                return answer.status, _passed(answer.headers), answer.read()
+        except urllib.error.HTTPError as refused:
+            return refused.code, _passed(refused.headers), refused.read()
+        except OSError as unreachable:
+            return _raw(_status(503, "ServiceUnavailable", f"error trying to reach service: {unreachable}"))
+
+    def _backend(self, namespace: str, name: str, port: str) -> str | tuple[int, dict[str, Any]]:
+        service = self._store.objects.get(("", "services", namespace, name))
+        if service is None:
+            return _status(404, "NotFound", f'services "{name}" not found')
+        ports = service["spec"].get("ports", [])
+        chosen = [p for p in ports if port in (str(p.get("name", "")), str(p.get("port")))] if port else ports[:1]
+        if not chosen or (not port and len(ports) > 1):
+            return _status(503, "ServiceUnavailable", f'no service port "{port}" found for service "{name}"')
+        endpoints = self._store.objects.get(("", "endpoints", namespace, name)) or {}
+        wanted = (chosen[0].get("name"), chosen[0].get("targetPort"))
+        for subset in endpoints.get("subsets", []):
+            for address in subset.get("addresses", []):
+                for endpoint_port in subset.get("ports", []):
+                    if endpoint_port.get("name") == wanted[0] or endpoint_port.get("port") == wanted[1]:
+                        return f"http://{address['ip']}:{endpoint_port['port']}"
+        return _status(503, "ServiceUnavailable", f'no endpoints available for service "{name}"')
+
+    def _pod_log(self, namespace: str, name: str) -> tuple[int, dict[str, str], bytes]:
+        with self._lock:
+            self.requests.append(RecordedRequest("get", "", "pods/log", namespace, name))
+            injection = self._injection_for("get", "pods/log")
+            text = self._pod_logs.get((namespace, name))
+        if injection is not None and injection.status is not None:
+            return _raw(_status(injection.status, _REASONS.get(injection.status, "InternalError"), "injected failure"))
+        if text is None:
+            return _raw(_status(404, "NotFound", f'pods "{name}" not found'))
+        return 200, {"Content-Type": "text/plain"}, text.encode()
 
     def _dispatch(
         self,
@@ -779,6 +864,29 @@ def _json_patch(document: Any, operations: list[Any]) -> Any:
     return result
 
 
+# Headers the service proxy does not pass on: the user's credential (kube-apiserver removes it once it has
+# authenticated the request) and the hop-by-hop ones.
+_NOT_PROXIED = frozenset({"authorization", "host", "connection", "content-length", "transfer-encoding", "keep-alive"})
+
+
+class _KeepRedirects(urllib.request.HTTPRedirectHandler):
+    """The proxy passes a backend's redirect on to the client (as the API server does), never follows it."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_NO_REDIRECTS = urllib.request.build_opener(_KeepRedirects)
+
+
+def _raw(answer: tuple[int, dict[str, Any]]) -> tuple[int, dict[str, str], bytes]:
+    return answer[0], {"Content-Type": "application/json"}, json.dumps(answer[1]).encode()
+
+
+def _passed(headers: Any) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in _NOT_PROXIED}
+
+
 def _handler_for(fake: FakeKubernetes) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -786,6 +894,19 @@ def _handler_for(fake: FakeKubernetes) -> type[BaseHTTPRequestHandler]:
         def _serve(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
+            proxied = fake.proxy(self.command, self.path, dict(self.headers.items()), body)
+            if proxied is not None:
+                status, headers, data = proxied
+                try:
+                    self.send_response(status)
+                    for name, value in headers.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:
+                    pass
+                return
             code, answer = fake.handle(self.command, self.path, self.headers.get("Content-Type", ""), body)
             if code == 200 and answer.get("watch") is True:
                 self._stream_watch()

@@ -192,7 +192,6 @@ def test_tailguard_abort_command(deferring: Served, tmp_path: Path, capsys: pyte
         (["abc", "--url", "http://127.0.0.1:9"], "--reason is required"),
         (["abc", "--url", "http://127.0.0.1:9", "--reason", " "], "--reason is required"),
         (["a/b", "--url", "http://127.0.0.1:9", "--reason", "x"], "DECISION must be a decision id"),
-        (["abc", "--reason", "x"], "--url"),
         (["--url", "http://127.0.0.1:9", "--reason", "x"], "DECISION"),
     ],
 )
@@ -202,6 +201,17 @@ def test_tailguard_abort_usage_errors(argv: list[str], error: str, capsys: pytes
     assert exited.value.code == operate.EXIT_USAGE
     err = capsys.readouterr().err
     assert error in err and "Traceback" not in err
+
+
+def test_tailguard_abort_without_url_tries_the_kubeconfig_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No --url and no TAILGUARD_URL: the Kubernetes API's service proxy (controller/app/reach.py); without a usable
+    kubeconfig one line names both ways to reach the controller."""
+    monkeypatch.delenv("TAILGUARD_URL", raising=False)
+    assert operate.abort_main(["abc", "--reason", "x", "--kubeconfig", str(tmp_path / "none")]) == operate.EXIT_FAILED
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tailguard abort: ")]
+    assert "no usable kubeconfig" in line and "--url" in line
 
 
 def test_the_top_level_cli_names_abort(capsys: pytest.CaptureFixture[str]) -> None:

@@ -148,13 +148,26 @@ def test_status_and_decisions_read_on_the_standby_are_the_leaders(pair: Pair) ->
     via = requests.get(f"{pair.standby.url}/api/v1/decisions?limit=5", headers=auth(), timeout=TIMEOUT)
     assert via.status_code == 200 and via.json() == [{"id": "tailguard-a-decision", "policy": "p99-rollback"}]
     assert via.headers[VIA_HEADER] == "tailguard-b" and via.headers[ANSWERED_BY_HEADER] == "tailguard-a"
-    # The status page with its link token: the page the leader rendered.
-    page = requests.get(f"{pair.standby.url}/status", params={"token": TOKEN}, timeout=TIMEOUT)
+    # The status page, signed in on the standby (the session cookie is checked there, the token goes on to the
+    # leader): the page the leader rendered.
+    browser = requests.Session()
+    page = browser.post(f"{pair.standby.url}/status/login", data={"token": TOKEN}, timeout=TIMEOUT)
     assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
     assert page.headers[ANSWERED_BY_HEADER] == "tailguard-a"
+    assert requests.get(f"{pair.standby.url}/status", params={"token": TOKEN}, timeout=TIMEOUT).status_code == 401
     # Probes and metrics stay the replica's own.
     health = requests.get(f"{pair.standby.url}/healthz", timeout=TIMEOUT)
     assert health.status_code == 200 and health.headers[ANSWERED_BY_HEADER] == "tailguard-b"
+
+
+def test_the_token_header_of_the_service_proxy_reaches_the_leader_through_the_standby(pair: Pair) -> None:
+    """Through the Kubernetes API's service proxy the token is in X-Tailguard-Token (the API server drops
+    Authorization): the standby checks it and passes it on, so the leader answers."""
+    proxied = {"X-Tailguard-Token": TOKEN}
+    answer = requests.get(f"{pair.standby.url}/api/v1/status", headers=proxied, timeout=TIMEOUT)
+    assert answer.status_code == 200 and answer.headers[ANSWERED_BY_HEADER] == "tailguard-a"
+    wrong = requests.get(f"{pair.standby.url}/api/v1/status", headers={"X-Tailguard-Token": "x"}, timeout=TIMEOUT)
+    assert wrong.status_code == 403
 
 
 def test_an_alert_posted_to_the_standby_is_evaluated_once_by_the_leader(pair: Pair) -> None:

@@ -168,3 +168,24 @@ def test_cli_bad_rules_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 def test_cli_missing_argument_exits_2() -> None:
     assert backtest_main(["--rules", str(RULES)]) == 2
+
+
+def test_a_policy_that_matched_no_series_is_named_not_reported_as_quiet() -> None:
+    """'0 incidents' from a policy that saw nothing is a warning with '0 targets ever seen', per policy and per
+    condition; a policy that watched healthy targets says how many it saw."""
+    healthy = _policy()
+    blind = Policy.model_validate({**healthy.model_dump(by_alias=True, exclude_none=True), "name": "blind"})
+    source = FakeSource(
+        range_answers={
+            render_signal_queries(healthy)["p99"]: [RangeResult({A: {0.0: 0.1, 15.0: 0.2}, B: {15.0: 0.3}}),
+                                                   RangeResult({})],  # the second policy's identical query: empty
+        }
+    )  # fmt: skip
+    report = run_backtest(source, [healthy, blind], 0.0, 30.0, None)
+    assert report.decisions == []
+    assert report.targets_seen == {"p99": {"*": 2, "slow": 2}, "blind": {"*": 0, "slow": 0}}
+    (warning,) = report.warnings
+    assert warning.startswith("blind: matched no series in the window (0 targets ever seen)")
+    markdown = report.to_markdown()
+    assert "| blind | (any signal) | 0 |" in markdown and "WARNING: blind: matched no series" in markdown
+    assert report.to_json()["targets_seen"]["p99"]["slow"] == 2

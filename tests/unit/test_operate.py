@@ -260,7 +260,9 @@ def test_tailguard_pause_and_resume_commands(served: Served, tmp_path: Path) -> 
 def test_the_status_page_is_self_contained_and_escapes(served: Served) -> None:
     served.controller.start()
     served.controller.evaluate("checkout-p99")
-    page = requests.get(f"{served.api.url}/status?token={TOKEN}", timeout=TIMEOUT)
+    session = requests.Session()
+    signed_in = session.post(f"{served.api.url}/status/login", data={"token": TOKEN}, timeout=TIMEOUT)
+    page = signed_in  # the 303 is followed to /status with the session cookie
     assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
     text = page.text
     assert 'data-phase="firing"' in text and 'data-kind="fire"' in text
@@ -268,6 +270,32 @@ def test_the_status_page_is_self_contained_and_escapes(served: Served) -> None:
     assert "<link" not in text and "src=" not in text  # no external assets
     hostile = render_status_page({"policies": [{"name": "<script>x</script>", "targets": []}], "decisions": []})
     assert "<script>x</script>" not in hostile and "&lt;script&gt;" in hostile
+
+
+def test_the_status_page_signs_in_with_a_form_and_never_reads_a_token_in_the_url(served: Served) -> None:
+    """No token in URLs: the page answers the sign-in form (401) until a POSTed token earns a short-lived,
+    HttpOnly session cookie; a token in the query string is ignored; the cookie expires."""
+    served.controller.start()
+    url = served.api.url
+    form = requests.get(f"{url}/status?token={TOKEN}", timeout=TIMEOUT)
+    assert form.status_code == 401 and "action=status/login" in form.text and "checkout-p99" not in form.text
+    wrong = requests.post(f"{url}/status/login", data={"token": "nope"}, timeout=TIMEOUT, allow_redirects=False)
+    assert wrong.status_code == 403 and "Set-Cookie" not in wrong.headers
+    answer = requests.post(f"{url}/status/login", data={"token": TOKEN}, timeout=TIMEOUT, allow_redirects=False)
+    assert answer.status_code == 303 and answer.headers["Location"] == "../status"  # relative: works behind a proxy
+    cookie = answer.headers["Set-Cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and "Max-Age=900" in cookie and TOKEN not in cookie
+    session = answer.cookies.get("tailguard_session")
+    page = requests.get(f"{url}/status", cookies={"tailguard_session": session}, timeout=TIMEOUT)
+    assert page.status_code == 200 and "checkout-p99" in page.text
+    forged = requests.get(f"{url}/status", cookies={"tailguard_session": "99999999999.00"}, timeout=TIMEOUT)
+    assert forged.status_code == 401 and "not valid any more" in forged.text
+    served.api.wall_clock = lambda: 1e12  # long after the session's 15 minutes
+    expired = requests.get(f"{url}/status", cookies={"tailguard_session": session}, timeout=TIMEOUT)
+    assert expired.status_code == 401 and "sign in again" in expired.text
+    # The cookie is the page's only: the API still wants the token itself.
+    api = requests.get(f"{url}/api/v1/status", cookies={"tailguard_session": session}, timeout=TIMEOUT)
+    assert api.status_code == 401
 
 
 class _ControlsHandover(FakeHandover):

@@ -27,6 +27,7 @@ from kubernetes import client as k8s
 from controller.adapters.lease.leader import API_URL_ANNOTATION, LeaderElector
 from controller.adapters.lease.peers import PodPeerCheck
 from controller.app.api import ControllerAPI
+from controller.app.api_auth import TOKEN_HEADER
 from controller.app.forwarding import ANSWERED_BY_HEADER, FORWARDED_HEADER, VIA_HEADER
 from controller.app.peer_auth import NONCE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, PeerKey
 from controller.kit.clock import ManualClock
@@ -228,9 +229,13 @@ def test_a_server_at_the_holders_address_gets_no_token_and_its_answer_is_not_rel
     cluster.lease(LEADER_POD, f"http://127.0.0.1:{rogue.port}")
     standby = cluster.standby(rogue.port)
     answers = four_requests(standby.url)
-    # The status page's link form carries the token in the query: authenticated on the standby, never forwarded.
-    answers.append(requests.get(f"{standby.url}/status", params={"token": TOKEN, "x": "1"}, timeout=TIMEOUT))
-    assert len(rogue.requests) == 5 and rogue.requests[-1][1] == "/status?x=1"
+    # A token in the URL is not a credential any more (the page signs in by form and cookie): the standby answers
+    # its sign-in form and forwards nothing.
+    in_url = requests.get(f"{standby.url}/status", params={"token": TOKEN, "x": "1"}, timeout=TIMEOUT)
+    assert in_url.status_code == 401 and "<form" in in_url.text
+    # The token header that passes the Kubernetes API's service proxy is authenticated here and never forwarded.
+    answers.append(requests.get(f"{standby.url}/api/v1/status", headers={TOKEN_HEADER: TOKEN}, timeout=TIMEOUT))
+    assert len(rogue.requests) == 5 and rogue.requests[-1][1] == "/api/v1/status"
     for method, path, headers in rogue.requests:
         assert TOKEN not in path
         names = {name.lower() for name in headers}
