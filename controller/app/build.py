@@ -365,6 +365,11 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         controls_store=journal,
     )
     stack.callback(controller.stop)
+    # An action's deadline is its policy's (limits.actionDeadline, default 3 intervals): looked up when it is
+    # planned, so a reload's change applies to the next decision.
+    dispatcher.planner.deadline_for = lambda name: (
+        policy.action_deadline() if (policy := controller.policies().get(name)) is not None else None
+    )
     if crd_source is not None:
         # A changed TailguardPolicy (e.g. `spec.suspend: true`) is loaded at once, not at the next periodic reload.
         crd_source.on_change = lambda: controller.reload() if controller.running else None

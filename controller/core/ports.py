@@ -91,6 +91,9 @@ class OutcomeStatus(StrEnum):
     SKIPPED = "skipped"  # nothing to do (e.g. already at that weight, no earlier good revision)
     # An operator's abort stopped it between steps (AbortSignal); the detail says exactly what it left behind.
     ABORTED = "aborted"
+    # The precondition the plan carries (what the decision saw: the running revision, the ReplicaSet) no longer
+    # holds right before the write: nothing was written; the decision is not retried.
+    WORLD_CHANGED = "world-changed"
 
 
 @dataclass(frozen=True)
@@ -310,6 +313,19 @@ class ActionJournalPort(Protocol):
     def defer(self, idempotency_key: str, now: float, reason: str) -> ActionRecord: ...
 
     def mark_started(self, idempotency_key: str, now: float, plan: Mapping[str, Any] | None = None) -> ActionRecord: ...
+
+    def set_plan(self, idempotency_key: str, plan: Mapping[str, Any], now: float) -> ActionRecord:
+        """The plan of a planned or deferred action, made from the world its decision saw (its precondition and
+        deadline in it), journaled before it is queued."""
+        ...
+
+    def record_event(self, idempotency_key: str, now: float, event: str, detail: str | None) -> None:
+        """One `action_events` row (e.g. each failed attempt of a retried action)."""
+        ...
+
+    def load_state(self, policy: str) -> PolicyState | None:
+        """The engine state the latest evaluation of `policy` committed (whether an action's condition holds)."""
+        ...
 
     def finish(
         self,

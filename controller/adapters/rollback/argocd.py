@@ -427,7 +427,7 @@ class ArgoCDRollback:
                 f"the plan was {source} -> {target.revision}; not rolled back"
             )
             log.warning("Argo CD application %s: %s", name, detail["reason"])
-            return ActionOutcome(OutcomeStatus.SKIPPED, detail, detail["reason"])
+            return ActionOutcome(OutcomeStatus.WORLD_CHANGED, detail, detail["reason"])
         if running is None:
             stopped = abort.requested() if abort is not None else None
             if stopped is not None:

@@ -71,6 +71,9 @@ HELM_RELEASE = "meta.helm.sh/release-name"
 # (controller/adapters/changes/tracker.py, which cannot import this module: adapters import no sibling in a circle)
 # dates the rollback by it.
 ROLLED_BACK_AT = "tailguard.io/rolled-back-at"
+# A patch refused with 409 (its resourceVersion test failed) is read again and re-checked this many times in one
+# attempt; a Deployment that keeps changing is then a transient failure (the dispatcher backs off and tries again).
+CONFLICT_REREADS = 5
 # The annotations kubectl's undo keeps from the Deployment instead of taking them from the ReplicaSet.
 ANNOTATIONS_TO_SKIP = frozenset(
     {
@@ -327,9 +330,29 @@ class DeploymentRollback:
             if isinstance(planned, ActionOutcome):
                 return planned
             plan = planned
-            deployment = self._deployment(ref)  # read again: the plan's reads came after the first one
-            if isinstance(deployment, KubeError):
-                return deployment.outcome({"deployment": where})
+        conflicts: list[str] = []
+        for _ in range(CONFLICT_REREADS):
+            if conflicts:
+                # A 409 (the resourceVersion test failed: the Deployment changed since the read; nothing was
+                # written): read again and check the plan's precondition on what is there now.
+                deployment = self._deployment(ref)
+                if isinstance(deployment, KubeError):
+                    return deployment.outcome({"deployment": where, "conflicts": conflicts})
+            outcome = self._checked_patch(ref, where, deployment, plan, idempotency_key)
+            if not isinstance(outcome, KubeError):
+                return outcome if not conflicts else _with(outcome, conflicts=conflicts)
+            conflicts.append(outcome.message)
+            log.info("%s: conflict %d while rolling back (%s); reading it again", where, len(conflicts), outcome)
+        error = f"{where} kept changing while tailguard rolled it back ({len(conflicts)} conflicts); nothing written"
+        return ActionOutcome(OutcomeStatus.FAILED, {"deployment": where, **plan, "conflicts": conflicts}, error, True)
+
+    def _checked_patch(
+        self, ref: DeploymentRef, where: str, deployment: Mapping[str, Any], plan: Mapping[str, Any], key: str
+    ) -> ActionOutcome | KubeError:
+        """The plan's precondition on `deployment` as read (it runs the plan's from-template), then the patch that
+        tests its resourceVersion; a KubeError only for a conflict (nothing written: read again)."""
+        if key in recorded_keys((deployment.get("metadata") or {}).get("annotations")):
+            return ActionOutcome(OutcomeStatus.SUCCEEDED, {"deployment": where, "replayed": True})
         if (deployment.get("spec") or {}).get("paused"):
             return ActionOutcome(
                 OutcomeStatus.FAILED, {"deployment": where}, f"{where}: you cannot rollback a paused deployment", False
@@ -344,13 +367,14 @@ class DeploymentRollback:
             return ActionOutcome(OutcomeStatus.SUCCEEDED, {**detail, "already_done": True, "replayed": False})
         if running is None or running.hash != plan["from_hash"]:
             reason = f"{where} runs neither revision {plan['from_revision']} nor {plan['to_revision']} any more"
-            return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": f"{reason}: changed by someone else"})
+            reason += ": changed by someone else since the plan; not rolled back"
+            return ActionOutcome(OutcomeStatus.WORLD_CHANGED, {**detail, "reason": reason}, reason)
         target = next((r for r in revisions if r.hash == plan["to_hash"]), None)
         if target is None:
             error = f"{where}: the ReplicaSet of revision {plan['to_revision']} ({plan['to_hash']}) is gone"
             return ActionOutcome(OutcomeStatus.FAILED, detail, error, False)
-        self.record.record_bad(where, str(plan["bad_hash"]), plan["bad_revision"], idempotency_key, self.clock.now())
-        return self._patch(ref, where, deployment, target, plan, idempotency_key)
+        self.record.record_bad(where, str(plan["bad_hash"]), plan["bad_revision"], key, self.clock.now())
+        return self._patch(ref, where, deployment, target, plan, key)
 
     def _plan(
         self,
@@ -436,7 +460,7 @@ class DeploymentRollback:
         target: Revision,
         plan: Mapping[str, Any],
         key: str,
-    ) -> ActionOutcome:
+    ) -> ActionOutcome | KubeError:
         meta = deployment.get("metadata") or {}
         current = dict(meta.get("annotations") or {})
         # kubectl: the Deployment's own skipped annotations, then the target ReplicaSet's others.
@@ -471,14 +495,17 @@ class DeploymentRollback:
         )
         detail = {"deployment": where, **plan, "change_cause": annotations[CHANGE_CAUSE], "replayed": False}
         if isinstance(written, KubeError):
-            if written.status in (409, 422):
+            if written.status == 422:
+                # A failed `test` is a 422 (Invalid) when the resourceVersion moved; any other 422 is a bad patch.
                 again = self._deployment(ref)
                 version = (again.get("metadata") or {}).get("resourceVersion") if isinstance(again, dict) else None
-                if version is not None and version != meta.get("resourceVersion"):
-                    # The resourceVersion test failed: the Deployment changed since it was read; nothing was
-                    # written. Transient: the dispatcher's retry reads again and follows the journaled plan.
-                    changed = KubeError(f"{where} changed while tailguard rolled it back", written.status, True)
-                    return changed.outcome(detail)
+                if version is None or version == meta.get("resourceVersion"):
+                    return written.outcome(detail)
+            if written.status in (409, 422):
+                # The resourceVersion test failed: the Deployment changed since it was read; nothing was written.
+                # The caller reads it again and checks the plan's precondition on what it finds.
+                changed = f"{where} changed while tailguard rolled it back ({written.message})"
+                return KubeError(changed, written.status, True)
             return written.outcome(detail)
         if self.events is not None:
             self.events.record(
@@ -489,6 +516,10 @@ class DeploymentRollback:
             )
         log.info("%s rolled back from revision %s to %s", where, plan["bad_revision"], target.number)
         return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
+
+
+def _with(outcome: ActionOutcome, **extra: Any) -> ActionOutcome:
+    return ActionOutcome(outcome.status, {**outcome.detail, **extra}, outcome.error, outcome.transient)
 
 
 def _running(revisions: Sequence[Revision], deployment: Mapping[str, Any]) -> Revision | None:

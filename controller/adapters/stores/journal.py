@@ -396,6 +396,25 @@ class Journal:
             row = db.execute("SELECT * FROM actions WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
         return _record(row)
 
+    def set_plan(self, idempotency_key: str, plan: Mapping[str, Any], now: float) -> ActionRecord:
+        """Journal the plan of a planned or deferred action (made from the world its decision saw; it carries the
+        precondition and the deadline: controller/loop/preconditions.py) before the action is queued. A started or
+        finished action keeps its plan (a resume never plans again)."""
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE actions SET plan = ?, updated_at = ? WHERE idempotency_key = ? AND status IN (?, ?)",
+                (json_column(dict(plan)), now, idempotency_key, ActionStatus.PLANNED.value,
+                 ActionStatus.DEFERRED.value),
+            )  # fmt: skip
+            if cursor.rowcount != 1:
+                raise JournalError(f"journal {self.path}: action {idempotency_key!r} is not planned or deferred")
+            row = db.execute("SELECT * FROM actions WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
+        return _record(row)
+
+    def record_event(self, idempotency_key: str, now: float, event: str, detail: str | None) -> None:
+        with self._transaction() as db:
+            _event(db, idempotency_key, now, event, detail)
+
     def finish(
         self,
         idempotency_key: str,
