@@ -448,6 +448,16 @@ class HandoverPort(Protocol):
     def inherit_handover(self, times: ActionTimes) -> None: ...
 
 
+class PendingHandoverPort(Protocol):
+    """What the leader elector hands over besides the action times: the leader's unfinished mutating actions (with
+    their plans and deadlines), published in the Lease (`tailguard.io/pending-actions`) and adopted by whoever
+    acquires it (controller/loop/adoption.py): a successor continues them instead of counting them as done."""
+
+    def pending_snapshot(self) -> list[dict[str, Any]]: ...
+
+    def adopt_pending(self, entries: Sequence[Mapping[str, Any]]) -> int: ...
+
+
 @runtime_checkable
 class ControlsHandoverPort(Protocol):
     """Optional next to HandoverPort: the operator controls (pauses, the kill switch) the Lease carries from one

@@ -193,6 +193,7 @@ class Dispatcher:
         may_act: Callable[[], bool] | None = None,
         may_act_for: Callable[[str], bool] | None = None,
         deadline_for: Callable[[str], float | None] | None = None,
+        on_planned: Callable[[str], object] | None = None,
     ) -> None:
         self.journal = journal
         self.actuators = actuators
@@ -218,6 +219,9 @@ class Dispatcher:
         self._signals: dict[str, ActionAbort] = {}
         # Plans, preconditions and deadlines (controller/loop/preconditions.py); `deadline_for(policy)` is the
         # policy's limits.actionDeadline in seconds (None: the fallback).
+        # Called with the policy once a decision's plans are journaled (the leader publishes them in its Lease for a
+        # successor to adopt: controller/loop/adoption.py).
+        self.on_planned = on_planned
         self.planner = preconditions.Planner(
             journal,
             lambda: self.actuators.rollback,
@@ -246,8 +250,9 @@ class Dispatcher:
         # Idempotent: rows already committed by commit_evaluation are kept as they are.
         self.journal.record_decision(decision, self.clock.now())
         keys = [action.idempotency_key for action in decision.actions]
-        for key in keys:
-            self._plan_now(key)  # from the world this decision saw, before anything is queued
+        planned = [self._plan_now(key) for key in keys]  # from the world this decision saw, before anything is queued
+        if any(planned) and self.on_planned is not None:
+            self.on_planned(decision.policy)
         if self._lanes is None:
             return [self._run(key) for key in keys]
         records = [record for key in keys if (record := self.journal.get_action(key)) is not None]
@@ -381,7 +386,7 @@ class Dispatcher:
                     out.append(ended)
         return out
 
-    def _plan_now(self, key: str, *, again: bool = False) -> None:
+    def _plan_now(self, key: str, *, again: bool = False) -> bool:
         """Plan a mutating action from the world now, on the deciding evaluation's thread, and journal the plan
         (with its precondition and deadline) before it is queued. A transient failure to read the world leaves it
         deferred until an evaluation finds its condition holding; another one ends it (failed, skipped)."""
@@ -393,22 +398,23 @@ class Dispatcher:
             or record.status not in (ActionStatus.PLANNED, ActionStatus.DEFERRED)
             or (record.plan is not None and not again)
         ):
-            return
+            return False
         # Reads only, and no service lock: a long action on the service's lane must not hold up an evaluation.
         planned = self.planner.plan(record)
         with self._abort_guard:
             current = self.journal.get_action(key)
             if current is None or current.status not in (ActionStatus.PLANNED, ActionStatus.DEFERRED):
-                return  # aborted (or run) meanwhile
+                return False  # aborted (or run) meanwhile
             if not isinstance(planned, ActionOutcome):
                 self.journal.set_plan(key, planned, self.clock.now())
-                return
+                return True
             if planned.status is OutcomeStatus.FAILED and planned.transient:
                 why = f"not planned ({planned.error}); {preconditions.WAITS_FOR_PLAN}"
                 self._report(self.journal.defer(key, self.clock.now(), why))
-                return
+                return False
         status = preconditions.OUTCOME_STATUS[planned.status]
         self._finish(current, status, planned.to_json(), planned.error)
+        return False
 
     def _end_deferred(self, key: str, why: str) -> ActionRecord | None:
         record = self.journal.get_action(key)
@@ -462,10 +468,10 @@ class Dispatcher:
                     # Its decision's plan never reached the journal (a restart came between them): never planned
                     # from the world now; it waits for an evaluation that finds its condition holding.
                     why = f"no plan from its decision's world; {preconditions.WAITS_FOR_PLAN}"
-                    deferred = self.journal.defer(key, self.clock.now(), why)
+                    waiting = self.journal.defer(key, self.clock.now(), why)
                     log.warning("%s on %s (%s) %s", record.type.value, record.resource, key, why)
-                    self._report(deferred)
-                    return deferred
+                    self._report(waiting)
+                    return waiting
             if gated is not None:
                 return self._finish(current, gated[0], None, gated[1])
             with self._abort_guard:

@@ -111,6 +111,10 @@ def deferred_verdict(state: PolicyState | None, decision: Mapping[str, Any] | No
         return Deferral.END, "condition fired again"
     if condition.phase is Phase.FIRING and condition.decision_id == decision.get("id"):
         return Deferral.RETRY, ""
+    if decision.get("adopted") and condition.phase in (Phase.FIRING, Phase.PENDING):
+        # Adopted from the previous leader (controller/loop/adoption.py): its decision id is that replica's; here
+        # the same condition still breaching for the target is what keeps it needed.
+        return Deferral.RETRY, ""
     return Deferral.END, "condition resolved"
 
 

@@ -294,6 +294,42 @@ class Journal:
                 ),
             )
 
+    def adopt(self, action: Mapping[str, Any], decision: Mapping[str, Any], now: float) -> bool:
+        """An unfinished action of the previous leader (controller/loop/adoption.py): its decision (marked
+        `adopted_from`) and the action, `planned` with the plan its decision made (none: it waits for an evaluation
+        of this replica), with the same idempotency key. False when this journal already has that key."""
+        body = {**dict(decision), "adopted": True}
+        with self._transaction() as db:
+            if _status(db, str(action["idempotency_key"])) is not None:
+                return False
+            db.execute(
+                "INSERT OR IGNORE INTO decisions (id, kind, policy, condition, target, at, value, threshold, "
+                "evidence, reason, dry_run, body, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    str(body["id"]), str(body["kind"]), str(body["policy"]), str(body.get("condition", "")),
+                    json_column(dict(body.get("target") or {})), float(body.get("at") or now),
+                    body.get("value"), float(body.get("threshold") or 0.0), json_column(body.get("evidence") or []),
+                    str(body.get("reason", "")), int(bool(body.get("dry_run"))), json_column(body), now,
+                ),
+            )  # fmt: skip
+            seq = db.execute("SELECT COALESCE(MAX(seq), 0) FROM actions").fetchone()[0] + 1
+            plan = action.get("plan")
+            db.execute(
+                "INSERT INTO actions (idempotency_key, decision_id, decision_kind, policy, resource, type, params, "
+                "dry_run, status, attempts, plan, created_at, updated_at, seq) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, 0, ?, ?, ?, ?)",
+                (
+                    str(action["idempotency_key"]), str(action["decision_id"]), str(action["decision_kind"]),
+                    str(action["policy"]), str(action["resource"]), str(action["type"]),
+                    json_column(dict(action.get("params") or {})), ActionStatus.PLANNED.value,
+                    json_column(dict(plan)) if isinstance(plan, Mapping) else None,
+                    float(action.get("created_at") or now), now, seq,
+                ),
+            )  # fmt: skip
+            _event(db, str(action["idempotency_key"]), now, "adopted",
+                   f"from the previous leader, where it was {action.get('status')}")  # fmt: skip
+        return True
+
     # -- actions ------------------------------------------------------------------------------------------
 
     def get_action(self, idempotency_key: str) -> ActionRecord | None:
