@@ -330,7 +330,7 @@ class Limits(StrictModel):
     actionDeadline: Duration | None = Field(
         default=None,
         description="how long after its decision a mutating action may still start (default: 3 evaluation "
-        "intervals); past it the action is never run, at a restart or ever (`expired`)",
+        "intervals, at least 60s); past it the action is never run, at a restart or ever (`expired`)",
     )
 
 
@@ -362,7 +362,8 @@ class Policy(StrictModel):
         (controller/loop/preconditions.py)."""
         if self.limits.actionDeadline is not None and self.limits.actionDeadline > 0:
             return float(self.limits.actionDeadline)
-        return 3 * float(self.interval)
+        # At least a minute: a restarted pod takes tens of seconds, and a 1 s interval must not expire every action.
+        return max(3 * float(self.interval), 60.0)
 
     @model_validator(mode="after")
     def _cross_references(self) -> Policy:

@@ -406,7 +406,7 @@ class Dispatcher:
             if current is None or current.status not in (ActionStatus.PLANNED, ActionStatus.DEFERRED):
                 return False  # aborted (or run) meanwhile
             if not isinstance(planned, ActionOutcome):
-                self.journal.set_plan(key, planned, self.clock.now())
+                self._hook("after-plan", self.journal.set_plan(key, planned, self.clock.now()))
                 return True
             if planned.status is OutcomeStatus.FAILED and planned.transient:
                 why = f"not planned ({planned.error}); {preconditions.WAITS_FOR_PLAN}"
@@ -424,7 +424,10 @@ class Dispatcher:
             current = self.journal.get_action(key)
             if current is None or current.status is not ActionStatus.DEFERRED:
                 return None
-            return self._finish(current, ActionStatus.SUPPRESSED, None, f"{why} while deferred: {current.error}")
+            # One that waited for a plan never had one: its condition ended before it was needed.
+            waited = preconditions.WAITS_FOR_PLAN in (current.error or "")
+            ended = ActionStatus.NO_LONGER_NEEDED if waited else ActionStatus.SUPPRESSED
+            return self._finish(current, ended, None, f"{why} while deferred: {current.error}")
 
     def deferred_policies(self) -> set[str]:
         return {record.policy for record in self.journal.deferred_actions()}
@@ -508,6 +511,17 @@ class Dispatcher:
                 result["after"] = restore.after_state(record, self.actuators.router, self.actuators.scale)
                 result["detail"]["attempts"] = record.attempts
                 return self._finish(record, ActionStatus.SUCCEEDED, result, None)
+        if record.status is ActionStatus.STARTED and record.mutating:
+            # Recovered while this process was down, or past the deadline: never run again.
+            gone = self.planner.condition_gone(record)
+            if gone is None and self.clock.now() > self.planner.deadline(record):
+                late = ActionOutcome(OutcomeStatus.SKIPPED, {"ran": f"{record.attempts} attempt(s) before a restart; "
+                                     "a write sent then, if any, stays"}).to_json()  # fmt: skip
+                return self._finish(record, ActionStatus.EXPIRED, late, "past its deadline at the resume")
+            if gone is not None:
+                ran = f"{record.attempts} attempt(s) before a restart; a write sent then, if any, stays"
+                result = ActionOutcome(OutcomeStatus.SKIPPED, {"ran": ran}).to_json()
+                return self._finish(record, ActionStatus.NO_LONGER_NEEDED, result, f"{gone} before the resume")
         outcome: ActionOutcome | None = None
         attempt = 0
         called = False

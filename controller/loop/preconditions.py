@@ -277,6 +277,13 @@ class Planner:
             # whatever runs now was never decided.
             reason = f"the decision blamed revision {blamed}, and {running} runs now: not rolled back"
             return ActionOutcome(OutcomeStatus.WORLD_CHANGED, {**planned, "reason": reason}, reason)
+        decision = self.journal.decision(record.decision_id, record.decision_kind) or {}
+        deployed, decided = planned.get("from_deployed_at"), decision.get("at")
+        if isinstance(deployed, (int, float)) and isinstance(decided, (int, float)) and deployed > decided:
+            # What runs now was deployed after the breach was decided (a plan made late: a restart, a deferral):
+            # the decision never saw it.
+            reason = f"revision {running} was deployed after the decision: not rolled back"
+            return ActionOutcome(OutcomeStatus.WORLD_CHANGED, {**planned, "reason": reason}, reason)
         return dict(planned)
 
     def _plan_change(self, record: ActionRecord, now: float) -> dict[str, Any] | ActionOutcome:

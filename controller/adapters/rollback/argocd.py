@@ -33,6 +33,7 @@ is the good one by then: the bug of 894c662's probe, which rolled back to the ba
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
@@ -354,7 +355,7 @@ class ArgoCDRollback:
                 f"rollback of {name!r}: no earlier good revision before {bad} in its history "
                 f"(bad: {', '.join(sorted(self.record.bad(name) | {bad}))})",
             )
-        return {
+        plan: dict[str, Any] = {
             "service": service,
             "application": name,
             "from_revision": current,
@@ -362,6 +363,10 @@ class ArgoCDRollback:
             "to_revision": target.revision,
             "history_id": target.id,
         }
+        since = next((_epoch(e.deployed_at) for e in reversed(history) if e.revision == current), None)
+        if since is not None:
+            plan["from_deployed_at"] = since  # when what runs now was deployed (a rollout since a decision: its world)
+        return plan
 
     def rollback(
         self,
@@ -635,6 +640,15 @@ class ArgoCDRollback:
         self.record.record(name, bad, idempotency_key, detail, self.clock.now())
         log.info("Argo CD application %s rolled back from %s to %s", name, bad, detail.get("to_revision"))
         return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
+
+
+def _epoch(rfc3339: str | None) -> float | None:
+    if not rfc3339:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(rfc3339).timestamp()
+    except ValueError:
+        return None
 
 
 def pick_target(history: Sequence[HistoryEntry], bad: str, known_bad: set[str]) -> HistoryEntry | None:
