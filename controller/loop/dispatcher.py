@@ -9,8 +9,8 @@ For each action of a committed decision, in order and independently of the other
                                 counts only actions of equal or higher precedence: controller/core/limits.py)
     otherwise                -> `started` (attempts+1) is COMMITTED, then the port of its type is called
                                 (one attempt), then the result is recorded; the dispatcher alone retries
-                                transient failures, with backoff, and records the attempts in the
-                                result's detail (`attempts`)
+                                transient failures, with backoff (a mutating action while its deadline
+                                lasts), and records the attempts in the result's detail (`attempts`)
 
 Each action type has its port (a table: rollback -> RollbackPort, scale -> ScalePort, ...), and the typed
 action the engine rendered (an `ActionRequest`) gives the port its arguments; a port nobody configured is a
@@ -21,7 +21,11 @@ same key while its condition still holds (a fire: the condition is still firing 
 a recovery: the condition is still recovered), and ends it `suppressed` ("condition resolved while deferred:
 <last refusal>") once it does not. Each refusal, the start and the final outcome are journaled as events.
 
-Every mutating action journals its PLAN with its start, before the port is called (a rollback: service,
+A rollback, scale or shift is planned by `dispatch` (on the deciding evaluation's thread, before anything is
+queued) from the world its decision saw, with a deadline; a resume never plans it, and before its first start it
+ends `expired` past the deadline or `no-longer-needed` once its condition ended; a port that finds the plan's
+precondition broken right before its write answers `world-changed` (controller/loop/preconditions.py).
+Every mutating action journals its PLAN before its first start, before the port is called (a rollback: service,
 from-revision, to-revision; a traffic shift: the weights it replaces and its target; a scale: the HPA state it
 replaces and its target count; a restore: per kind its target and expected state). The plan is fixed once: a
 resume never computes a new target. A process that dies between `started` and the result leaves the action
