@@ -518,14 +518,13 @@ class Dispatcher:
         if record.status is ActionStatus.STARTED and record.mutating:
             # Recovered while this process was down, or past the deadline: never run again.
             gone = self.planner.condition_gone(record)
-            if gone is None and self.clock.now() > self.planner.deadline(record):
-                late = ActionOutcome(OutcomeStatus.SKIPPED, {"ran": f"{record.attempts} attempt(s) before a restart; "
-                                     "a write sent then, if any, stays"}).to_json()  # fmt: skip
-                return self._finish(record, ActionStatus.EXPIRED, late, "past its deadline at the resume")
-            if gone is not None:
+            expired = gone is None and self.clock.now() > self.planner.deadline(record)
+            if gone is not None or expired:
+                ended = ActionStatus.EXPIRED if expired else ActionStatus.NO_LONGER_NEEDED
                 ran = f"{record.attempts} attempt(s) before a restart; a write sent then, if any, stays"
-                result = ActionOutcome(OutcomeStatus.SKIPPED, {"ran": ran}).to_json()
-                return self._finish(record, ActionStatus.NO_LONGER_NEEDED, result, f"{gone} before the resume")
+                summary = {"status": ended.value, "detail": {"ran": ran}, "error": None, "transient": False}
+                why = "past its deadline at the resume" if expired else f"{gone} before the resume"
+                return self._finish(record, ended, summary, why)
         outcome: ActionOutcome | None = None
         attempt = 0
         called = False
@@ -559,8 +558,8 @@ class Dispatcher:
                 break
             delay = self._delay(attempt)
             if record.mutating:
-                # Journaled, each: the attempt's error. A change is tried again while its deadline lasts and its
-                # condition holds (at least `attempts` times); never past the deadline.
+                # Journaled, each: the attempt's error. A change is tried `attempts` times, and more while its
+                # deadline lasts; never once its condition has ended.
                 self.journal.record_event(record.idempotency_key, self.clock.now(), preconditions.ATTEMPT_EVENT,
                                           f"attempt {attempt} failed: {outcome.error}")  # fmt: skip
                 gone = self.planner.condition_gone(record)

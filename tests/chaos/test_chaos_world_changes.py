@@ -29,9 +29,8 @@ from typing import Any
 import pytest
 
 from controller.adapters.rollback.argocd import ArgoCDApp, ArgoCDClient, ArgoCDRollback, BadRevisionRecord
-from controller.adapters.stores.journal import ActionStatus, Journal
+from controller.adapters.stores.journal import Journal
 from controller.core.actions import TERMINAL_STATUSES
-from controller.core.engine import PolicyState
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.testing import condition_state, make_decision
 from tests.chaos.kills import Chaos, CrashingClock, CrashingSession, SimulatedCrash

@@ -115,7 +115,7 @@ def test_leader_killed_while_the_rollback_is_queued(world: tuple[FakeKubernetes,
     gets = [index for index, r in enumerate(argocd.state.requests) if r.method == "GET"]
     post = next(index for index, r in enumerate(argocd.state.requests) if r.method == "POST")
     assert any(index < post for index in gets)  # the precondition read came before the write
-    assert [e["event"] for e in b.journal.action_events(record.idempotency_key)][0] == "adopted"
+    assert next(e["event"] for e in b.journal.action_events(record.idempotency_key)) == "adopted"
 
     # A comes back and leads again later: its stale copy never runs.
     b.elector.release()
