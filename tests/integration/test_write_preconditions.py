@@ -26,7 +26,7 @@ from controller.core.model import Decision
 from controller.kit.clock import ManualClock
 from controller.kit.http import RetryPolicy
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.testing import make_decision
+from controller.testing import condition_state, make_decision
 from tests.support.fake_argocd import FakeArgoCD, application
 from tests.support.fake_kubernetes import FakeKubernetes, deployment
 
@@ -205,3 +205,31 @@ def test_deployment_rollback_through_a_conflict_and_a_burst_of_5xx(kube: FakeKub
     assert len(attempts) == 4 and all("503" in detail for detail in attempts), attempts
     assert record.attempts == 5
     assert record.plan is not None and clock.now() <= record.plan["deadline"]  # within the deadline, by far
+
+
+@pytest.mark.parametrize("blamed", [BAD3, None], ids=["attributed", "unattributed"])
+def test_a_late_plan_never_rolls_back_a_revision_deployed_after_the_decision(
+    blamed: str | None, argocd: FakeArgoCD, tmp_path: Path
+) -> None:
+    """The decision's plan never reached the journal (the process died between the commit and the plan); a human
+    deploys fix4; after the restart the breach still holds, and the evaluation plans the waiting rollback from the
+    world it sees: fix4 was not what the decision blamed (attributed), and was deployed after the decision
+    (either way): `world-changed`, nothing written."""
+    clock = ManualClock(T0)
+    params = {"service": "chat", **({"rollout_revision": blamed} if blamed else {})}
+    decision = make_decision([("rollback", params)], onset=T0 - 60, at=T0)
+    with Journal(tmp_path / "journal.db") as journal:
+        journal.commit_evaluation(decision.policy, PolicyState(), [decision], T0)
+    argocd.add_app(application("chat", [(GOOD1, T0 - 7200), (GOOD2, T0 - 3600), (BAD3, T0 - 600), (FIX4, T0 + 20)]))
+    clock.advance(30)
+    with Journal(tmp_path / "journal.db") as journal:
+        dispatcher = Dispatcher(journal, Actuators(rollback=argocd_rollback(argocd, tmp_path, clock)), clock,
+                                GlobalLimits())  # fmt: skip
+        [waiting] = dispatcher.resume()
+        assert waiting.status is ActionStatus.DEFERRED and waiting.plan is None
+        [record] = dispatcher.retry_deferred(decision.policy, condition_state(decision))
+    assert argocd.calls("POST", "/rollback") == []
+    assert argocd.app("chat")["status"]["sync"]["revision"] == FIX4
+    assert record.status is ActionStatus.WORLD_CHANGED, record
+    reason = "the decision blamed revision" if blamed else "was deployed after the decision"
+    assert reason in (record.error or "")
