@@ -37,6 +37,9 @@ ADOPTED = "adopted"  # the decision body's flag, and the action event's name
 class AdoptingJournal(ActionJournalPort, Protocol):
     def adopt(self, action: Mapping[str, Any], decision: Mapping[str, Any], now: float) -> bool: ...
 
+    @property
+    def closed(self) -> bool: ...
+
 
 class Adoption:
     """The PendingHandoverPort (controller/core/ports.py) of one replica: its journal's unfinished actions out,
@@ -46,10 +49,15 @@ class Adoption:
         self.journal = journal
         self.planner = planner
         self.clock = clock
+        # What the last snapshot found: the controller closes its journal before the elector's last write (the
+        # release), which must still hand the queued actions over.
+        self._last: list[dict[str, Any]] = []
 
     def pending_snapshot(self) -> list[dict[str, Any]]:
         """The unfinished (planned or started) mutating actions still within their deadline, newest first."""
         now = self.clock.now()
+        if self.journal.closed:
+            return list(self._last)
         entries: list[dict[str, Any]] = []
         for record in reversed(self.journal.pending_actions()):
             if not record.mutating or record.dry_run or now > self.planner.deadline(record):
@@ -57,6 +65,7 @@ class Adoption:
             decision = self.journal.decision(record.decision_id, record.decision_kind)
             if decision is not None:
                 entries.append({"action": record.to_json(), "decision": decision})
+        self._last = entries
         return entries
 
     def adopt_pending(self, entries: Sequence[Mapping[str, Any]]) -> int:
@@ -64,6 +73,8 @@ class Adoption:
         here) for this replica's resume; returns how many were adopted."""
         now = self.clock.now()
         adopted = 0
+        if self.journal.closed:
+            return 0
         for entry in entries:
             action, decision = dict(entry["action"]), dict(entry["decision"])
             try:

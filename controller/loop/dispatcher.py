@@ -74,7 +74,7 @@ from controller.core.actions import (
 )
 from controller.core.controls import AbortRequest, AbortResult, AbortState
 from controller.core.engine import PolicyState
-from controller.core.model import Decision
+from controller.core.model import Decision, DecisionKind
 from controller.core.policy import Duration
 from controller.core.ports import (
     ActionJournalPort,
@@ -518,7 +518,11 @@ class Dispatcher:
         if record.status is ActionStatus.STARTED and record.mutating:
             # Recovered while this process was down, or past the deadline: never run again.
             gone = self.planner.condition_gone(record)
-            expired = gone is None and self.clock.now() > self.planner.deadline(record)
+            expired = (
+                gone is None
+                and record.decision_kind != DecisionKind.RESOLVE.value
+                and self.clock.now() > self.planner.deadline(record)
+            )
             if gone is not None or expired:
                 ended = ActionStatus.EXPIRED if expired else ActionStatus.NO_LONGER_NEEDED
                 ran = f"{record.attempts} attempt(s) before a restart; a write sent then, if any, stays"

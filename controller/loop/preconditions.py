@@ -224,11 +224,16 @@ class Planner:
         return record.created_at + self.allowance(record.policy)
 
     def gate(self, record: ActionRecord, *, confirmed: bool = False) -> tuple[ActionStatus, str] | None:
-        """Before the first start of a planned (or deferred) mutating action: `expired` past its deadline,
+        """Before the first start of a planned (or deferred) mutating action: `expired` past its deadline (an
+        action of a fire),
         `no-longer-needed` when its condition no longer holds, else None. `confirmed`: an evaluation has just found
         its condition holding (a deferred retry), so an action without a planned deadline is not timed out."""
         now = self.clock.now()
-        if not (confirmed and record.plan is None) and now > self.deadline(record):
+        # A recovery's action (a restore puts back the pre-incident state, and writes only where the resource
+        # still shows tailguard's last write) is held by its condition alone: expiring it would leave the
+        # incident's surge in place for good.
+        timed = record.decision_kind != DecisionKind.RESOLVE.value and not (confirmed and record.plan is None)
+        if timed and now > self.deadline(record):
             since = now - record.created_at
             return ActionStatus.EXPIRED, (
                 f"past its deadline ({self.deadline(record) - record.created_at:g}s after its decision; "
