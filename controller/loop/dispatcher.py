@@ -542,7 +542,12 @@ class Dispatcher:
                     outcome = planned
                 else:
                     plan = planned
-            if record.type not in _PLANNED or plan is not None:
+            # Before its first write only (a partial ramp of its own is not a change by someone else).
+            first = plan is not None and record.status is not ActionStatus.STARTED
+            changed = self.planner.world_changed(record, plan) if first and plan is not None else None
+            if changed is not None:  # a change's precondition, read right before its write: nothing written
+                outcome = changed
+            elif record.type not in _PLANNED or plan is not None:
                 with self._abort_guard:  # an abort and this start never interleave
                     current = self.journal.get_action(record.idempotency_key)
                     assert current is not None

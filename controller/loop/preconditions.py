@@ -332,6 +332,35 @@ class Planner:
             return ActionOutcome(OutcomeStatus.SKIPPED, {"current": current, "desired": desired}, None)
         return {"service": service, "current": current, "desired": desired, **({"limits": limits} if limits else {})}
 
+    def world_changed(self, record: ActionRecord, plan: Mapping[str, Any]) -> ActionOutcome | None:
+        """Right before a scale's or a shift's write: WORLD_CHANGED when what it writes (the HPA floor or replica
+        count, the version's weight) shows neither the state its decision saw (`before`) nor its target; None
+        otherwise, or when it cannot be read (the port's own call decides). A rollback's port checks its plan."""
+        before, target = plan.get("before"), plan.get("target")
+        if not isinstance(before, Mapping) or not isinstance(target, Mapping):
+            return None
+        service = str(plan.get("service", record.params.get("service", record.resource)))
+        try:
+            if record.type is ActionType.SCALE:
+                current: Mapping[str, Any] = dict(self._scale().scale_state(service))
+                fields = {name: (before.get(name), value) for name, value in target.items()}
+            elif record.type is ActionType.SHIFT_TRAFFIC:
+                current = {str(k): int(v) for k, v in self._router().weights(service).items()}
+                version = str(target["version"])
+                fields = {version: (before.get(version), int(target["weight"]))}
+            else:
+                return None
+        except Exception:  # noqa: BLE001 - unreadable: the port's call reads it again and reports
+            return None
+        moved = {name: current.get(name) for name, allowed in fields.items() if current.get(name) not in allowed}
+        if not moved:
+            return None
+        reason = (
+            f"{service} changed since the decision: {moved} (the decision saw {dict(before)}, would set "
+            f"{dict(target)}); not written"
+        )
+        return ActionOutcome(OutcomeStatus.WORLD_CHANGED, {"service": service, "found": moved}, reason)
+
     def shows_target(self, record: ActionRecord, plan: Mapping[str, Any]) -> ActionOutcome | None:
         """On a resume of a change: SUCCEEDED when the system already shows the plan's target, else None (the
         port is called again with the same key and plan; a rollback's port makes this check itself)."""

@@ -520,3 +520,20 @@ def test_a_slow_change_on_one_service_does_not_hold_up_another(tmp_path: Path) -
     finally:
         release.set()
         rig.journal.close()
+
+
+def test_a_scale_whose_floor_a_human_changed_after_the_decision_is_not_written(rig: Rig) -> None:
+    """Issue 23 (3): planned by the decision (2 -> 4 replicas), the process dies before the write; an engineer sets
+    6 replicas by hand; the resume reads the count right before writing: `world-changed`, nothing written."""
+    decision = make_decision([("scale", {"service": "chat", "delta": 2, "max": 8})])
+    rig.commit(decision)
+    with pytest.raises(SimulatedCrash):
+        rig.dispatcher(crash_at="after-plan", crash_type="scale").dispatch(decision)
+    rig.deployer.replica_counts["chat"] = 6
+    rig.reopen()
+    [record] = rig.dispatcher().resume()
+    assert record.status is ActionStatus.WORLD_CHANGED, record
+    assert rig.deployer.replica_counts["chat"] == 6 and rig.deployer.performed("set_replicas") == []
+    assert record.plan is not None and (record.plan["before"], record.plan["target"]) == ({"replicas": 2},
+                                                                                          {"replicas": 4})  # fmt: skip
+    assert "changed since the decision" in (record.error or "")
