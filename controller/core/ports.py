@@ -448,6 +448,17 @@ class HandoverPort(Protocol):
     def inherit_handover(self, times: ActionTimes) -> None: ...
 
 
+class AdoptingJournalPort(ActionJournalPort, Protocol):
+    """What adoption (controller/loop/adoption.py) needs of the journal besides the dispatcher's needs."""
+
+    def adopt(self, action: Mapping[str, Any], decision: Mapping[str, Any], now: float) -> bool:
+        """The previous leader's unfinished action and its decision, journaled `planned` (False: already here)."""
+        ...
+
+    @property
+    def closed(self) -> bool: ...
+
+
 class PendingHandoverPort(Protocol):
     """What the leader elector hands over besides the action times: the leader's unfinished mutating actions (with
     their plans and deadlines), published in the Lease (`tailguard.io/pending-actions`) and adopted by whoever

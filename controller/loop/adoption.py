@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from controller.core.actions import ActionRecord, ActionStatus, ActionType
-from controller.core.ports import ActionJournalPort, Clock
+from controller.core.ports import AdoptingJournalPort, Clock
 from controller.loop.preconditions import Planner
 
 log = logging.getLogger(__name__)
@@ -34,18 +34,11 @@ log = logging.getLogger(__name__)
 ADOPTED = "adopted"  # the decision body's flag, and the action event's name
 
 
-class AdoptingJournal(ActionJournalPort, Protocol):
-    def adopt(self, action: Mapping[str, Any], decision: Mapping[str, Any], now: float) -> bool: ...
-
-    @property
-    def closed(self) -> bool: ...
-
-
 class Adoption:
     """The PendingHandoverPort (controller/core/ports.py) of one replica: its journal's unfinished actions out,
     the previous leader's in."""
 
-    def __init__(self, journal: AdoptingJournal, planner: Planner, clock: Clock) -> None:
+    def __init__(self, journal: AdoptingJournalPort, planner: Planner, clock: Clock) -> None:
         self.journal = journal
         self.planner = planner
         self.clock = clock
