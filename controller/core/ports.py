@@ -159,7 +159,7 @@ class RollbackPort(Protocol):
         abort: AbortSignal | None = None,
     ) -> ActionOutcome:
         """Make the rollback `plan` describes (None: plan it now). Idempotent against the world: SUCCEEDED without
-        acting when the service already runs `to_revision`; SKIPPED, writing nothing, when it runs neither
+        acting when the service already runs `to_revision`; WORLD_CHANGED, writing nothing, when it runs neither
         `from_revision` nor `to_revision` (changed by someone else since the plan); never a new target. One that
         waits for the rollback to finish stops waiting on `abort` (ABORTED, saying what was sent)."""
         ...

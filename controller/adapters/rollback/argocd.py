@@ -377,9 +377,9 @@ class ArgoCDRollback:
         plan: Mapping[str, Any] | None = None,
         abort: AbortSignal | None = None,
     ) -> ActionOutcome:
-        """Make the planned rollback (None: plan it now): done when the app already runs `to_revision`, skipped
-        when it runs neither the plan's `from_revision` nor `to_revision` (someone else changed it). On `abort`:
-        nothing sent when it came before the POST, else the wait stops at its next poll."""
+        """Make the planned rollback (None: plan it now): done when the app already runs `to_revision`,
+        world-changed when it runs neither the plan's `from_revision` nor `to_revision` (someone else changed
+        it). On `abort`: nothing sent when it came before the POST, else the wait stops at its next poll."""
         app_settings = self.apps.get(service)
         if app_settings is None:
             known = ", ".join(sorted(self.apps)) or "none"

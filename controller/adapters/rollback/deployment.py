@@ -13,7 +13,8 @@ rollback(service, rollout_revision) is what `kubectl rollout undo deployment/<na
   annotations; tailguard adds `kubernetes.io/change-cause` (what it did and why), `tailguard.io/rolled-back-at`
   (the deployment controller copies it onto the ReplicaSet it revives, so the change tracker dates the rollback)
   and the idempotency key (`tailguard.io/action-keys`). A `test` of the resourceVersion guards the patch: if the
-  Deployment changed in between, nothing is written (reported as a transient failure: the retry reads again).
+  Deployment changed in between, nothing is written; it is read again at once and the plan's precondition checked
+  on what it shows (up to `CONFLICT_REREADS` times; a Deployment that keeps changing is a transient failure).
   The deployment controller then bumps the revived ReplicaSet to the next revision, exactly as after kubectl.
 
 Helm. A Deployment Helm installed (`meta.helm.sh/release-name`) is detected, read only, through its release
@@ -28,8 +29,8 @@ ReplicaSet still holds: FAILED, nothing written.
 Plan, then act. `plan_rollback` names the rollback (the Deployment, from/bad/to revision and their pod template
 hashes); the dispatcher journals it before `rollback(plan=...)` acts, and a resume acts on the same plan: the
 Deployment already running the target's template is done (`already_done`), one running neither the plan's
-from-template nor its target was changed by someone else (SKIPPED, nothing written). The bad template is written to
-the record file before the patch. All failures come back as an `ActionOutcome`.
+from-template nor its target was changed by someone else (WORLD_CHANGED, nothing written). The bad template is
+written to the record file before the patch. All failures come back as an `ActionOutcome`.
 """
 
 from __future__ import annotations
@@ -316,7 +317,7 @@ class DeploymentRollback:
         abort: AbortSignal | None = None,
     ) -> ActionOutcome:
         """Make the planned rollback (None: plan it now): done when the Deployment already runs the target's
-        template, skipped (nothing written) when it runs neither the plan's `from_revision` nor its target."""
+        template, world-changed (nothing written) when it runs neither the plan's `from_revision` nor its target."""
         ref = self.target(service)
         where = f"Deployment {ref.namespace}/{ref.name}"
         deployment = self._deployment(ref)
