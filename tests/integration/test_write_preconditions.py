@@ -233,3 +233,25 @@ def test_a_late_plan_never_rolls_back_a_revision_deployed_after_the_decision(
     assert record.status is ActionStatus.WORLD_CHANGED, record
     reason = "the decision blamed revision" if blamed else "was deployed after the decision"
     assert reason in (record.error or "")
+
+
+def test_deployment_a_late_plan_never_rolls_back_a_rollout_after_the_decision(
+    kube: FakeKubernetes, tmp_path: Path
+) -> None:
+    """As above for a Deployment: the decision's plan was lost, v4-fix rolled out (its ReplicaSet created after the
+    decision), the breach still holds: the waiting rollback's late plan is `world-changed`, no patch."""
+    clock = ManualClock(T0)
+    decision = make_decision([("rollback", {"service": "chat"})], onset=T0 - 60, at=T0)
+    with Journal(tmp_path / "journal.db") as journal:
+        journal.commit_evaluation(decision.policy, PolicyState(), [decision], T0)
+    roll_out(kube, "vllm:0.33", at=T0 + 20)
+    clock.advance(30)
+    with Journal(tmp_path / "journal.db") as journal:
+        dispatcher = Dispatcher(journal, Actuators(rollback=deployment_rollback(kube, tmp_path, clock)), clock,
+                                GlobalLimits())  # fmt: skip
+        [waiting] = dispatcher.resume()
+        assert waiting.status is ActionStatus.DEFERRED and waiting.plan is None
+        [record] = dispatcher.retry_deferred(decision.policy, condition_state(decision))
+    assert kube.calls("patch", "deployments") == []
+    assert image(kube) == "vllm:0.33"
+    assert record.status is ActionStatus.WORLD_CHANGED and "deployed after the decision" in (record.error or "")

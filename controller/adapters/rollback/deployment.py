@@ -135,6 +135,8 @@ class Revision:
     template: dict[str, Any]
     annotations: dict[str, str]
     name: str
+    # When it began to run: its creation, or a rollback that revived it (tailguard's `rolled-back-at`), if later.
+    since: float | None = None
 
 
 def template_without_hash(template: Mapping[str, Any]) -> dict[str, Any]:
@@ -252,7 +254,8 @@ class DeploymentRollback:
             labels = (template.get("metadata") or {}).get("labels") or {}
             if number.isdigit():
                 hash_ = str(labels.get(HASH_LABEL) or (meta.get("labels") or {}).get(HASH_LABEL) or meta.get("name"))
-                revisions.append(Revision(int(number), hash_, template, annotations, str(meta.get("name"))))
+                since = _latest(meta.get("creationTimestamp"), annotations.get(ROLLED_BACK_AT))
+                revisions.append(Revision(int(number), hash_, template, annotations, str(meta.get("name")), since))
         return sorted(revisions, key=lambda r: r.number)
 
     def _helm_templates(self, ref: DeploymentRef, release: str) -> list[tuple[int, str, dict[str, Any]]] | KubeError:
@@ -406,6 +409,8 @@ class DeploymentRollback:
             "bad_revision": bad.number,
             "bad_hash": bad.hash,
         }
+        if running.since is not None:
+            plan["from_deployed_at"] = running.since  # a rollout after a decision: not the world it saw
         release = str(((deployment.get("metadata") or {}).get("annotations") or {}).get(HELM_RELEASE) or "")
         if release and self.helm:
             helm = self._helm_templates(ref, release)
@@ -517,6 +522,18 @@ class DeploymentRollback:
             )
         log.info("%s rolled back from revision %s to %s", where, plan["bad_revision"], target.number)
         return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
+
+
+def _latest(*stamps: Any) -> float | None:
+    """The latest of RFC 3339 times (None when none is readable)."""
+    parsed = []
+    for stamp in stamps:
+        if isinstance(stamp, str) and stamp:
+            try:
+                parsed.append(datetime.datetime.fromisoformat(stamp).timestamp())
+            except ValueError:
+                continue
+    return max(parsed) if parsed else None
 
 
 def _with(outcome: ActionOutcome, **extra: Any) -> ActionOutcome:
