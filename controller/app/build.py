@@ -41,6 +41,7 @@ from controller.core.ports import Annotator, Notifier, RollbackPort, ScalePort, 
 from controller.core.unconfigured import ROLLBACK_MISSING, SCALE_MISSING, UnconfiguredRollback, UnconfiguredScale
 from controller.kit.clock import SystemClock
 from controller.kit.errors import ConfigError
+from controller.loop.adoption import Adoption
 from controller.loop.dispatcher import Actuators, Dispatcher
 from controller.loop.evaluation import action_labels
 from controller.loop.housekeeping import Housekeeper, Task
@@ -366,6 +367,17 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         controls_store=journal,
     )
     stack.callback(controller.stop)
+    # An action's deadline is its policy's (limits.actionDeadline, default 3 intervals): looked up when it is
+    # planned, so a reload's change applies to the next decision.
+    if elector is not None and not isinstance(elector, ShardedElector):
+        # The unfinished actions travel in the Lease: published once planned, adopted by a successor (with
+        # sharding each shard's Lease carries action times only; adoption there is not built yet).
+        leader = elector
+        leader.attach_pending(Adoption(journal, dispatcher.planner, clock))
+        dispatcher.on_planned = lambda _policy: leader.publish()
+    dispatcher.planner.deadline_for = lambda name: (
+        policy.action_deadline() if (policy := controller.policies().get(name)) is not None else None
+    )
     if crd_source is not None:
         # A changed TailguardPolicy (e.g. `spec.suspend: true`) is loaded at once, not at the next periodic reload.
         crd_source.on_change = lambda: controller.reload() if controller.running else None

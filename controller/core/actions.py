@@ -210,10 +210,20 @@ class ActionStatus(StrEnum):
     # An operator aborted its decision (`tailguard abort`): never ran, or stopped at a step; the result says what
     # state it left behind. Never retried.
     ABORTED = "aborted"
+    # Its precondition (the world its decision saw: controller/loop/preconditions.py) no longer held right before
+    # the write: nothing written, never retried blindly.
+    WORLD_CHANGED = "world-changed"
+    # Past its deadline (the policy's `actionDeadline`) before it could run: never run, at resume or ever.
+    EXPIRED = "expired"
+    # Its condition no longer holds (the journal's latest engine state): never run.
+    NO_LONGER_NEEDED = "no-longer-needed"
 
 
 TERMINAL_STATUSES = frozenset(
     {
+        ActionStatus.WORLD_CHANGED,
+        ActionStatus.EXPIRED,
+        ActionStatus.NO_LONGER_NEEDED,
         ActionStatus.SUCCEEDED,
         ActionStatus.FAILED,
         ActionStatus.SKIPPED,

@@ -15,7 +15,8 @@ reason, never a crash) and merging.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -111,3 +112,58 @@ def merge_action_times(*parts: ActionTimes) -> dict[str, dict[TargetKey, tuple[f
 
 def _dumps(value: object) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+# ----- unfinished actions: adopted by the next leader (issue 23, item 5) ------------------------------------
+
+PENDING_ANNOTATION = "tailguard.io/pending-actions"
+# The other half of the budget the action times leave (all annotations of one object share 256 KiB).
+PENDING_MAX_BYTES = 64 * 1024
+PENDING_VERSION = 1
+
+
+class _PendingEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    action: dict[str, object]
+    decision: dict[str, object]
+
+
+class _Pending(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    v: int
+    actions: list[_PendingEntry]
+
+
+def encode_pending(entries: Sequence[Mapping[str, Any]], max_bytes: int = PENDING_MAX_BYTES) -> tuple[str, int]:
+    """Compact JSON of the leader's unfinished mutating actions (each `{"action": ActionRecord JSON, "decision":
+    its decision's JSON}`), newest kept first when over `max_bytes`; returns (text, entries left out)."""
+    kept: list[Mapping[str, Any]] = []
+    size = len(_dumps({"v": PENDING_VERSION, "actions": []}))
+    dropped = 0
+    for entry in entries:  # newest first
+        cost = len(_dumps(entry)) + 1
+        if size + cost > max_bytes:
+            dropped += 1
+            continue
+        size += cost
+        kept.append(entry)
+    return _dumps({"v": PENDING_VERSION, "actions": kept}), dropped
+
+
+def decode_pending(text: str) -> list[dict[str, dict[str, object]]]:
+    """The entries written by encode_pending; HandoverError if the text is not one."""
+    try:
+        raw = json.loads(text)
+    except ValueError as bad:
+        raise HandoverError(f"not JSON ({bad})") from None
+    try:
+        pending = _Pending.model_validate(raw)
+    except ValidationError as invalid:
+        first = invalid.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise HandoverError(f"{where}: {first['msg']}") from None
+    if pending.v != PENDING_VERSION:
+        raise HandoverError(f"version {pending.v}, this controller reads version {PENDING_VERSION}")
+    return [{"action": dict(entry.action), "decision": dict(entry.decision)} for entry in pending.actions]

@@ -327,6 +327,11 @@ class Condition(StrictModel):
 class Limits(StrictModel):
     cooldown: Duration = Field(default=300.0, description="minimum time between mutating actions on one target")
     maxActionsPerHour: int = Field(default=6, ge=0, description="mutating actions per target in any hour")
+    actionDeadline: Duration | None = Field(
+        default=None,
+        description="how long after its decision a mutating action may still start (default: 3 evaluation "
+        "intervals, at least 60s); past it the action is never run, at a restart or ever (`expired`)",
+    )
 
 
 TEXT_VARIABLES = frozenset({"value", "threshold", "policy", "condition", "target", "onset", "decision_id"})
@@ -351,6 +356,14 @@ class Policy(StrictModel):
     signals: list[Signal] = Field(min_length=1)
     conditions: list[Condition] = Field(min_length=1)
     limits: Limits = Field(default_factory=Limits)
+
+    def action_deadline(self) -> float:
+        """Seconds after its decision a mutating action may still start: `limits.actionDeadline`, else 3 intervals
+        (controller/loop/preconditions.py)."""
+        if self.limits.actionDeadline is not None and self.limits.actionDeadline > 0:
+            return float(self.limits.actionDeadline)
+        # At least a minute: a restarted pod takes tens of seconds, and a 1 s interval must not expire every action.
+        return max(3 * float(self.interval), 60.0)
 
     @model_validator(mode="after")
     def _cross_references(self) -> Policy:

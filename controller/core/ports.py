@@ -91,6 +91,9 @@ class OutcomeStatus(StrEnum):
     SKIPPED = "skipped"  # nothing to do (e.g. already at that weight, no earlier good revision)
     # An operator's abort stopped it between steps (AbortSignal); the detail says exactly what it left behind.
     ABORTED = "aborted"
+    # The precondition the plan carries (what the decision saw: the running revision, the ReplicaSet) no longer
+    # holds right before the write: nothing was written; the decision is not retried.
+    WORLD_CHANGED = "world-changed"
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,7 @@ class RollbackPort(Protocol):
         abort: AbortSignal | None = None,
     ) -> ActionOutcome:
         """Make the rollback `plan` describes (None: plan it now). Idempotent against the world: SUCCEEDED without
-        acting when the service already runs `to_revision`; SKIPPED, writing nothing, when it runs neither
+        acting when the service already runs `to_revision`; WORLD_CHANGED, writing nothing, when it runs neither
         `from_revision` nor `to_revision` (changed by someone else since the plan); never a new target. One that
         waits for the rollback to finish stops waiting on `abort` (ABORTED, saying what was sent)."""
         ...
@@ -311,6 +314,19 @@ class ActionJournalPort(Protocol):
 
     def mark_started(self, idempotency_key: str, now: float, plan: Mapping[str, Any] | None = None) -> ActionRecord: ...
 
+    def set_plan(self, idempotency_key: str, plan: Mapping[str, Any], now: float) -> ActionRecord:
+        """The plan of a planned or deferred action, made from the world its decision saw (its precondition and
+        deadline in it), journaled before it is queued."""
+        ...
+
+    def record_event(self, idempotency_key: str, now: float, event: str, detail: str | None) -> None:
+        """One `action_events` row (e.g. each failed attempt of a retried action)."""
+        ...
+
+    def load_state(self, policy: str) -> PolicyState | None:
+        """The engine state the latest evaluation of `policy` committed (whether an action's condition holds)."""
+        ...
+
     def finish(
         self,
         idempotency_key: str,
@@ -430,6 +446,27 @@ class HandoverPort(Protocol):
     def handover_snapshot(self) -> ActionTimes: ...
 
     def inherit_handover(self, times: ActionTimes) -> None: ...
+
+
+class AdoptingJournalPort(ActionJournalPort, Protocol):
+    """What adoption (controller/loop/adoption.py) needs of the journal besides the dispatcher's needs."""
+
+    def adopt(self, action: Mapping[str, Any], decision: Mapping[str, Any], now: float) -> bool:
+        """The previous leader's unfinished action and its decision, journaled `planned` (False: already here)."""
+        ...
+
+    @property
+    def closed(self) -> bool: ...
+
+
+class PendingHandoverPort(Protocol):
+    """What the leader elector hands over besides the action times: the leader's unfinished mutating actions (with
+    their plans and deadlines), published in the Lease (`tailguard.io/pending-actions`) and adopted by whoever
+    acquires it (controller/loop/adoption.py): a successor continues them instead of counting them as done."""
+
+    def pending_snapshot(self) -> list[dict[str, Any]]: ...
+
+    def adopt_pending(self, entries: Sequence[Mapping[str, Any]]) -> int: ...
 
 
 @runtime_checkable

@@ -9,8 +9,8 @@ For each action of a committed decision, in order and independently of the other
                                 counts only actions of equal or higher precedence: controller/core/limits.py)
     otherwise                -> `started` (attempts+1) is COMMITTED, then the port of its type is called
                                 (one attempt), then the result is recorded; the dispatcher alone retries
-                                transient failures, with backoff, and records the attempts in the
-                                result's detail (`attempts`)
+                                transient failures, with backoff (a mutating action while its deadline
+                                lasts), and records the attempts in the result's detail (`attempts`)
 
 Each action type has its port (a table: rollback -> RollbackPort, scale -> ScalePort, ...), and the typed
 action the engine rendered (an `ActionRequest`) gives the port its arguments; a port nobody configured is a
@@ -21,7 +21,11 @@ same key while its condition still holds (a fire: the condition is still firing 
 a recovery: the condition is still recovered), and ends it `suppressed` ("condition resolved while deferred:
 <last refusal>") once it does not. Each refusal, the start and the final outcome are journaled as events.
 
-Every mutating action journals its PLAN with its start, before the port is called (a rollback: service,
+A rollback, scale or shift is planned by `dispatch` (on the deciding evaluation's thread, before anything is
+queued) from the world its decision saw, with a deadline; a resume never plans it, and before its first start it
+ends `expired` past the deadline or `no-longer-needed` once its condition ended; a port that finds the plan's
+precondition broken right before its write answers `world-changed` (controller/loop/preconditions.py).
+Every mutating action journals its PLAN before its first start, before the port is called (a rollback: service,
 from-revision, to-revision; a traffic shift: the weights it replaces and its target; a scale: the HPA state it
 replaces and its target count; a restore: per kind its target and expected state). The plan is fixed once: a
 resume never computes a new target. A process that dies between `started` and the result leaves the action
@@ -47,11 +51,9 @@ evaluations nor another service's actions; per-service serialisation stays the s
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from functools import partial
 from typing import Any
 
@@ -71,8 +73,8 @@ from controller.core.actions import (
     ShiftTrafficAction,
 )
 from controller.core.controls import AbortRequest, AbortResult, AbortState
-from controller.core.engine import Phase, PolicyState
-from controller.core.model import Decision, DecisionKind, TargetKey, target_key
+from controller.core.engine import PolicyState
+from controller.core.model import Decision, DecisionKind
 from controller.core.policy import Duration
 from controller.core.ports import (
     ActionJournalPort,
@@ -95,16 +97,16 @@ from controller.core.unconfigured import (
     UnconfiguredRouter,
     UnconfiguredScale,
 )
-from controller.kit.errors import ConfigError
 from controller.kit.http import backoff_delay
-from controller.loop import restore
+from controller.loop import preconditions, restore
+from controller.loop.preconditions import Deferral, deferred_verdict
 from controller.loop.workers import ActionLanes
 
 log = logging.getLogger(__name__)
 
 # Action types planned (and the plan journaled) before their first start: every mutating action (the changes
-# journal what they replace and their target, a rollback its from- and to-revision).
-_PLANNED = frozenset({ActionType.ROLLBACK, ActionType.SCALE, ActionType.SHIFT_TRAFFIC, ActionType.RESTORE})
+# journal what they replace and their target, a rollback its from- and to-revision): controller/loop/preconditions.py.
+_PLANNED = preconditions.PLANNED
 
 # Statuses that count against the global limits: the change happened, or may have (outcome unknown).
 # An aborted action that had started counts too (`actions_since` lists started ones only): it may have written a step.
@@ -148,95 +150,6 @@ class Actuators:
     notifier: Notifier = field(default_factory=UnconfiguredNotifier)
     # A scale's `ceiling` and `metricTargets` (an HPA's maxReplicas and metric targets): the HPA scaler, or None.
     limits: ScaleLimitsPort | None = None
-
-
-class Deferral(StrEnum):
-    RETRY = "retry"  # the condition still holds: run the action again (the limits are checked again)
-    WAIT = "wait"  # a recovery whose condition breaches again without firing: neither run nor end it yet
-    END = "end"  # the condition no longer holds: the action ends suppressed
-
-
-def deferred_verdict(state: PolicyState | None, decision: Mapping[str, Any] | None) -> tuple[Deferral, str]:
-    """What to do with a deferred action of `decision` (its journaled JSON) after an evaluation of its policy
-    committed `state` (None: the policy is no longer loaded); with END, the phrase that says why.
-
-    An action of a fire runs while its condition is FIRING for that target with the action's decision id (the
-    same incident); an action of a recovery (resolve) while the condition stays recovered (OK), waits while a
-    new breach is pending, and ends once the condition fires again.
-    """
-    if state is None:
-        return Deferral.END, "policy removed"
-    if decision is None:
-        return Deferral.END, "decision not in the journal"
-    key: tuple[str, TargetKey] = (str(decision.get("condition")), target_key(dict(decision.get("target") or {})))
-    condition = state.conditions.get(key)
-    if condition is None:
-        return Deferral.END, "condition no longer evaluated for the target"
-    if decision.get("kind") == DecisionKind.RESOLVE.value:
-        if condition.phase is Phase.OK:
-            return Deferral.RETRY, ""
-        if condition.phase is Phase.PENDING:
-            return Deferral.WAIT, ""
-        return Deferral.END, "condition fired again"
-    if condition.phase is Phase.FIRING and condition.decision_id == decision.get("id"):
-        return Deferral.RETRY, ""
-    return Deferral.END, "condition resolved"
-
-
-class ScaleError(ConfigError, ValueError):
-    """The scale parameters cannot produce a replica count (the message says which and why)."""
-
-
-def desired_replicas(params: Mapping[str, Any], current: int) -> int:
-    """The replica count a scale action asks for, clamped to [min, max].
-
-    Exactly one mode: `replicas` (absolute), `delta` (relative to `current`), or
-    `targetPerReplica` (proportional: ceil(current * observed / targetPerReplica),
-    `observed` being the decision's value, e.g. waiting requests per replica).
-    """
-    replicas, delta, per_replica = params.get("replicas"), params.get("delta"), params.get("targetPerReplica")
-    modes = [
-        name
-        for name, value in (("replicas", replicas), ("delta", delta), ("targetPerReplica", per_replica))
-        if value is not None
-    ]
-    if len(modes) != 1:
-        raise ScaleError(f"scale needs exactly one of replicas, delta or targetPerReplica, got {modes or 'none'}")
-    low = int(params.get("min", 1) if params.get("min") is not None else 1)
-    high_raw = params.get("max")
-    if high_raw is None:
-        raise ScaleError("scale needs 'max'")
-    high = int(high_raw)
-    if low > high:
-        raise ScaleError(f"scale min ({low}) is above max ({high})")
-    if replicas is not None:
-        wanted = int(replicas)
-    elif delta is not None:
-        wanted = current + int(delta)
-    else:
-        assert per_replica is not None
-        observed = params.get("observed")
-        if observed is None or not math.isfinite(float(observed)):
-            raise ScaleError("targetPerReplica scaling needs the observed value, and the decision has none")
-        if float(per_replica) <= 0:
-            raise ScaleError(f"targetPerReplica must be positive, got {per_replica}")
-        # The epsilon keeps 3 * 20 / 20 from becoming 4 through floating-point noise.
-        wanted = math.ceil(current * float(observed) / float(per_replica) - 1e-9)
-    return max(low, min(high, wanted))
-
-
-SCALE_MODES = ("replicas", "delta", "targetPerReplica")
-
-
-def scale_limits(params: Mapping[str, Any]) -> dict[str, Any]:
-    """What a scale sets of an HPA besides its floor: `maxReplicas` (its `ceiling`) and `metrics` (its
-    `metricTargets`); empty when it sets neither."""
-    limits: dict[str, Any] = {}
-    if params.get("ceiling") is not None:
-        limits["maxReplicas"] = int(params["ceiling"])
-    if params.get("metricTargets"):
-        limits["metrics"] = {str(name): float(value) for name, value in dict(params["metricTargets"]).items()}
-    return limits
 
 
 class ActionAbort:
@@ -283,6 +196,8 @@ class Dispatcher:
         workers: bool = False,
         may_act: Callable[[], bool] | None = None,
         may_act_for: Callable[[str], bool] | None = None,
+        deadline_for: Callable[[str], float | None] | None = None,
+        on_planned: Callable[[str], object] | None = None,
     ) -> None:
         self.journal = journal
         self.actuators = actuators
@@ -306,6 +221,19 @@ class Dispatcher:
         # a start (or a deferral) of the same action happen one after the other, never interleaved.
         self._abort_guard = threading.Lock()
         self._signals: dict[str, ActionAbort] = {}
+        # Plans, preconditions and deadlines (controller/loop/preconditions.py); `deadline_for(policy)` is the
+        # policy's limits.actionDeadline in seconds (None: the fallback).
+        # Called with the policy once a decision's plans are journaled (the leader publishes them in its Lease for a
+        # successor to adopt: controller/loop/adoption.py).
+        self.on_planned = on_planned
+        self.planner = preconditions.Planner(
+            journal,
+            lambda: self.actuators.rollback,
+            lambda: self.actuators.scale,
+            lambda: self.actuators.router,
+            clock,
+            deadline_for,
+        )
         # action type -> the call of its port
         self._ports: dict[ActionType, Callable[[ActionRecord, ActionRequest, ActionAbort], ActionOutcome]] = {
             ActionType.ROLLBACK: self._rollback,
@@ -326,6 +254,9 @@ class Dispatcher:
         # Idempotent: rows already committed by commit_evaluation are kept as they are.
         self.journal.record_decision(decision, self.clock.now())
         keys = [action.idempotency_key for action in decision.actions]
+        planned = [self._plan_now(key) for key in keys]  # from the world this decision saw, before anything is queued
+        if any(planned) and self.on_planned is not None:
+            self.on_planned(decision.policy)
         if self._lanes is None:
             return [self._run(key) for key in keys]
         records = [record for key in keys if (record := self.journal.get_action(key)) is not None]
@@ -442,6 +373,8 @@ class Dispatcher:
             decision = self.journal.decision(record.decision_id, record.decision_kind)
             verdict, why = deferred_verdict(state, decision)
             if verdict is Deferral.RETRY:
+                # The world has moved since the decision: planned again from what this evaluation sees.
+                self._plan_now(record.idempotency_key, again=True)
                 if self._lanes is not None:
                     self._submit(record.resource, record.idempotency_key, retry=True)
                 else:
@@ -457,6 +390,36 @@ class Dispatcher:
                     out.append(ended)
         return out
 
+    def _plan_now(self, key: str, *, again: bool = False) -> bool:
+        """Plan a mutating action from the world now, on the deciding evaluation's thread, and journal the plan
+        (with its precondition and deadline) before it is queued. A transient failure to read the world leaves it
+        deferred until an evaluation finds its condition holding; another one ends it (failed, skipped)."""
+        record = self.journal.get_action(key)
+        if (
+            record is None
+            or record.dry_run
+            or record.type not in preconditions.PLANNED_AT_DECISION
+            or record.status not in (ActionStatus.PLANNED, ActionStatus.DEFERRED)
+            or (record.plan is not None and not again)
+        ):
+            return False
+        # Reads only, and no service lock: a long action on the service's lane must not hold up an evaluation.
+        planned = self.planner.plan(record)
+        with self._abort_guard:
+            current = self.journal.get_action(key)
+            if current is None or current.status not in (ActionStatus.PLANNED, ActionStatus.DEFERRED):
+                return False  # aborted (or run) meanwhile
+            if not isinstance(planned, ActionOutcome):
+                self._hook("after-plan", self.journal.set_plan(key, planned, self.clock.now()))
+                return True
+            if planned.status is OutcomeStatus.FAILED and planned.transient:
+                why = f"not planned ({planned.error}); {preconditions.WAITS_FOR_PLAN}"
+                self._report(self.journal.defer(key, self.clock.now(), why))
+                return False
+        status = preconditions.OUTCOME_STATUS[planned.status]
+        self._finish(current, status, planned.to_json(), planned.error)
+        return False
+
     def _end_deferred(self, key: str, why: str) -> ActionRecord | None:
         record = self.journal.get_action(key)
         if record is None:
@@ -465,7 +428,10 @@ class Dispatcher:
             current = self.journal.get_action(key)
             if current is None or current.status is not ActionStatus.DEFERRED:
                 return None
-            return self._finish(current, ActionStatus.SUPPRESSED, None, f"{why} while deferred: {current.error}")
+            # One that waited for a plan never had one: its condition ended before it was needed.
+            waited = preconditions.WAITS_FOR_PLAN in (current.error or "")
+            ended = ActionStatus.NO_LONGER_NEEDED if waited else ActionStatus.SUPPRESSED
+            return self._finish(current, ended, None, f"{why} while deferred: {current.error}")
 
     def deferred_policies(self) -> set[str]:
         return {record.policy for record in self.journal.deferred_actions()}
@@ -504,6 +470,18 @@ class Dispatcher:
                 assert current is not None
                 if current.terminal:
                     return current
+                gated = self.planner.gate(current, confirmed=retry)
+                if gated is None and current.plan is None and current.type in preconditions.PLANNED_AT_DECISION:
+                    # Its decision's plan never reached the journal (a restart came between them): never planned
+                    # from the world now; it waits for an evaluation that finds its condition holding.
+                    why = f"no plan from its decision's world; {preconditions.WAITS_FOR_PLAN}"
+                    waiting = self.journal.defer(key, self.clock.now(), why)
+                    log.warning("%s on %s (%s) %s", record.type.value, record.resource, key, why)
+                    self._report(waiting)
+                    return waiting
+            if gated is not None:
+                return self._finish(current, gated[0], None, gated[1])
+            with self._abort_guard:
                 block = self._limits_block(record)
                 deferred = self.journal.defer(key, self.clock.now(), block) if block is not None else None
             if deferred is not None:
@@ -531,12 +509,26 @@ class Dispatcher:
                 return self._finish_aborted(record, aborted, None, resumed=True)
         if record.status is ActionStatus.STARTED and plan is not None:
             # A resume: the world may already show the planned target (the call went through before the crash).
-            shown = self._shows_target(record, plan)
+            shown = self.planner.shows_target(record, plan)
             if shown is not None:
                 result = shown.to_json()
                 result["after"] = restore.after_state(record, self.actuators.router, self.actuators.scale)
                 result["detail"]["attempts"] = record.attempts
                 return self._finish(record, ActionStatus.SUCCEEDED, result, None)
+        if record.status is ActionStatus.STARTED and record.mutating:
+            # Recovered while this process was down, or past the deadline: never run again.
+            gone = self.planner.condition_gone(record)
+            expired = (
+                gone is None
+                and record.decision_kind != DecisionKind.RESOLVE.value
+                and self.clock.now() > self.planner.deadline(record)
+            )
+            if gone is not None or expired:
+                ended = ActionStatus.EXPIRED if expired else ActionStatus.NO_LONGER_NEEDED
+                ran = f"{record.attempts} attempt(s) before a restart; a write sent then, if any, stays"
+                summary = {"status": ended.value, "detail": {"ran": ran}, "error": None, "transient": False}
+                why = "past its deadline at the resume" if expired else f"{gone} before the resume"
+                return self._finish(record, ended, summary, why)
         outcome: ActionOutcome | None = None
         attempt = 0
         called = False
@@ -545,12 +537,17 @@ class Dispatcher:
             if record.type in _PLANNED and plan is None:
                 # Fixed once, before the first start, and journaled with it (the state a change replaces; a
                 # scale's target count; a restore's target): a resume does the same though the world moved.
-                planned = self._plan(record)
+                planned = self.planner.plan(record)
                 if isinstance(planned, ActionOutcome):
                     outcome = planned
                 else:
                     plan = planned
-            if record.type not in _PLANNED or plan is not None:
+            # Before its first write only (a partial ramp of its own is not a change by someone else).
+            first = plan is not None and record.status is not ActionStatus.STARTED
+            changed = self.planner.world_changed(record, plan) if first and plan is not None else None
+            if changed is not None:  # a change's precondition, read right before its write: nothing written
+                outcome = changed
+            elif record.type not in _PLANNED or plan is not None:
                 with self._abort_guard:  # an abort and this start never interleave
                     current = self.journal.get_action(record.idempotency_key)
                     assert current is not None
@@ -566,9 +563,20 @@ class Dispatcher:
                 called = True
                 self._hook("after-execute", record)
             assert outcome is not None
-            if outcome.status is not OutcomeStatus.FAILED or not outcome.transient or attempt >= self.attempts:
+            if outcome.status is not OutcomeStatus.FAILED or not outcome.transient:
                 break
             delay = self._delay(attempt)
+            if record.mutating:
+                # Journaled, each: the attempt's error. A change is tried `attempts` times, and more while its
+                # deadline lasts; never once its condition has ended.
+                self.journal.record_event(record.idempotency_key, self.clock.now(), preconditions.ATTEMPT_EVENT,
+                                          f"attempt {attempt} failed: {outcome.error}")  # fmt: skip
+                gone = self.planner.condition_gone(record)
+                within = gone is None and self.clock.now() + delay <= self.planner.deadline(record)
+                if gone is not None or (attempt >= self.attempts and not within):
+                    break
+            elif attempt >= self.attempts:
+                break
             log.info(
                 "%s %s failed transiently (%s); attempt %d of %d, retrying in %.1fs",
                 record.type.value,
@@ -580,12 +588,7 @@ class Dispatcher:
             )
             signal.hold(delay)  # an abort during the backoff is found before the next attempt starts
         assert outcome is not None
-        status = {
-            OutcomeStatus.SUCCEEDED: ActionStatus.SUCCEEDED,
-            OutcomeStatus.SKIPPED: ActionStatus.SKIPPED,
-            OutcomeStatus.FAILED: ActionStatus.FAILED,
-            OutcomeStatus.ABORTED: ActionStatus.ABORTED,
-        }[outcome.status]
+        status = preconditions.OUTCOME_STATUS[outcome.status]
         result = outcome.to_json()
         if status in (ActionStatus.SUCCEEDED, ActionStatus.ABORTED) and record.type in _PLANNED:
             result["after"] = restore.after_state(record, self.actuators.router, self.actuators.scale)
@@ -684,92 +687,6 @@ class Dispatcher:
         return refusal.reason if refusal is not None else None
 
     # -- ports --------------------------------------------------------------------------------------------
-
-    def _plan(self, record: ActionRecord) -> dict[str, Any] | ActionOutcome:
-        """A restore's plan (controller/loop/restore.py), a rollback's (the port's: from- and to-revision), or a
-        change's: what it replaces (`before`) and its `target` (a scale's count, a shift's version and weight)."""
-        if record.type is ActionType.RESTORE:
-            return restore.restore_plan(self.journal, record)
-        if record.type is ActionType.ROLLBACK:
-            return self._plan_rollback(record)
-        planned: dict[str, Any] | ActionOutcome = {}
-        if record.type is ActionType.SCALE:
-            planned = self._plan_scale(record)
-        elif record.type is ActionType.SHIFT_TRAFFIC:
-            planned = self._plan_shift(record)
-        if isinstance(planned, ActionOutcome):
-            return planned
-        router, scale = self.actuators.router, self.actuators.scale
-        plan = {**planned, **restore.change_plan(self.journal, record, router, scale, self.clock.now())}
-        if record.type is ActionType.SCALE and plan.get("desired") is not None and "limits" not in plan:
-            # The HPA's floor (minReplicas) where the state has one, else the replica count (the local tier).
-            # (A scale of an HPA's limits has no target to check on a resume: its port calls replay by key.)
-            field_name = "minReplicas" if "minReplicas" in (plan.get("before") or {}) else "replicas"
-            plan["target"] = {field_name: plan["desired"]}
-        return plan
-
-    def _plan_rollback(self, record: ActionRecord) -> dict[str, Any] | ActionOutcome:
-        try:
-            action = record.request().action
-            assert isinstance(action, RenderedRollback)
-            planned = self.actuators.rollback.plan_rollback(action.service, rollout_revision=action.rollout_revision)
-        except Exception as exc:  # noqa: BLE001 - a failed read is an outcome, not a crash of the controller
-            transient = bool(getattr(exc, "transient", isinstance(exc, (ConnectionError, TimeoutError))))
-            return ActionOutcome(OutcomeStatus.FAILED, {}, f"planning the rollback: {exc}", transient)
-        return planned if isinstance(planned, ActionOutcome) else dict(planned)
-
-    def _plan_shift(self, record: ActionRecord) -> dict[str, Any] | ActionOutcome:
-        try:
-            action = record.request().action
-            assert isinstance(action, ShiftTrafficAction)
-        except AttributeError as exc:
-            return ActionOutcome(OutcomeStatus.FAILED, {}, f"shift_traffic action lacks parameter {exc.name!r}")
-        return {"service": action.service, "target": {"version": action.version, "weight": int(action.weight)}}
-
-    def _shows_target(self, record: ActionRecord, plan: Mapping[str, Any]) -> ActionOutcome | None:
-        """On a resume of a change: SUCCEEDED when the system already shows the plan's target, else None (the
-        port is called again with the same key and plan; a rollback's port makes this check itself)."""
-        target = plan.get("target")
-        if not isinstance(target, Mapping):
-            return None
-        service = str(plan.get("service", record.params.get("service", record.resource)))
-        try:
-            if record.type is ActionType.SHIFT_TRAFFIC:
-                weights = {str(k): int(v) for k, v in self.actuators.router.weights(service).items()}
-                if weights.get(str(target["version"])) != int(target["weight"]):
-                    return None
-                shown: dict[str, Any] = {"weights": weights}
-            elif record.type is ActionType.SCALE:
-                state = dict(self.actuators.scale.scale_state(service))
-                if any(state.get(name) != value for name, value in target.items()):
-                    return None
-                shown = {"state": state}
-            else:
-                return None
-        except Exception as exc:  # noqa: BLE001 - unreadable: the port's own call decides
-            log.info("resume of %s: could not read the current state (%s); calling the port", record.idempotency_key,
-                     exc)  # fmt: skip
-            return None
-        log.info("resume of %s: %s already shows the planned target %s", record.idempotency_key, service, target)
-        return ActionOutcome(OutcomeStatus.SUCCEEDED, {**shown, "already_done": True, "replayed": True})
-
-    def _plan_scale(self, record: ActionRecord) -> dict[str, Any] | ActionOutcome:
-        service = str(record.params.get("service", record.resource))
-        limits = scale_limits(record.params)
-        if limits and not any(record.params.get(mode) is not None for mode in SCALE_MODES):
-            return {"service": service, "limits": limits}  # the HPA's ceiling and metric targets only
-        try:
-            current = self.actuators.scale.replicas(service)
-        except Exception as exc:  # noqa: BLE001 - a failed read is an outcome, not a crash of the controller
-            transient = bool(getattr(exc, "transient", isinstance(exc, (ConnectionError, TimeoutError))))
-            return ActionOutcome(OutcomeStatus.FAILED, {}, f"reading the replicas of {service!r}: {exc}", transient)
-        try:
-            desired = desired_replicas(record.params, current)
-        except (ScaleError, TypeError, ValueError) as exc:
-            return ActionOutcome(OutcomeStatus.FAILED, {"current": current}, f"scale of {service!r}: {exc}", False)
-        if desired == current and not limits:
-            return ActionOutcome(OutcomeStatus.SKIPPED, {"current": current, "desired": desired}, None)
-        return {"service": service, "current": current, "desired": desired, **({"limits": limits} if limits else {})}
 
     def _call(self, record: ActionRecord, signal: ActionAbort) -> ActionOutcome:
         """One attempt: the port of the action's type, with the typed action's fields as its arguments (and the

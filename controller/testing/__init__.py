@@ -21,7 +21,7 @@ from typing import Any
 
 from controller.core.actions import ActionRequest, ActionType
 from controller.core.attribution import ChangeFeed, Rollout
-from controller.core.engine import PolicyState
+from controller.core.engine import ConditionState, Phase, PolicyState
 from controller.core.handover import ActionTimes
 from controller.core.model import Decision, DecisionKind, SignalResult, decision_id, target_key
 from controller.core.policy import Policy
@@ -137,7 +137,7 @@ class FakeRollback(_Recorder):
                 return ActionOutcome(OutcomeStatus.SUCCEEDED, {**detail, "already_done": True})
             if current != source:
                 reason = f"changed by someone else since the plan: revision {current}"
-                return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": reason})
+                return ActionOutcome(OutcomeStatus.WORLD_CHANGED, {**detail, "reason": reason}, reason)
             self.active_revision[service] = target
             return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
 
@@ -286,6 +286,18 @@ class FakeNotifier(_Recorder):
             return ActionOutcome(OutcomeStatus.SUCCEEDED, {"receiver": receiver, "replayed": False})
 
         return self._handle("notify", {"receiver": receiver}, idempotency_key, act)
+
+
+def condition_state(decision: Decision, phase: str = "firing") -> PolicyState:
+    """The engine state an evaluation commits while `decision`'s condition is `phase` for its target ("firing":
+    with the decision's id, as right after it fired or while it keeps firing; "ok": recovered)."""
+    state = ConditionState(
+        phase=Phase(phase),
+        onset=decision.onset if phase == "firing" else None,
+        decision_id=decision.id if phase == "firing" else None,
+        fired_at=decision.fired_at if phase == "firing" else None,
+    )
+    return PolicyState(conditions={(decision.condition, decision.target): state})
 
 
 def make_decision(

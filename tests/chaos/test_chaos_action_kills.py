@@ -31,7 +31,7 @@ from controller.core.engine import PolicyState
 from controller.core.model import Decision
 from controller.kit.http import RetryPolicy
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.testing import make_decision
+from controller.testing import condition_state, make_decision
 from tests.chaos.kills import (
     Chaos,
     CrashingClock,
@@ -48,6 +48,11 @@ GOOD, BAD = "1f0e9d8c7b6a", "aa11bb22cc33"
 TOKEN = "argocd-test-token"
 SEEDS = range(8)  # per action kind; each episode dies 1..3 times
 KILLS: dict[str, int] = {}  # kind -> kills, summed over the episodes (printed by the last test)
+
+
+def no_deadline(_policy: str) -> float:
+    """The processes of an episode start 1000 s apart (restarts); their actions' deadlines are not tested here."""
+    return 1e9
 
 
 # ----- Argo CD ---------------------------------------------------------------------------------------------
@@ -75,7 +80,10 @@ def argocd_process(fake: FakeArgoCD, tmp: Path, chaos: Chaos, start: float) -> t
         record=BadRevisionRecord(tmp / "state" / "argocd-bad-revisions.json"),
     )
     journal = Journal(tmp / "journal.db")
-    return Dispatcher(journal, Actuators(rollback=rollback), clock, GlobalLimits(), crash_hook=chaos.hook), journal
+    dispatcher = Dispatcher(
+        journal, Actuators(rollback=rollback), clock, GlobalLimits(), crash_hook=chaos.hook, deadline_for=no_deadline
+    )
+    return dispatcher, journal
 
 
 def run_processes(
@@ -93,6 +101,9 @@ def run_processes(
                 dispatcher.dispatch(decision)
             else:
                 dispatcher.resume()
+                # The next evaluation finds the condition still firing: an action whose plan a crash lost is
+                # planned from the world now (issue 23: never by the resume itself).
+                dispatcher.retry_deferred(decision.policy, condition_state(decision))
         except SimulatedCrash:
             kills += 1
             where.append(str(chaos.died_at))
@@ -240,7 +251,7 @@ def test_a_resume_never_overwrites_a_revision_someone_else_deployed(argocd: Fake
     resumed, journal = argocd_process(argocd, tmp_path, Chaos(None), T0 + 60)
     [record] = resumed.resume()
     journal.close()
-    assert record.status is ActionStatus.SKIPPED, record
+    assert record.status is ActionStatus.WORLD_CHANGED, record
     assert "changed by someone else" in (record.error or "")
     assert rollback_posts(argocd) == []
     assert argocd.app("chat")["status"]["sync"]["revision"] == "c0ffee"
@@ -280,7 +291,8 @@ def kube_process(fake: FakeKubernetes, tmp: Path, chaos: Chaos, start: float) ->
     )
     journal = Journal(tmp / "journal.db")
     actuators = Actuators(scale=scaler, router=router)
-    return Dispatcher(journal, actuators, clock, GlobalLimits(), crash_hook=chaos.hook), journal
+    dispatcher = Dispatcher(journal, actuators, clock, GlobalLimits(), crash_hook=chaos.hook, deadline_for=no_deadline)
+    return dispatcher, journal
 
 
 def hpa_writes(fake: FakeKubernetes) -> list[dict[str, Any]]:

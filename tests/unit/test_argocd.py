@@ -204,11 +204,17 @@ def test_500_on_post_then_success_rolls_back_once(fake: FakeArgoCD) -> None:
 
 
 def test_a_rollback_is_posted_at_most_once_per_dispatcher_attempt(fake: FakeArgoCD, tmp_path: Path) -> None:
-    # The client's read retries (retries=3) never multiply the dispatcher's attempts for the POST.
+    # The client's read retries (retries=3) never multiply the dispatcher's attempts for the POST. (A deadline of
+    # 0.5 s: past the 2 attempts, the next backoff would end after it.)
     fake.fail_next(500, 10, method="POST")
     with Journal(tmp_path / "journal.db") as journal:
         dispatcher = Dispatcher(
-            journal, Actuators(rollback=deployer(fake)), ManualClock(T0), GlobalLimits(), attempts=2
+            journal,
+            Actuators(rollback=deployer(fake)),
+            ManualClock(T0),
+            GlobalLimits(),
+            attempts=2,
+            deadline_for=lambda _policy: 0.5,
         )
         [record] = dispatcher.dispatch(make_decision([("rollback", {"service": "web"})]))
     assert record.status.value == "failed" and record.attempts == 2

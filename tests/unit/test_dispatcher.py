@@ -13,12 +13,14 @@ from controller.core.engine import PolicyState
 from controller.core.model import Decision
 from controller.core.ports import ActionOutcome
 from controller.kit.clock import ManualClock
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits, ScaleError, desired_replicas
+from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from controller.loop.preconditions import ScaleError, desired_replicas
 from controller.testing import (
     FakeAnnotator,
     FakeDeployer,
     FakeNotifier,
     FakeRouter,
+    condition_state,
     make_decision,
     permanent_failure,
     transient_failure,
@@ -161,13 +163,27 @@ def test_transient_failures_are_retried_with_backoff_through_the_clock(rig: Rig)
     assert len(rig.deployer.calls) == 3
 
 
-def test_transient_failures_stop_after_the_bound(rig: Rig) -> None:
+def test_transient_failures_stop_at_the_deadline(rig: Rig) -> None:
+    """A change is tried again while its deadline lasts (5 s here: attempts at 0, 1 and 3 s; the next, at 7 s, would
+    be past it), each failed attempt journaled as an event (issue 24, item 5)."""
     rig.deployer.script(*(transient_failure("HTTP 503") for _ in range(5)))
-    records = rig.dispatcher(attempts=3, backoff=1.0).dispatch(make_decision([ROLLBACK]))
+    dispatcher = rig.dispatcher(attempts=3, backoff=1.0, deadline_for=lambda _policy: 5.0)
+    records = dispatcher.dispatch(make_decision([ROLLBACK]))
     assert records[0].status is ActionStatus.FAILED and records[0].attempts == 3
     assert records[0].error == "HTTP 503"
     assert records[0].result is not None and records[0].result["transient"] is True
     assert len(rig.deployer.calls) == 3
+    attempts = [e["detail"] for e in rig.journal.action_events(records[0].idempotency_key) if e["event"] == "attempt"]
+    assert attempts == [f"attempt {n} failed: HTTP 503" for n in (1, 2, 3)]
+
+
+def test_transient_failures_are_retried_past_the_attempts_within_the_deadline(rig: Rig) -> None:
+    rig.deployer.script(*(transient_failure("HTTP 503") for _ in range(5)))
+    records = rig.dispatcher(attempts=3, backoff=1.0, deadline_for=lambda _policy: 60.0).dispatch(
+        make_decision([ROLLBACK])
+    )
+    assert records[0].status is ActionStatus.SUCCEEDED and records[0].attempts == 6
+    assert len(rig.deployer.calls) == 6
 
 
 def test_permanent_failure_is_not_retried(rig: Rig) -> None:
@@ -227,12 +243,19 @@ def test_resume_of_a_started_rollback_replays_the_same_key(rig: Rig) -> None:
     assert len(rig.deployer.performed("rollback")) == 1 and rig.deployer.active_revision["chat"] == 2
 
 
-def test_resume_runs_planned_actions_left_by_a_crash_before_dispatch(rig: Rig) -> None:
+def test_a_crash_before_the_plan_waits_for_an_evaluation_then_plans_from_its_world(rig: Rig) -> None:
+    """Issue 23 (3): a rollback whose decision was committed but never planned (the process died in between) is
+    not planned from the world at restart: it waits, deferred, until an evaluation finds its condition still
+    firing, and is planned and run then."""
     decision = make_decision([ROLLBACK])
     rig.commit(decision)
     rig.reopen()
-    [record] = rig.dispatcher().resume()
+    [waiting] = rig.dispatcher().resume()
+    assert waiting.status is ActionStatus.DEFERRED and waiting.plan is None and rig.deployer.calls == []
+    assert "waits for a plan" in (waiting.error or "")
+    [record] = rig.dispatcher().retry_deferred(decision.policy, condition_state(decision))
     assert record.status is ActionStatus.SUCCEEDED and record.attempts == 1
+    assert record.plan is not None and record.plan["decided_at"] == rig.clock.now()
     assert rig.dispatcher().resume() == []
 
 
@@ -390,6 +413,8 @@ def test_scale_reads_current_count_and_sets_the_desired_one(rig: Rig) -> None:
         "before": {"replicas": 2},
         "episode": rig.clock.now(),
         "target": {"replicas": 5},  # issue 16: what a resume checks the world against
+        "decided_at": rig.clock.now(),  # issue 23: planned by the decision, and until when it may run
+        "deadline": rig.clock.now() + 300.0,
     }
     assert record.result is not None and record.result["after"] == {"scale": {"replicas": 5}}
     assert rig.deployer.replica_counts["chat"] == 5
@@ -415,13 +440,20 @@ def test_scale_resume_uses_the_journaled_plan(rig: Rig) -> None:
     assert record.result is not None and record.result["detail"]["already_done"] is True
 
 
-def test_scale_with_unreadable_replicas_retries_then_fails(rig: Rig) -> None:
+def test_scale_with_unreadable_replicas_waits_for_the_next_evaluation(rig: Rig) -> None:
+    """Its decision cannot see the world: the scale is not planned later by the worker, it waits (deferred) for an
+    evaluation that plans it from what it sees."""
     rig.deployer.replicas_error = TierError("GET /api/v1/services/chat: timed out", transient=True)
-    [record] = rig.dispatcher(attempts=2).dispatch(
-        make_decision([("scale", {"service": "chat", "delta": 1, "max": 8})])
+    decision = make_decision([("scale", {"service": "chat", "delta": 1, "max": 8})])
+    [record] = rig.dispatcher(attempts=2).dispatch(decision)
+    assert record.status is ActionStatus.DEFERRED and record.attempts == 0
+    assert record.error == (
+        "not planned (reading the replicas of 'chat': GET /api/v1/services/chat: timed out); waits for a plan "
+        "from the world an evaluation of its policy sees"
     )
-    assert record.status is ActionStatus.FAILED and record.attempts == 0
-    assert record.error == "reading the replicas of 'chat': GET /api/v1/services/chat: timed out"
+    rig.deployer.replicas_error = None
+    [done] = rig.dispatcher().retry_deferred(decision.policy, condition_state(decision))
+    assert done.status is ActionStatus.SUCCEEDED and done.plan is not None and done.plan["desired"] == 3
 
 
 def test_scale_with_bad_params_fails_clearly(rig: Rig) -> None:
@@ -488,3 +520,20 @@ def test_a_slow_change_on_one_service_does_not_hold_up_another(tmp_path: Path) -
     finally:
         release.set()
         rig.journal.close()
+
+
+def test_a_scale_whose_floor_a_human_changed_after_the_decision_is_not_written(rig: Rig) -> None:
+    """Issue 23 (3): planned by the decision (2 -> 4 replicas), the process dies before the write; an engineer sets
+    6 replicas by hand; the resume reads the count right before writing: `world-changed`, nothing written."""
+    decision = make_decision([("scale", {"service": "chat", "delta": 2, "max": 8})])
+    rig.commit(decision)
+    with pytest.raises(SimulatedCrash):
+        rig.dispatcher(crash_at="after-plan", crash_type="scale").dispatch(decision)
+    rig.deployer.replica_counts["chat"] = 6
+    rig.reopen()
+    [record] = rig.dispatcher().resume()
+    assert record.status is ActionStatus.WORLD_CHANGED, record
+    assert rig.deployer.replica_counts["chat"] == 6 and rig.deployer.performed("set_replicas") == []
+    assert record.plan is not None and (record.plan["before"], record.plan["target"]) == ({"replicas": 2},
+                                                                                          {"replicas": 4})  # fmt: skip
+    assert "changed since the decision" in (record.error or "")

@@ -14,7 +14,7 @@ from controller.core.engine import PolicyState
 from controller.core.model import Decision
 from controller.kit.clock import ManualClock
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.testing import FakeAnnotator, FakeDeployer, FakeNotifier, FakeRouter, make_decision
+from controller.testing import FakeAnnotator, FakeDeployer, FakeNotifier, FakeRouter, condition_state, make_decision
 
 OURS, THEIRS = "queue-ours", "queue-theirs"
 
@@ -38,13 +38,18 @@ def test_resume_runs_only_the_actions_of_led_shards_and_the_rest_later(journal: 
         journal.commit_evaluation(decision.policy, PolicyState(), [decision], clock.now())
     leading = {OURS}
     dispatcher = Dispatcher(journal, actuators, clock, GlobalLimits(), may_act_for=lambda policy: policy in leading)
-    [record] = dispatcher.resume()
+    # Never planned by its decision: each waits for an evaluation of a led policy to plan it (issue 23).
+    [waiting] = dispatcher.resume()
+    assert (waiting.policy, waiting.status) == (OURS, ActionStatus.DEFERRED)
+    [record] = dispatcher.retry_deferred(OURS, condition_state(ours))
     assert (record.policy, record.status) == (OURS, ActionStatus.SUCCEEDED)
     assert [c.idempotency_key for c in deployer.calls] == [ours.actions[0].idempotency_key]
     [pending] = journal.pending_actions()
     assert (pending.policy, pending.status) == (THEIRS, ActionStatus.PLANNED)
     leading.add(THEIRS)  # this replica takes that shard over later
-    [later] = dispatcher.resume()
+    [waiting] = dispatcher.resume()
+    assert (waiting.policy, waiting.status) == (THEIRS, ActionStatus.DEFERRED)
+    [later] = dispatcher.retry_deferred(THEIRS, condition_state(theirs))
     assert (later.policy, later.status, later.attempts) == (THEIRS, ActionStatus.SUCCEEDED, 1)
     assert len(deployer.performed("rollback")) == 2 and journal.pending_actions() == []
 

@@ -12,7 +12,9 @@ from controller.core.handover import (
     ActionTimes,
     HandoverError,
     decode_action_times,
+    decode_pending,
     encode_action_times,
+    encode_pending,
     merge_action_times,
 )
 from controller.core.model import target_key
@@ -62,3 +64,29 @@ def test_merging_counts_one_action_once_whichever_way_it_came() -> None:
     assert merged == {"p": {CHAT: (1000.0001, 1200.0, 1500.0), CODE: (900.0,)}, "q": {CHAT: (10.0,)}}
     state = with_action_times(PolicyState(actions_at={CHAT: (1000.0001,)}), handed_over["p"])
     assert state.actions_at == {CHAT: (1000.0001, 1200.0), CODE: (900.0,)}
+
+
+# ----- unfinished actions (issue 23, item 5) ----------------------------------------------------------------
+
+
+def test_pending_actions_round_trip_and_stay_within_their_bound() -> None:
+    entries = [{"action": {"idempotency_key": f"d{i}:fire:0", "pad": "x" * 400}, "decision": {"id": f"d{i}"}}
+               for i in range(10)]  # fmt: skip
+    text, dropped = encode_pending(entries)
+    assert dropped == 0 and decode_pending(text) == entries
+    small, dropped = encode_pending(entries, max_bytes=1500)
+    assert len(small) <= 1500 and dropped == 7
+    assert [e["decision"]["id"] for e in decode_pending(small)] == ["d0", "d1", "d2"]  # the newest (first) kept
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("{", "not JSON"),
+        ('{"v": 2, "actions": []}', "version 2"),
+        ('{"v": 1, "actions": [{"action": {}}]}', "decision"),
+    ],
+)
+def test_unreadable_pending_actions_are_a_handover_error(text: str, reason: str) -> None:
+    with pytest.raises(HandoverError, match=reason):
+        decode_pending(text)

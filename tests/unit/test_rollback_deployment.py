@@ -144,10 +144,10 @@ def test_resume_acts_on_the_journaled_plan_and_the_world_decides(fake: FakeKuber
     again = _rollback(fake, clock, RollbackRecord(path)).rollback("chat", idempotency_key="k", plan=plan)
     assert again.status is OutcomeStatus.SUCCEEDED and again.detail["already_done"] is True
     assert len(fake.calls("patch", "deployments")) == 1
-    # Someone rolled out something else since the plan: skipped, nothing written, never a new target.
+    # Someone rolled out something else since the plan: world-changed, nothing written, never a new target.
     _roll_out(fake, "vllm:0.33", at=1767240000.0, cause="0.33")
     other = _rollback(fake, clock, RollbackRecord(path)).rollback("chat", idempotency_key="k2", plan=plan)
-    assert other.status is OutcomeStatus.SKIPPED and "someone else" in other.detail["reason"]
+    assert other.status is OutcomeStatus.WORLD_CHANGED and "someone else" in other.detail["reason"]
     assert len(fake.calls("patch", "deployments")) == 1 and _image(fake) == "vllm:0.33"
 
 

@@ -20,6 +20,11 @@ new leader's cooldowns and budgets count what the old one did. `publish()` renew
 can publish a new action's time before it acts. Rounds are serialised (the background loop and `publish`
 would otherwise race each other into a 409).
 
+Failover adopts: with `attach_pending` (controller/loop/adoption.py) every write also carries the leader's
+unfinished mutating actions (with their plans and deadlines) in `tailguard.io/pending-actions`, and whoever
+acquires the Lease adopts them into its journal before its first write: a successor continues an action its
+predecessor decided but did not finish, after the action's precondition check, instead of only counting its time.
+
 One view across replicas: with `advertise(url)` every write also carries this replica's API URL in the Lease
 annotation `tailguard.io/api-url`, and every round records the URL the current holder published
 (`leader_api_url()`), so a standby can forward reads and alerts to the leader (controller/app/forwarding.py). The
@@ -43,11 +48,14 @@ from controller.adapters.scale.hpa import KubeError, kube_call
 from controller.core.controls import CONTROLS_ANNOTATION, Controls, ControlsError
 from controller.core.handover import (
     HANDOVER_ANNOTATION,
+    PENDING_ANNOTATION,
     HandoverError,
     decode_action_times,
+    decode_pending,
     encode_action_times,
+    encode_pending,
 )
-from controller.core.ports import Clock, ControlsHandoverPort, HandoverPort
+from controller.core.ports import Clock, ControlsHandoverPort, HandoverPort, PendingHandoverPort
 from controller.kit.http import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -99,6 +107,7 @@ class LeaderElector:
         self._lock = threading.Lock()
         self._round = threading.Lock()  # one acquire/renew round at a time (background loop and publish)
         self._handover: HandoverPort | None = None
+        self._pending: PendingHandoverPort | None = None
         self._advertised_url: str | None = None  # ours, written with every Lease write
         self._holder_url: str | None = None  # the current (other) holder's, read each round
         self._holder_identity: str | None = None  # who published it
@@ -145,6 +154,11 @@ class LeaderElector:
     def attach_handover(self, handover: HandoverPort) -> None:
         """Publish `handover`'s action times with every write, and hand it the previous holder's on acquiring."""
         self._handover = handover
+
+    def attach_pending(self, pending: PendingHandoverPort) -> None:
+        """Publish `pending`'s unfinished actions with every write (`tailguard.io/pending-actions`), and hand it the
+        previous holder's on acquiring: the successor continues them (controller/loop/adoption.py)."""
+        self._pending = pending
 
     def publish(self) -> bool:
         """Renew now (writing the current action times); returns whether we still lead."""
@@ -231,6 +245,8 @@ class LeaderElector:
         to the union. On every write, not only on acquiring: a leader restarted in its container renews
         before it has loaded its journal, and must not overwrite its own published times with nothing."""
         lease.metadata = lease.metadata or k8s.V1ObjectMeta()
+        if acquiring:
+            self._adopt(lease)
         if self._handover is None:
             lease.metadata.annotations = self._annotations(lease.metadata.annotations)
             return
@@ -259,6 +275,21 @@ class LeaderElector:
                             "journal", self.namespace, self.name, CONTROLS_ANNOTATION, unreadable)  # fmt: skip
         lease.metadata.annotations = self._annotations(lease.metadata.annotations)
 
+    def _adopt(self, lease: k8s.V1Lease) -> None:
+        """On acquiring: the previous holder's unfinished actions to our journal (controller/loop/adoption.py)."""
+        pending_text = ((lease.metadata.annotations if lease.metadata else None) or {}).get(PENDING_ANNOTATION)
+        if not pending_text or self._pending is None:
+            return
+        try:
+            adopted = self._pending.adopt_pending(decode_pending(pending_text))
+        except HandoverError as unreadable:
+            log.warning("lease %s/%s: annotation %s is unreadable (%s): the previous leader's unfinished actions "
+                        "are not adopted", self.namespace, self.name, PENDING_ANNOTATION, unreadable)  # fmt: skip
+            return
+        if adopted:
+            log.warning("lease %s/%s: adopted %d unfinished action(s) of the previous leader", self.namespace,
+                        self.name, adopted)  # fmt: skip
+
     def _set_holder_url(self, holder: str | None, url: str | None) -> None:
         with self._lock:
             self._holder_identity = holder or None
@@ -267,6 +298,12 @@ class LeaderElector:
     def _annotations(self, current: dict[str, str] | None) -> dict[str, str] | None:
         if self._advertised_url is not None:
             current = {**(current or {}), API_URL_ANNOTATION: self._advertised_url}
+        if self._pending is not None:
+            pending, left_out = encode_pending(self._pending.pending_snapshot())
+            if left_out:
+                log.warning("lease %s/%s: %d unfinished action(s) left out of %s (size limit)",
+                            self.namespace, self.name, left_out, PENDING_ANNOTATION)  # fmt: skip
+            current = {**(current or {}), PENDING_ANNOTATION: pending}
         if self._handover is None:
             return current
         text, dropped = encode_action_times(self._handover.handover_snapshot())

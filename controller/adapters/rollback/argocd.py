@@ -33,6 +33,7 @@ is the good one by then: the bug of 894c662's probe, which rolled back to the ba
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
@@ -354,7 +355,7 @@ class ArgoCDRollback:
                 f"rollback of {name!r}: no earlier good revision before {bad} in its history "
                 f"(bad: {', '.join(sorted(self.record.bad(name) | {bad}))})",
             )
-        return {
+        plan: dict[str, Any] = {
             "service": service,
             "application": name,
             "from_revision": current,
@@ -362,6 +363,10 @@ class ArgoCDRollback:
             "to_revision": target.revision,
             "history_id": target.id,
         }
+        since = next((_epoch(e.deployed_at) for e in reversed(history) if e.revision == current), None)
+        if since is not None:
+            plan["from_deployed_at"] = since  # when what runs now was deployed (a rollout since a decision: its world)
+        return plan
 
     def rollback(
         self,
@@ -372,9 +377,9 @@ class ArgoCDRollback:
         plan: Mapping[str, Any] | None = None,
         abort: AbortSignal | None = None,
     ) -> ActionOutcome:
-        """Make the planned rollback (None: plan it now): done when the app already runs `to_revision`, skipped
-        when it runs neither the plan's `from_revision` nor `to_revision` (someone else changed it). On `abort`:
-        nothing sent when it came before the POST, else the wait stops at its next poll."""
+        """Make the planned rollback (None: plan it now): done when the app already runs `to_revision`,
+        world-changed when it runs neither the plan's `from_revision` nor `to_revision` (someone else changed
+        it). On `abort`: nothing sent when it came before the POST, else the wait stops at its next poll."""
         app_settings = self.apps.get(service)
         if app_settings is None:
             known = ", ".join(sorted(self.apps)) or "none"
@@ -427,7 +432,7 @@ class ArgoCDRollback:
                 f"the plan was {source} -> {target.revision}; not rolled back"
             )
             log.warning("Argo CD application %s: %s", name, detail["reason"])
-            return ActionOutcome(OutcomeStatus.SKIPPED, detail, detail["reason"])
+            return ActionOutcome(OutcomeStatus.WORLD_CHANGED, detail, detail["reason"])
         if running is None:
             stopped = abort.requested() if abort is not None else None
             if stopped is not None:
@@ -635,6 +640,15 @@ class ArgoCDRollback:
         self.record.record(name, bad, idempotency_key, detail, self.clock.now())
         log.info("Argo CD application %s rolled back from %s to %s", name, bad, detail.get("to_revision"))
         return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
+
+
+def _epoch(rfc3339: str | None) -> float | None:
+    if not rfc3339:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(rfc3339).timestamp()
+    except ValueError:
+        return None
 
 
 def pick_target(history: Sequence[HistoryEntry], bad: str, known_bad: set[str]) -> HistoryEntry | None:

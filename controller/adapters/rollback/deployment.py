@@ -13,7 +13,8 @@ rollback(service, rollout_revision) is what `kubectl rollout undo deployment/<na
   annotations; tailguard adds `kubernetes.io/change-cause` (what it did and why), `tailguard.io/rolled-back-at`
   (the deployment controller copies it onto the ReplicaSet it revives, so the change tracker dates the rollback)
   and the idempotency key (`tailguard.io/action-keys`). A `test` of the resourceVersion guards the patch: if the
-  Deployment changed in between, nothing is written (reported as a transient failure: the retry reads again).
+  Deployment changed in between, nothing is written; it is read again at once and the plan's precondition checked
+  on what it shows (up to `CONFLICT_REREADS` times; a Deployment that keeps changing is a transient failure).
   The deployment controller then bumps the revived ReplicaSet to the next revision, exactly as after kubectl.
 
 Helm. A Deployment Helm installed (`meta.helm.sh/release-name`) is detected, read only, through its release
@@ -28,8 +29,8 @@ ReplicaSet still holds: FAILED, nothing written.
 Plan, then act. `plan_rollback` names the rollback (the Deployment, from/bad/to revision and their pod template
 hashes); the dispatcher journals it before `rollback(plan=...)` acts, and a resume acts on the same plan: the
 Deployment already running the target's template is done (`already_done`), one running neither the plan's
-from-template nor its target was changed by someone else (SKIPPED, nothing written). The bad template is written to
-the record file before the patch. All failures come back as an `ActionOutcome`.
+from-template nor its target was changed by someone else (WORLD_CHANGED, nothing written). The bad template is
+written to the record file before the patch. All failures come back as an `ActionOutcome`.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ HELM_RELEASE = "meta.helm.sh/release-name"
 # (controller/adapters/changes/tracker.py, which cannot import this module: adapters import no sibling in a circle)
 # dates the rollback by it.
 ROLLED_BACK_AT = "tailguard.io/rolled-back-at"
+# A patch refused with 409 (its resourceVersion test failed) is read again and re-checked this many times in one
+# attempt; a Deployment that keeps changing is then a transient failure (the dispatcher backs off and tries again).
+CONFLICT_REREADS = 5
 # The annotations kubectl's undo keeps from the Deployment instead of taking them from the ReplicaSet.
 ANNOTATIONS_TO_SKIP = frozenset(
     {
@@ -131,6 +135,8 @@ class Revision:
     template: dict[str, Any]
     annotations: dict[str, str]
     name: str
+    # When it began to run: its creation, or a rollback that revived it (tailguard's `rolled-back-at`), if later.
+    since: float | None = None
 
 
 def template_without_hash(template: Mapping[str, Any]) -> dict[str, Any]:
@@ -248,7 +254,8 @@ class DeploymentRollback:
             labels = (template.get("metadata") or {}).get("labels") or {}
             if number.isdigit():
                 hash_ = str(labels.get(HASH_LABEL) or (meta.get("labels") or {}).get(HASH_LABEL) or meta.get("name"))
-                revisions.append(Revision(int(number), hash_, template, annotations, str(meta.get("name"))))
+                since = _latest(meta.get("creationTimestamp"), annotations.get(ROLLED_BACK_AT))
+                revisions.append(Revision(int(number), hash_, template, annotations, str(meta.get("name")), since))
         return sorted(revisions, key=lambda r: r.number)
 
     def _helm_templates(self, ref: DeploymentRef, release: str) -> list[tuple[int, str, dict[str, Any]]] | KubeError:
@@ -313,7 +320,7 @@ class DeploymentRollback:
         abort: AbortSignal | None = None,
     ) -> ActionOutcome:
         """Make the planned rollback (None: plan it now): done when the Deployment already runs the target's
-        template, skipped (nothing written) when it runs neither the plan's `from_revision` nor its target."""
+        template, world-changed (nothing written) when it runs neither the plan's `from_revision` nor its target."""
         ref = self.target(service)
         where = f"Deployment {ref.namespace}/{ref.name}"
         deployment = self._deployment(ref)
@@ -327,9 +334,29 @@ class DeploymentRollback:
             if isinstance(planned, ActionOutcome):
                 return planned
             plan = planned
-            deployment = self._deployment(ref)  # read again: the plan's reads came after the first one
-            if isinstance(deployment, KubeError):
-                return deployment.outcome({"deployment": where})
+        conflicts: list[str] = []
+        for _ in range(CONFLICT_REREADS):
+            if conflicts:
+                # A 409 (the resourceVersion test failed: the Deployment changed since the read; nothing was
+                # written): read again and check the plan's precondition on what is there now.
+                deployment = self._deployment(ref)
+                if isinstance(deployment, KubeError):
+                    return deployment.outcome({"deployment": where, "conflicts": conflicts})
+            outcome = self._checked_patch(ref, where, deployment, plan, idempotency_key)
+            if not isinstance(outcome, KubeError):
+                return outcome if not conflicts else _with(outcome, conflicts=conflicts)
+            conflicts.append(outcome.message)
+            log.info("%s: conflict %d while rolling back (%s); reading it again", where, len(conflicts), outcome)
+        error = f"{where} kept changing while tailguard rolled it back ({len(conflicts)} conflicts); nothing written"
+        return ActionOutcome(OutcomeStatus.FAILED, {"deployment": where, **plan, "conflicts": conflicts}, error, True)
+
+    def _checked_patch(
+        self, ref: DeploymentRef, where: str, deployment: Mapping[str, Any], plan: Mapping[str, Any], key: str
+    ) -> ActionOutcome | KubeError:
+        """The plan's precondition on `deployment` as read (it runs the plan's from-template), then the patch that
+        tests its resourceVersion; a KubeError only for a conflict (nothing written: read again)."""
+        if key in recorded_keys((deployment.get("metadata") or {}).get("annotations")):
+            return ActionOutcome(OutcomeStatus.SUCCEEDED, {"deployment": where, "replayed": True})
         if (deployment.get("spec") or {}).get("paused"):
             return ActionOutcome(
                 OutcomeStatus.FAILED, {"deployment": where}, f"{where}: you cannot rollback a paused deployment", False
@@ -344,13 +371,14 @@ class DeploymentRollback:
             return ActionOutcome(OutcomeStatus.SUCCEEDED, {**detail, "already_done": True, "replayed": False})
         if running is None or running.hash != plan["from_hash"]:
             reason = f"{where} runs neither revision {plan['from_revision']} nor {plan['to_revision']} any more"
-            return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": f"{reason}: changed by someone else"})
+            reason += ": changed by someone else since the plan; not rolled back"
+            return ActionOutcome(OutcomeStatus.WORLD_CHANGED, {**detail, "reason": reason}, reason)
         target = next((r for r in revisions if r.hash == plan["to_hash"]), None)
         if target is None:
             error = f"{where}: the ReplicaSet of revision {plan['to_revision']} ({plan['to_hash']}) is gone"
             return ActionOutcome(OutcomeStatus.FAILED, detail, error, False)
-        self.record.record_bad(where, str(plan["bad_hash"]), plan["bad_revision"], idempotency_key, self.clock.now())
-        return self._patch(ref, where, deployment, target, plan, idempotency_key)
+        self.record.record_bad(where, str(plan["bad_hash"]), plan["bad_revision"], key, self.clock.now())
+        return self._patch(ref, where, deployment, target, plan, key)
 
     def _plan(
         self,
@@ -381,6 +409,8 @@ class DeploymentRollback:
             "bad_revision": bad.number,
             "bad_hash": bad.hash,
         }
+        if running.since is not None:
+            plan["from_deployed_at"] = running.since  # a rollout after a decision: not the world it saw
         release = str(((deployment.get("metadata") or {}).get("annotations") or {}).get(HELM_RELEASE) or "")
         if release and self.helm:
             helm = self._helm_templates(ref, release)
@@ -436,7 +466,7 @@ class DeploymentRollback:
         target: Revision,
         plan: Mapping[str, Any],
         key: str,
-    ) -> ActionOutcome:
+    ) -> ActionOutcome | KubeError:
         meta = deployment.get("metadata") or {}
         current = dict(meta.get("annotations") or {})
         # kubectl: the Deployment's own skipped annotations, then the target ReplicaSet's others.
@@ -471,14 +501,17 @@ class DeploymentRollback:
         )
         detail = {"deployment": where, **plan, "change_cause": annotations[CHANGE_CAUSE], "replayed": False}
         if isinstance(written, KubeError):
-            if written.status in (409, 422):
+            if written.status == 422:
+                # A failed `test` is a 422 (Invalid) when the resourceVersion moved; any other 422 is a bad patch.
                 again = self._deployment(ref)
                 version = (again.get("metadata") or {}).get("resourceVersion") if isinstance(again, dict) else None
-                if version is not None and version != meta.get("resourceVersion"):
-                    # The resourceVersion test failed: the Deployment changed since it was read; nothing was
-                    # written. Transient: the dispatcher's retry reads again and follows the journaled plan.
-                    changed = KubeError(f"{where} changed while tailguard rolled it back", written.status, True)
-                    return changed.outcome(detail)
+                if version is None or version == meta.get("resourceVersion"):
+                    return written.outcome(detail)
+            if written.status in (409, 422):
+                # The resourceVersion test failed: the Deployment changed since it was read; nothing was written.
+                # The caller reads it again and checks the plan's precondition on what it finds.
+                changed = f"{where} changed while tailguard rolled it back ({written.message})"
+                return KubeError(changed, written.status, True)
             return written.outcome(detail)
         if self.events is not None:
             self.events.record(
@@ -489,6 +522,22 @@ class DeploymentRollback:
             )
         log.info("%s rolled back from revision %s to %s", where, plan["bad_revision"], target.number)
         return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
+
+
+def _latest(*stamps: Any) -> float | None:
+    """The latest of RFC 3339 times (None when none is readable)."""
+    parsed = []
+    for stamp in stamps:
+        if isinstance(stamp, str) and stamp:
+            try:
+                parsed.append(datetime.datetime.fromisoformat(stamp).timestamp())
+            except ValueError:
+                continue
+    return max(parsed) if parsed else None
+
+
+def _with(outcome: ActionOutcome, **extra: Any) -> ActionOutcome:
+    return ActionOutcome(outcome.status, {**outcome.detail, **extra}, outcome.error, outcome.transient)
 
 
 def _running(revisions: Sequence[Revision], deployment: Mapping[str, Any]) -> Revision | None:

@@ -294,6 +294,42 @@ class Journal:
                 ),
             )
 
+    def adopt(self, action: Mapping[str, Any], decision: Mapping[str, Any], now: float) -> bool:
+        """An unfinished action of the previous leader (controller/loop/adoption.py): its decision (marked
+        `adopted_from`) and the action, `planned` with the plan its decision made (none: it waits for an evaluation
+        of this replica), with the same idempotency key. False when this journal already has that key."""
+        body = {**dict(decision), "adopted": True}
+        with self._transaction() as db:
+            if _status(db, str(action["idempotency_key"])) is not None:
+                return False
+            db.execute(
+                "INSERT OR IGNORE INTO decisions (id, kind, policy, condition, target, at, value, threshold, "
+                "evidence, reason, dry_run, body, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    str(body["id"]), str(body["kind"]), str(body["policy"]), str(body.get("condition", "")),
+                    json_column(dict(body.get("target") or {})), float(body.get("at") or now),
+                    body.get("value"), float(body.get("threshold") or 0.0), json_column(body.get("evidence") or []),
+                    str(body.get("reason", "")), int(bool(body.get("dry_run"))), json_column(body), now,
+                ),
+            )  # fmt: skip
+            seq = db.execute("SELECT COALESCE(MAX(seq), 0) FROM actions").fetchone()[0] + 1
+            plan = action.get("plan")
+            db.execute(
+                "INSERT INTO actions (idempotency_key, decision_id, decision_kind, policy, resource, type, params, "
+                "dry_run, status, attempts, plan, created_at, updated_at, seq) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, 0, ?, ?, ?, ?)",
+                (
+                    str(action["idempotency_key"]), str(action["decision_id"]), str(action["decision_kind"]),
+                    str(action["policy"]), str(action["resource"]), str(action["type"]),
+                    json_column(dict(action.get("params") or {})), ActionStatus.PLANNED.value,
+                    json_column(dict(plan)) if isinstance(plan, Mapping) else None,
+                    float(action.get("created_at") or now), now, seq,
+                ),
+            )  # fmt: skip
+            _event(db, str(action["idempotency_key"]), now, "adopted",
+                   f"from the previous leader, where it was {action.get('status')}")  # fmt: skip
+        return True
+
     # -- actions ------------------------------------------------------------------------------------------
 
     def get_action(self, idempotency_key: str) -> ActionRecord | None:
@@ -395,6 +431,25 @@ class Journal:
                 _event(db, idempotency_key, now, ActionStatus.STARTED.value, "the global limits allow it now")
             row = db.execute("SELECT * FROM actions WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
         return _record(row)
+
+    def set_plan(self, idempotency_key: str, plan: Mapping[str, Any], now: float) -> ActionRecord:
+        """Journal the plan of a planned or deferred action (made from the world its decision saw; it carries the
+        precondition and the deadline: controller/loop/preconditions.py) before the action is queued. A started or
+        finished action keeps its plan (a resume never plans again)."""
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE actions SET plan = ?, updated_at = ? WHERE idempotency_key = ? AND status IN (?, ?)",
+                (json_column(dict(plan)), now, idempotency_key, ActionStatus.PLANNED.value,
+                 ActionStatus.DEFERRED.value),
+            )  # fmt: skip
+            if cursor.rowcount != 1:
+                raise JournalError(f"journal {self.path}: action {idempotency_key!r} is not planned or deferred")
+            row = db.execute("SELECT * FROM actions WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
+        return _record(row)
+
+    def record_event(self, idempotency_key: str, now: float, event: str, detail: str | None) -> None:
+        with self._transaction() as db:
+            _event(db, idempotency_key, now, event, detail)
 
     def finish(
         self,

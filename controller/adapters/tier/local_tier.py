@@ -178,7 +178,9 @@ class LocalTierClient:
                 return ActionOutcome(OutcomeStatus.SUCCEEDED, {**detail, "already_done": True, "replayed": True})
             if active != source:
                 reason = f"changed by someone else since the plan: the tier runs r{active}; not rolled back"
-                return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "replayed": False, "reason": reason}, reason)
+                return ActionOutcome(
+                    OutcomeStatus.WORLD_CHANGED, {**detail, "replayed": False, "reason": reason}, reason
+                )
             body["to_revision"] = target
         answer = self._call("POST", self._url("services", service, "rollback"), body, idempotency_key)
         if not answer.ok:
