@@ -18,15 +18,25 @@ An operator's abort is journaled the same way: `aborted` for an action it stoppe
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Self
 
+from controller.adapters.stores.journal_file import (
+    NEW_JOURNAL_HINT,
+    creating_path,
+    discard,
+    journal_file_problem,
+    move_into_place,
+    set_aside,
+)
 from controller.adapters.stores.journal_retention import RETENTION_INDEXES, PurgeReport, purge
 from controller.adapters.stores.journal_state import STATE_SCHEMA, StateStore, StateWrite, migrate_whole_states
 from controller.core.actions import (
@@ -48,6 +58,8 @@ from controller.kit.sqlite_store import (
     make_durable,
     open_durable,
 )
+
+logger = logging.getLogger("tailguard.journal")
 
 # 2: the engine state per (policy, condition, target) (journal_state.py) instead of one whole-state row per
 # policy (`policy_state`, migrated when a version-1 file is opened); retention indexes (journal_retention.py).
@@ -155,13 +167,17 @@ def _decision_body(decision: Decision) -> dict[str, Any]:
 class Journal:
     """Thread-safe: one connection guarded by a lock (scheduler threads evaluate policies concurrently)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, new_journal: bool = False, now: float | None = None) -> None:
+        """Open the journal at `path`, creating it when no file is there. An existing file that is not a journal
+        (empty, not SQLite, another program's database) is refused (JournalError, one line), or with
+        `new_journal` set aside for a new journal (journal_file.py); `now` names the set-aside file."""
         self.path = Path(path)
         self._lock = threading.RLock()
         self._closed = False
         self._states = StateStore()
         # Rows written by the last commit_evaluation (the policy row + condition rows changed or removed).
         self.last_state_rows = 0
+        self._ensure_file(new_journal, now)
         self._db = open_durable(self.path, JournalError, "journal")
         try:
             make_durable(self._db, page_size=JOURNAL_PAGE_SIZE)
@@ -173,6 +189,38 @@ class Journal:
         except JournalError:
             self._db.close()
             raise
+
+    # -- the file (journal_file.py) ----------------------------------------------------------------------
+
+    def _ensure_file(self, new_journal: bool, now: float | None) -> None:
+        if self.path.exists():
+            problem = journal_file_problem(self.path)
+            if problem is None:
+                return
+            if not new_journal:
+                raise JournalError(f"journal {self.path} {problem}; refusing to start on it ({NEW_JOURNAL_HINT})")
+            aside = set_aside(self.path, time.time() if now is None else now)
+            logger.warning("journal %s %s: set aside as %s (--new-journal); starting a new journal", self.path,
+                           problem, aside)  # fmt: skip
+        elif Path(f"{self.path}-wal").exists():
+            raise JournalError(
+                f"journal {self.path} is missing but its write-ahead log {self.path}-wal is there; refusing to "
+                f"start on it ({NEW_JOURNAL_HINT})"
+            )
+        built = creating_path(self.path)
+        discard(built)  # what a creation killed half-way left
+        self._db = open_durable(built, JournalError, "journal")
+        try:
+            make_durable(self._db, page_size=JOURNAL_PAGE_SIZE)
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            raise JournalError(f"journal {built}: cannot create a new journal: {exc}") from exc
+        finally:
+            self._db.close()
+        try:
+            move_into_place(built, self.path)
+        except OSError as exc:
+            raise JournalError(f"journal {self.path}: cannot create a new journal: {exc}") from exc
 
     # -- schema -----------------------------------------------------------------------------------------
 
