@@ -475,6 +475,10 @@ class ShardedLeaderPort(LeaderPort, Protocol):
 
     def publish_for(self, policy: str) -> bool: ...
 
+    def shard_leadership(self) -> dict[int, bool]:
+        """Each shard's index -> whether this replica holds its Lease now (tailguard_shard_leader)."""
+        ...
+
 
 # ----- what the HTTP API needs of the controller -----------------------------------------------------------
 

@@ -56,7 +56,10 @@ def immediate_transaction(db: sqlite3.Connection, lock: threading.RLock) -> Iter
         try:
             yield db
         except BaseException:
-            db.execute("ROLLBACK")
+            # SQLite has already rolled back on some errors (SQLITE_FULL: a full disk); a second ROLLBACK would
+            # raise "no transaction is active" and hide the cause.
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
 

@@ -273,8 +273,11 @@ class Journal:
                     write: StateWrite = self._states.write(db, policy, state, now)
                     for decision in decisions:
                         self._insert_decision(db, decision, now)
-            except BaseException:
+            except sqlite3.Error as failed:  # a full disk, a read-only volume: one line, no traceback (loop/health.py)
                 self._states.rolled_back(policy)  # what it holds is read again from the file
+                raise JournalError(f"journal {self.path}: cannot write: {failed}") from failed
+            except BaseException:
+                self._states.rolled_back(policy)
                 raise
             self._states.committed(write)
             self.last_state_rows = write.rows
