@@ -88,7 +88,7 @@ from controller.core.ports import (
     OperatorPort,
 )
 from controller.kit.redact import redact_value
-from controller.loop.metrics import EXPOSITION_CONTENT_TYPE
+from controller.loop.metrics import EXPOSITION_CONTENT_TYPE, ControllerMetrics
 
 logger = logging.getLogger("tailguard.api")
 
@@ -333,11 +333,19 @@ class ControllerAPI:
         scheme, _, presented = (authorization or "").strip().partition(" ")
         if scheme.lower() != "bearer" or not presented.strip():
             logger.warning("rejected %s: no bearer token (401)", what)
+            self._rejected(what, 401)
             return 401, {"error": "authentication required: send Authorization: Bearer <token>"}
         if not hmac.compare_digest(presented.strip().encode(), self._webhook_token):
             logger.warning("rejected %s: wrong bearer token (403)", what)  # never the token itself
+            self._rejected(what, 403)
             return 403, {"error": "the bearer token is not the one configured for this webhook"}
         return None
+
+    def _rejected(self, what: str, code: int) -> None:
+        """tailguard_requests_rejected_total{endpoint, code} (the TailguardWebhookRejects alert)."""
+        metrics = getattr(self.controller, "metrics", None)
+        if isinstance(metrics, ControllerMetrics):
+            metrics.record_rejected(what.removesuffix(" request").replace(" ", "-").lower(), code)
 
     def refuse_if_standby(self, what: str = "alert") -> tuple[int, dict[str, Any], dict[str, str]] | None:
         """None on the leader (or without leader election); on a standby the 503 that makes Alertmanager retry
@@ -366,6 +374,7 @@ class ControllerAPI:
             payload = parse_alertmanager_payload(body)
         except PayloadError as bad:
             logger.warning("rejected Alertmanager webhook: %s", bad)
+            self._rejected("Alertmanager webhook", 400)
             return 400, {"error": str(bad)}
         named = alert_scopes(self.controller.policies(), (alert.labels for alert in payload.alerts))
         triggered = self.controller.trigger(sorted(named), TRIGGER_ALERT, targets=named) if named else []
