@@ -311,16 +311,33 @@ class ControllerAPI:
         return (200 if readiness.ready else 503), redact_value(readiness.to_json())
 
     def decisions(self, query: str) -> tuple[int, dict[str, Any] | list[Any]]:
-        values = parse_qs(query).get("limit", [str(DEFAULT_DECISIONS)])
+        """`?limit=N` (1..MAX_DECISIONS) newest first; `&before=SEQ` the page after a decision's `seq`. Read from the
+        journal's own read connection: a read storm never holds what an evaluation commits under."""
+        arguments = parse_qs(query)
+        values = arguments.get("limit", [str(DEFAULT_DECISIONS)])
         try:
             limit = int(values[-1])
         except ValueError:
             return 400, {"error": f"limit must be an integer between 1 and {MAX_DECISIONS}"}
         if not 1 <= limit <= MAX_DECISIONS:
             return 400, {"error": f"limit must be an integer between 1 and {MAX_DECISIONS}"}
+        before: int | None = None
+        if "before" in arguments:
+            try:
+                before = int(arguments["before"][-1])
+            except ValueError:
+                before = 0
+            if before < 1:
+                return 400, {"error": "before must be a positive integer: the `seq` of the last decision of a page"}
         # Receiver URLs and credential-bearing values are cut to scheme+host (they are in the journal cut already;
         # this also covers an older journal's rows).
-        return 200, redact_value(self.controller.recent_decisions(limit))
+        # (the one-argument call when no page is asked for: a ControllerPort written before paging still serves)
+        page = (
+            self.controller.recent_decisions(limit)
+            if before is None
+            else self.controller.recent_decisions(limit, before)
+        )
+        return 200, redact_value(page)
 
     def authorize_webhook(self, authorization: str | None) -> tuple[int, dict[str, Any]] | None:
         """None when the request may post alerts, else the refusal (401 no bearer token, 403 a wrong one)."""

@@ -267,7 +267,9 @@ TRIGGER_ALERT = "alert"
 
 
 class RecentDecisions(Protocol):
-    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]: ...
+    def recent_decisions(self, limit: int = 100, before: int | None = None) -> list[dict[str, Any]]:
+        """Newest first, at most `limit`; `before`: only decisions older than that `seq` (the next page)."""
+        ...
 
 
 class JournalPort(RecentDecisions, Protocol):
@@ -530,7 +532,7 @@ class ControllerPort(Protocol):
         """Queue evaluations of `policy_names`; `targets`: per policy, the only targets it may touch (an alert's)."""
         ...
 
-    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]: ...
+    def recent_decisions(self, limit: int = 100, before: int | None = None) -> list[dict[str, Any]]: ...
 
 
 @runtime_checkable

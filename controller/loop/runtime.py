@@ -868,11 +868,13 @@ class Controller:
             warnings = (*warnings, f"sharded: {sharded_elsewhere} policies belong to shards other replicas hold")
         return Readiness(not reasons, tuple(reasons), reload_errors, last, warnings, policy_errors)
 
-    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]:
+    def recent_decisions(self, limit: int = 100, before: int | None = None) -> list[dict[str, Any]]:
+        """The journal's read side (its own connection: a reader never holds the lock an evaluation commits
+        under)."""
         with self._lock:
             if not self._journal_open:
                 return []
-        return self._journal.recent_decisions(limit)
+        return self._journal.recent_decisions(limit, before)
 
 
 def _log_interrupted(policy_name: str) -> None:

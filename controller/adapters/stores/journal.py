@@ -57,6 +57,8 @@ from controller.kit.sqlite_store import (
     json_column,
     make_durable,
     open_durable,
+    open_reader,
+    read_snapshot,
 )
 
 logger = logging.getLogger("tailguard.journal")
@@ -189,6 +191,11 @@ class Journal:
         except JournalError:
             self._db.close()
             raise
+        # The read side (issue 24, item 6): the decisions API and the status page read through their own
+        # connection under their own lock, so a read storm never holds the lock an evaluation commits under; WAL
+        # gives each read a snapshot while the writer goes on.
+        self._read_lock = threading.Lock()
+        self._reader = open_reader(self.path, JournalError, "journal")
 
     # -- the file (journal_file.py) ----------------------------------------------------------------------
 
@@ -539,26 +546,43 @@ class Journal:
             ).fetchone()
         return json.loads(row["body"]) if row is not None else None
 
-    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]:
-        """Newest first: each decision's JSON plus `recorded_at` and its journaled `action_records`."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT body, recorded_at FROM decisions ORDER BY seq DESC LIMIT ?", (max(0, limit),)
+    def recent_decisions(self, limit: int = 100, before: int | None = None) -> list[dict[str, Any]]:
+        """Newest first: each decision's JSON plus `recorded_at`, `seq` (pass the last one as `before` for the next
+        page) and its journaled `action_records`. On the read connection, in one snapshot: three queries per page
+        (the decisions, their actions, the actions' events), never one per decision."""
+        with self._read_lock, read_snapshot(self._reader) as db:
+            rows = db.execute(
+                "SELECT seq, body, recorded_at FROM decisions WHERE seq < ? ORDER BY seq DESC LIMIT ?",
+                (before if before is not None else 2**63 - 1, max(0, limit)),
             ).fetchall()
-            out: list[dict[str, Any]] = []
+            bodies: list[dict[str, Any]] = []
             for row in rows:
                 body: dict[str, Any] = json.loads(row["body"])
                 body["recorded_at"] = row["recorded_at"]
-                actions = self._db.execute(
-                    "SELECT * FROM actions WHERE decision_id = ? AND decision_kind = ? ORDER BY seq",
-                    (body["id"], body["kind"]),
-                ).fetchall()
-                body["action_records"] = [
-                    {**_record(action).to_json(), "events": self._events(action["idempotency_key"])}
-                    for action in actions
-                ]
-                out.append(body)
-        return out
+                body["seq"] = row["seq"]
+                bodies.append(body)
+            actions = _chunked_select(
+                db, "SELECT * FROM actions WHERE decision_id IN ({}) ORDER BY seq", sorted({b["id"] for b in bodies})
+            )
+            events = _chunked_select(
+                db,
+                "SELECT idempotency_key, at, event, detail FROM action_events WHERE idempotency_key IN ({}) "
+                "ORDER BY seq",
+                [action["idempotency_key"] for action in actions],
+            )
+        events_of: dict[str, list[dict[str, Any]]] = {}
+        for event in events:
+            events_of.setdefault(event["idempotency_key"], []).append(
+                {"at": event["at"], "event": event["event"], "detail": event["detail"]}
+            )
+        actions_of: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for action in actions:
+            actions_of.setdefault((action["decision_id"], action["decision_kind"]), []).append(
+                {**_record(action).to_json(), "events": events_of.get(action["idempotency_key"], [])}
+            )
+        for body in bodies:
+            body["action_records"] = actions_of.get((body["id"], body["kind"]), [])
+        return bodies
 
     # -- operator controls (controller/core/controls.py) ---------------------------------------------------
 
@@ -595,9 +619,9 @@ class Journal:
         return [str(row["policy"]) for row in rows]
 
     def recent_controls(self, limit: int = 50) -> list[dict[str, Any]]:
-        """Newest first."""
-        with self._lock:
-            rows = self._db.execute(
+        """Newest first (on the read connection)."""
+        with self._read_lock:
+            rows = self._reader.execute(
                 "SELECT at, action, subject, by, reason FROM controls ORDER BY seq DESC LIMIT ?", (max(0, limit),)
             ).fetchall()
         return [dict(row) for row in rows]
@@ -609,7 +633,8 @@ class Journal:
         return [{"at": row["at"], "event": row["event"], "detail": row["detail"]} for row in rows]
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, self._read_lock:
+            self._reader.close()
             self._db.close()
             self._closed = True
 
@@ -623,6 +648,19 @@ class Journal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# Bound variables per IN (...) list: far below SQLite's limit (32,766), so a page of 1,000 decisions with many
+# actions each still runs in a few statements.
+_IN_CHUNK = 500
+
+
+def _chunked_select(db: sqlite3.Connection, query: str, keys: Sequence[str]) -> list[sqlite3.Row]:
+    rows: list[sqlite3.Row] = []
+    for start in range(0, len(keys), _IN_CHUNK):
+        chunk = keys[start : start + _IN_CHUNK]
+        rows.extend(db.execute(query.format(",".join("?" * len(chunk))), chunk).fetchall())
+    return rows
 
 
 def _status(db: sqlite3.Connection, idempotency_key: str) -> str | None:
