@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
 from controller.adapters.stores.journal import Journal
-from controller.app.operate import EXIT_BLIND, EXIT_DEGRADED, EXIT_OK, format_status, health_exit
+from controller.app.api import ControllerAPI
+from controller.app.operate import EXIT_BLIND, EXIT_DEGRADED, EXIT_OK, format_status, health_exit, status_main
 from controller.app.status_page import render_status_page
 from controller.core.model import SignalResult, target_key
 from controller.core.source_health import (
@@ -79,7 +80,7 @@ def rules(tmp_path: Path) -> Path:
 
 
 def test_an_unreachable_prometheus_is_blind_everywhere_and_never_a_breach(
-    rules: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    rules: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The real Prometheus adapter, pointed at a closed port: every query fails as an outage."""
     registry = CollectorRegistry()
@@ -139,6 +140,16 @@ def test_an_unreachable_prometheus_is_blind_everywhere_and_never_a_breach(
         assert "blind: lat-a, lat-b" in page
         assert format_status(document).startswith("BLIND since 14:02:00Z: Prometheus unreachable (2 policies")
         assert health_exit(document) == EXIT_BLIND
+        # `tailguard status --url` against the running API: the same lines first, exit code 4.
+        api = ControllerAPI(controller, "127.0.0.1", 0, webhook_token="t0ken")
+        api.start()
+        try:
+            (tmp_path / "token").write_text("t0ken")
+            capsys.readouterr()
+            assert status_main(["--url", api.url, "--token-file", str(tmp_path / "token")]) == EXIT_BLIND
+            assert capsys.readouterr().out.startswith("BLIND since 14:02:00Z: Prometheus unreachable (2 policies")
+        finally:
+            api.stop()
     finally:
         controller.stop()
         source.close()
