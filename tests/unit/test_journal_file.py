@@ -53,6 +53,13 @@ def test_a_file_that_is_not_a_journal_is_refused_in_one_line_and_left_as_it_was(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tailguard.db"]
 
 
+def test_a_directory_is_refused_even_with_new_journal(tmp_path: Path) -> None:
+    (tmp_path / "tailguard.db").mkdir()
+    with pytest.raises(JournalError, match=r"tailguard\.db is a directory; the journal path names a file"):
+        Journal(tmp_path / "tailguard.db", new_journal=True, now=NOW)
+    assert (tmp_path / "tailguard.db").is_dir()
+
+
 def test_new_journal_sets_the_file_aside_and_starts_a_new_journal(tmp_path: Path) -> None:
     path = tmp_path / "tailguard.db"
     _foreign(path)

@@ -200,6 +200,8 @@ class Journal:
     # -- the file (journal_file.py) ----------------------------------------------------------------------
 
     def _ensure_file(self, new_journal: bool, now: float | None) -> None:
+        if self.path.is_dir():
+            raise JournalError(f"journal {self.path} is a directory; the journal path names a file")
         if self.path.exists():
             problem = journal_file_problem(self.path)
             if problem is None:
