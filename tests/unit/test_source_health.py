@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -28,7 +29,7 @@ from controller.core.source_health import (
 from controller.kit.clock import ManualClock, SystemClock
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
-from controller.testing import FakeDispatcher
+from controller.testing import FakeDispatcher, FakeLeader
 from tests.unit.test_runtime import policy_yaml
 
 T0 = 1_767_362_520.0  # 2026-01-02 14:02:00Z
@@ -207,3 +208,51 @@ class _Scripted:
 
     def range(self, *args: object) -> object:
         raise AssertionError("no range queries here")
+
+
+class _ShardedLeader(FakeLeader):
+    """A ShardedLeaderPort holding shard 0 of 2 (the policies of shard 1 belong to another replica)."""
+
+    def __init__(self) -> None:
+        super().__init__(leading=True)
+        self.held = {0: True, 1: False}
+
+    def leads(self, policy: str) -> bool:
+        return True
+
+    def publish_for(self, policy: str) -> bool:
+        return True
+
+    def shard_leadership(self) -> dict[int, bool]:
+        return dict(self.held)
+
+
+@pytest.mark.parametrize("leader", [FakeLeader(leading=False), _ShardedLeader()], ids=["standby", "sharded"])
+def test_leader_and_shard_gauges_follow_the_elector(rules: Path, tmp_path: Path, leader: FakeLeader) -> None:
+    registry = CollectorRegistry()
+    controller = Controller(
+        policy_paths=[rules], source=_Scripted(lambda *_: SignalResult({})), journal=Journal(tmp_path / "j.db"),
+        dispatcher=FakeDispatcher(), clock=ManualClock(T0), metrics=ControllerMetrics(registry), schedule=False,
+        leader=leader,
+    )  # fmt: skip
+    value = registry.get_sample_value
+    try:
+        _check_gauges(leader, value)
+    finally:
+        controller.stop()
+
+
+def _check_gauges(leader: FakeLeader, value: Any) -> None:
+    if isinstance(leader, _ShardedLeader):
+        assert value("tailguard_leader") == 1
+        assert (value("tailguard_shard_leader", {"shard": "0"}), value("tailguard_shard_leader", {"shard": "1"})) == (
+            1,
+            0,
+        )
+        leader.held = {0: False, 1: True}  # read at each scrape
+        assert value("tailguard_shard_leader", {"shard": "1"}) == 1
+    else:
+        assert value("tailguard_leader") == 0
+        assert value("tailguard_shard_leader", {"shard": "0"}) is None
+        leader.leading = True
+        assert value("tailguard_leader") == 1
