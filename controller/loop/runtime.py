@@ -68,7 +68,7 @@ from controller.core.signals import refused_queries
 from controller.core.source_health import SourceStatus
 from controller.core.status_view import status_document
 from controller.kit.clock import ShutdownInterrupt
-from controller.kit.errors import ConfigError, StoreError
+from controller.kit.errors import ConfigError, StoreWriteError
 from controller.loop.evaluation import (
     EvaluationOutcome,
     EvaluationPorts,
@@ -696,7 +696,7 @@ class Controller:
 
         try:
             outcome = evaluate(policy, state, now, self._ports, trigger=trigger, committed=committed, targets=targets)
-        except StoreError as unwritable:  # nothing was committed, so nothing was decided or acted on
+        except StoreWriteError as unwritable:  # nothing was committed, so nothing was decided or acted on
             self._journal_trouble.failed(policy_name, unwritable, self._clock.now())
             return None
         self._journal_trouble.wrote(self._clock.now())

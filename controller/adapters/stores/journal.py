@@ -50,7 +50,7 @@ from controller.core.actions import (
 from controller.core.controls import CONTROLS_META_KEY, AbortRequest, Controls, ControlsError
 from controller.core.engine import PolicyState
 from controller.core.model import Decision, target_labels
-from controller.kit.errors import StoreError
+from controller.kit.errors import StoreError, StoreWriteError
 from controller.kit.sqlite_store import (
     immediate_transaction,
     incremental_vacuum,
@@ -74,6 +74,10 @@ JOURNAL_PAGE_SIZE = 2048
 
 class JournalError(StoreError):
     """The journal file cannot be used (not a database, a newer schema, ...); the message says why."""
+
+
+class JournalWriteError(JournalError, StoreWriteError):
+    """An evaluation's commit was refused (a full disk, a read-only volume): nothing of it was kept."""
 
 
 def action_resource(action: ActionRequest, decision: Decision) -> str:
@@ -284,7 +288,7 @@ class Journal:
                         self._insert_decision(db, decision, now)
             except sqlite3.Error as failed:  # a full disk, a read-only volume: one line, no traceback (loop/health.py)
                 self._states.rolled_back(policy)  # what it holds is read again from the file
-                raise JournalError(f"journal {self.path}: cannot write: {failed}") from failed
+                raise JournalWriteError(f"journal {self.path}: cannot write: {failed}") from failed
             except BaseException:
                 self._states.rolled_back(policy)
                 raise
