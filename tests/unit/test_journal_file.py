@@ -53,6 +53,16 @@ def test_a_file_that_is_not_a_journal_is_refused_in_one_line_and_left_as_it_was(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tailguard.db"]
 
 
+def test_a_write_ahead_log_without_its_journal_is_refused_and_new_journal_sets_it_aside(tmp_path: Path) -> None:
+    path = tmp_path / "tailguard.db"
+    Path(f"{path}-wal").write_bytes(b"frames of a journal whose main file is gone")
+    with pytest.raises(JournalError, match=r"is missing but its write-ahead log .*-wal is there; refusing"):
+        Journal(path)
+    with Journal(path, new_journal=True, now=NOW) as journal:
+        assert journal.policy_names() == []
+    assert (tmp_path / f"tailguard.db.set-aside-{int(NOW)}-wal").read_bytes().startswith(b"frames")
+
+
 def test_a_directory_is_refused_even_with_new_journal(tmp_path: Path) -> None:
     (tmp_path / "tailguard.db").mkdir()
     with pytest.raises(JournalError, match=r"tailguard\.db is a directory; the journal path names a file"):

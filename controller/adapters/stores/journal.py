@@ -171,7 +171,8 @@ def _decision_body(decision: Decision) -> dict[str, Any]:
 
 
 class Journal:
-    """Thread-safe: one connection guarded by a lock (scheduler threads evaluate policies concurrently)."""
+    """Thread-safe: one writing connection guarded by a lock (scheduler threads evaluate policies concurrently), and
+    one query-only connection under its own lock for the decisions API and the status page (issue 24)."""
 
     def __init__(self, path: str | Path, *, new_journal: bool = False, now: float | None = None) -> None:
         """Open the journal at `path`, creating it when no file is there. An existing file that is not a journal
@@ -216,10 +217,12 @@ class Journal:
             logger.warning("journal %s %s: set aside as %s (--new-journal); starting a new journal", self.path,
                            problem, aside)  # fmt: skip
         elif Path(f"{self.path}-wal").exists():
-            raise JournalError(
-                f"journal {self.path} is missing but its write-ahead log {self.path}-wal is there; refusing to "
-                f"start on it ({NEW_JOURNAL_HINT})"
-            )
+            problem = f"is missing but its write-ahead log {self.path}-wal is there"
+            if not new_journal:
+                raise JournalError(f"journal {self.path} {problem}; refusing to start on it ({NEW_JOURNAL_HINT})")
+            aside = set_aside(self.path, time.time() if now is None else now)
+            logger.warning("journal %s %s: set aside as %s-wal (--new-journal); starting a new journal", self.path,
+                           problem, aside)  # fmt: skip
         built = creating_path(self.path)
         discard(built)  # what a creation killed half-way left
         self._db = open_durable(built, JournalError, "journal")

@@ -51,13 +51,15 @@ def journal_file_problem(path: Path) -> str | None:
 
 
 def set_aside(path: Path, now: float) -> Path:
-    """Rename the file (and its -wal/-shm) out of the journal's way; returns the new name."""
+    """Rename the file (and its -wal/-shm; those alone when the file itself is gone) out of the journal's way;
+    returns the new name."""
     aside = path.with_name(f"{path.name}.set-aside-{int(now)}")
     for suffix in _SIDE_FILES:
         side = Path(f"{path}{suffix}")
         if side.exists():
             os.replace(side, Path(f"{aside}{suffix}"))
-    os.replace(path, aside)
+    if path.exists():
+        os.replace(path, aside)
     return aside
 
 
