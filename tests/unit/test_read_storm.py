@@ -66,10 +66,19 @@ def _hold_reads_of(
             released.wait()
         return 0
 
-    for connection in vars(journal).values():
-        if isinstance(connection, sqlite3.Connection):
-            connection.set_progress_handler(progress, 1000)
+    for connection in _connections(journal):
+        connection.set_progress_handler(progress, 1000)
     return entered, released
+
+
+def _connections(journal: Journal) -> list[sqlite3.Connection]:
+    """Every SQLite connection the journal holds, itself or in one of its parts (its reader)."""
+    found: list[sqlite3.Connection] = []
+    for value in vars(journal).values():
+        for item in (value, *(vars(value).values() if hasattr(value, "__dict__") else ())):
+            if isinstance(item, sqlite3.Connection):
+                found.append(item)
+    return found
 
 
 @pytest.mark.parametrize("read", ["decisions", "status"])

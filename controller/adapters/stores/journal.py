@@ -37,6 +37,8 @@ from controller.adapters.stores.journal_file import (
     move_into_place,
     set_aside,
 )
+from controller.adapters.stores.journal_reads import JournalReader
+from controller.adapters.stores.journal_reads import action_record as _record
 from controller.adapters.stores.journal_retention import RETENTION_INDEXES, PurgeReport, purge
 from controller.adapters.stores.journal_state import STATE_SCHEMA, StateStore, StateWrite, migrate_whole_states
 from controller.core.actions import (
@@ -45,7 +47,6 @@ from controller.core.actions import (
     ActionRecord,
     ActionRequest,
     ActionStatus,
-    ActionType,
 )
 from controller.core.controls import CONTROLS_META_KEY, AbortRequest, Controls, ControlsError
 from controller.core.engine import PolicyState
@@ -58,7 +59,6 @@ from controller.kit.sqlite_store import (
     make_durable,
     open_durable,
     open_reader,
-    read_snapshot,
 )
 
 logger = logging.getLogger("tailguard.journal")
@@ -199,8 +199,7 @@ class Journal:
         # The read side (issue 24, item 6): the decisions API and the status page read through their own
         # connection under their own lock, so a read storm never holds the lock an evaluation commits under; WAL
         # gives each read a snapshot while the writer goes on.
-        self._read_lock = threading.Lock()
-        self._reader = open_reader(self.path, JournalError, "journal")
+        self._reader = JournalReader(open_reader(self.path, JournalError, "journal"))
 
     # -- the file (journal_file.py) ----------------------------------------------------------------------
 
@@ -556,42 +555,8 @@ class Journal:
         return json.loads(row["body"]) if row is not None else None
 
     def recent_decisions(self, limit: int = 100, before: int | None = None) -> list[dict[str, Any]]:
-        """Newest first: each decision's JSON plus `recorded_at`, `seq` (pass the last one as `before` for the next
-        page) and its journaled `action_records`. On the read connection, in one snapshot: three queries per page
-        (the decisions, their actions, the actions' events), never one per decision."""
-        with self._read_lock, read_snapshot(self._reader) as db:
-            rows = db.execute(
-                "SELECT seq, body, recorded_at FROM decisions WHERE seq < ? ORDER BY seq DESC LIMIT ?",
-                (before if before is not None else 2**63 - 1, max(0, limit)),
-            ).fetchall()
-            bodies: list[dict[str, Any]] = []
-            for row in rows:
-                body: dict[str, Any] = json.loads(row["body"])
-                body["recorded_at"] = row["recorded_at"]
-                body["seq"] = row["seq"]
-                bodies.append(body)
-            actions = _chunked_select(
-                db, "SELECT * FROM actions WHERE decision_id IN ({}) ORDER BY seq", sorted({b["id"] for b in bodies})
-            )
-            events = _chunked_select(
-                db,
-                "SELECT idempotency_key, at, event, detail FROM action_events WHERE idempotency_key IN ({}) "
-                "ORDER BY seq",
-                [action["idempotency_key"] for action in actions],
-            )
-        events_of: dict[str, list[dict[str, Any]]] = {}
-        for event in events:
-            events_of.setdefault(event["idempotency_key"], []).append(
-                {"at": event["at"], "event": event["event"], "detail": event["detail"]}
-            )
-        actions_of: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for action in actions:
-            actions_of.setdefault((action["decision_id"], action["decision_kind"]), []).append(
-                {**_record(action).to_json(), "events": events_of.get(action["idempotency_key"], [])}
-            )
-        for body in bodies:
-            body["action_records"] = actions_of.get((body["id"], body["kind"]), [])
-        return bodies
+        """Newest first, paged (journal_reads.py: on the read connection, never under the writer's lock)."""
+        return self._reader.recent_decisions(limit, before)
 
     # -- operator controls (controller/core/controls.py) ---------------------------------------------------
 
@@ -628,12 +593,8 @@ class Journal:
         return [str(row["policy"]) for row in rows]
 
     def recent_controls(self, limit: int = 50) -> list[dict[str, Any]]:
-        """Newest first (on the read connection)."""
-        with self._read_lock:
-            rows = self._reader.execute(
-                "SELECT at, action, subject, by, reason FROM controls ORDER BY seq DESC LIMIT ?", (max(0, limit),)
-            ).fetchall()
-        return [dict(row) for row in rows]
+        """Newest first (journal_reads.py: on the read connection)."""
+        return self._reader.recent_controls(limit)
 
     def _events(self, idempotency_key: str) -> list[dict[str, Any]]:
         rows = self._db.execute(
@@ -642,7 +603,7 @@ class Journal:
         return [{"at": row["at"], "event": row["event"], "detail": row["detail"]} for row in rows]
 
     def close(self) -> None:
-        with self._lock, self._read_lock:
+        with self._lock:
             self._reader.close()
             self._db.close()
             self._closed = True
@@ -659,19 +620,6 @@ class Journal:
         self.close()
 
 
-# Bound variables per IN (...) list: far below SQLite's limit (32,766), so a page of 1,000 decisions with many
-# actions each still runs in a few statements.
-_IN_CHUNK = 500
-
-
-def _chunked_select(db: sqlite3.Connection, query: str, keys: Sequence[str]) -> list[sqlite3.Row]:
-    rows: list[sqlite3.Row] = []
-    for start in range(0, len(keys), _IN_CHUNK):
-        chunk = keys[start : start + _IN_CHUNK]
-        rows.extend(db.execute(query.format(",".join("?" * len(chunk))), chunk).fetchall())
-    return rows
-
-
 def _status(db: sqlite3.Connection, idempotency_key: str) -> str | None:
     row = db.execute("SELECT status FROM actions WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
     return str(row["status"]) if row is not None else None
@@ -686,30 +634,4 @@ def _event(db: sqlite3.Connection, idempotency_key: str, at: float, event: str, 
     db.execute(
         "INSERT INTO action_events (idempotency_key, at, event, detail) VALUES (?, ?, ?, ?)",
         (idempotency_key, at, event, detail),
-    )
-
-
-def _loads(text: str | None) -> Any:
-    return json.loads(text) if text is not None else None
-
-
-def _record(row: sqlite3.Row) -> ActionRecord:
-    return ActionRecord(
-        idempotency_key=row["idempotency_key"],
-        decision_id=row["decision_id"],
-        decision_kind=row["decision_kind"],
-        policy=row["policy"],
-        resource=row["resource"],
-        type=ActionType(row["type"]),
-        params=json.loads(row["params"]),
-        dry_run=bool(row["dry_run"]),
-        status=ActionStatus(row["status"]),
-        attempts=int(row["attempts"]),
-        result=_loads(row["result"]),
-        error=row["error"],
-        plan=_loads(row["plan"]),
-        created_at=float(row["created_at"]),
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        updated_at=float(row["updated_at"]),
     )
