@@ -108,7 +108,7 @@ from controller.core.ports import (
 )
 from controller.kit.net import is_loopback_host
 from controller.kit.redact import redact_value
-from controller.loop.metrics import EXPOSITION_CONTENT_TYPE
+from controller.loop.metrics import EXPOSITION_CONTENT_TYPE, ControllerMetrics
 
 logger = logging.getLogger("tailguard.api")
 
@@ -349,16 +349,33 @@ class ControllerAPI:
         return (200 if readiness.ready else 503), redact_value(readiness.to_json())
 
     def decisions(self, query: str) -> tuple[int, dict[str, Any] | list[Any]]:
-        values = parse_qs(query).get("limit", [str(DEFAULT_DECISIONS)])
+        """`?limit=N` (1..MAX_DECISIONS) newest first; `&before=SEQ` the page after a decision's `seq`. Read from the
+        journal's own read connection: a read storm never holds what an evaluation commits under."""
+        arguments = parse_qs(query)
+        values = arguments.get("limit", [str(DEFAULT_DECISIONS)])
         try:
             limit = int(values[-1])
         except ValueError:
             return 400, {"error": f"limit must be an integer between 1 and {MAX_DECISIONS}"}
         if not 1 <= limit <= MAX_DECISIONS:
             return 400, {"error": f"limit must be an integer between 1 and {MAX_DECISIONS}"}
+        before: int | None = None
+        if "before" in arguments:
+            try:
+                before = int(arguments["before"][-1])
+            except ValueError:
+                before = 0
+            if before < 1:
+                return 400, {"error": "before must be a positive integer: the `seq` of the last decision of a page"}
         # Receiver URLs and credential-bearing values are cut to scheme+host (they are in the journal cut already;
         # this also covers an older journal's rows).
-        return 200, redact_value(self.controller.recent_decisions(limit))
+        # (the one-argument call when no page is asked for: a ControllerPort written before paging still serves)
+        page = (
+            self.controller.recent_decisions(limit)
+            if before is None
+            else self.controller.recent_decisions(limit, before)
+        )
+        return 200, redact_value(page)
 
     def authorize_webhook(self, authorization: str | None) -> tuple[int, dict[str, Any]] | None:
         """None when the request may post alerts, else the refusal (401 no bearer token, 403 a wrong one)."""
@@ -371,11 +388,19 @@ class ControllerAPI:
         scheme, _, presented = (authorization or "").strip().partition(" ")
         if scheme.lower() != "bearer" or not presented.strip():
             logger.warning("rejected %s: no bearer token (401)", what)
+            self._rejected(what, 401)
             return 401, {"error": "authentication required: send Authorization: Bearer <token>"}
         if not hmac.compare_digest(presented.strip().encode(), self._webhook_token):
             logger.warning("rejected %s: wrong bearer token (403)", what)  # never the token itself
+            self._rejected(what, 403)
             return 403, {"error": "the bearer token is not the one configured for this webhook"}
         return None
+
+    def _rejected(self, what: str, code: int) -> None:
+        """tailguard_requests_rejected_total{endpoint, code} (the TailguardWebhookRejects alert)."""
+        metrics = getattr(self.controller, "metrics", None)
+        if isinstance(metrics, ControllerMetrics):
+            metrics.record_rejected(what.removesuffix(" request").replace(" ", "-").lower(), code)
 
     def refuse_if_standby(self, what: str = "alert") -> tuple[int, dict[str, Any], dict[str, str]] | None:
         """None on the leader (or without leader election); on a standby the 503 that makes Alertmanager retry
@@ -404,6 +429,7 @@ class ControllerAPI:
             payload = parse_alertmanager_payload(body)
         except PayloadError as bad:
             logger.warning("rejected Alertmanager webhook: %s", bad)
+            self._rejected("Alertmanager webhook", 400)
             return 400, {"error": str(bad)}
         named = alert_scopes(self.controller.policies(), (alert.labels for alert in payload.alerts))
         triggered = self.controller.trigger(sorted(named), TRIGGER_ALERT, targets=named) if named else []

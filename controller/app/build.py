@@ -207,9 +207,12 @@ def check_policies(settings: ControllerSettings) -> None:
         raise PolicyConfigError(errors)
 
 
-def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str | None) -> Application:
+def build(
+    settings: ControllerSettings, stack: ExitStack, *, webhook_token: str | None, new_journal: bool = False
+) -> Application:
     """Every part of the controller from its settings; `ConfigError` names what is unusable (the caller
-    prefixes the configuration file)."""
+    prefixes the configuration file). `new_journal`: an empty or foreign file at the journal path is set aside
+    for a new journal instead of refused (`tailguard run --new-journal`)."""
     if settings.predictors:
         require(ML, "predictors")  # the artifacts load with scikit-learn and skops
     clock = SystemClock()
@@ -217,7 +220,7 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
     try:
         settings.state_path().mkdir(parents=True, exist_ok=True)
         source = PrometheusSource(settings.prometheus, clock)
-        journal = Journal(settings.journal_path())
+        journal = Journal(settings.journal_path(), new_journal=new_journal, now=clock.now())
     except (OSError, SourceConfigError, JournalError) as unusable:
         raise ConfigError(str(unusable)) from unusable
     # Closed last (the controller's stop closes it too; closing twice is harmless).

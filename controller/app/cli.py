@@ -94,6 +94,12 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run the controller until SIGTERM/SIGINT")
     run.add_argument("--config", "-c", type=Path, required=True, help="controller configuration (YAML)")
+    run.add_argument(
+        "--new-journal",
+        action="store_true",
+        help="when the journal path holds an empty file or one that is not a tailguard journal, set it aside and "
+        "start a new journal (without it, such a file is refused)",
+    )
 
     for name, (_module, _function, summary) in DELEGATED.items():
         commands.add_parser(name, help=summary, add_help=False)
@@ -112,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "rules" and args.rules_command == "to-cr":
         return policies_to_manifests(args.paths, args.namespace)
     if args.command == "run":
-        return run_controller(args.config)
+        return run_controller(args.config, new_journal=args.new_journal)
     raise AssertionError(f"unhandled command {args.command}")  # argparse only accepts the commands above
 
 
@@ -210,7 +216,7 @@ def write_schema(output: Path | None) -> int:
     return EXIT_OK
 
 
-def run_controller(config: Path) -> int:
+def run_controller(config: Path, *, new_journal: bool = False) -> int:
     """Build the controller from its configuration, serve until SIGTERM/SIGINT, stop cleanly.
 
     One exit for an unusable configuration: everything raises `ConfigError` (one sentence, file and section),
@@ -246,7 +252,7 @@ def run_controller(config: Path) -> int:
                     settings.listen.host,
                     settings.listen.port,
                 )
-            application = build(settings, stack, webhook_token=webhook_token)
+            application = build(settings, stack, webhook_token=webhook_token, new_journal=new_journal)
             previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
             for sig, handler in previous.items():
                 stack.callback(signal.signal, sig, handler)

@@ -16,6 +16,9 @@ Secret tailguard-alertmanager when your RBAC allows.
 
 Exit codes: 0 done; 1 the controller refused or could not be reached (one line says why and what to try; an abort
 of a decision that had already finished, or of an unknown one, too); 2 the command line.
+`tailguard status` also says whether the controller can see (controller/core/source_health.py): exit 3 a source is
+degraded (some queries fail), 4 a source is blind (every query fails; the first lines say since when, why and which
+policies).
 A control is journaled by the controller with who (`--by`, default the local user) and why (`--reason`).
 """
 
@@ -48,6 +51,8 @@ from controller.core.status_view import journal_policy_status
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_DEGRADED = 3  # `tailguard status`: a source fails some queries
+EXIT_BLIND = 4  # `tailguard status`: a source fails every query: the controller sees nothing there
 
 
 def _connection(parser: argparse.ArgumentParser, *, journal: bool) -> None:
@@ -137,8 +142,20 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
                      for row in rows)  # fmt: skip
 
 
+def health_exit(document: Mapping[str, Any]) -> int:
+    """The exit code `tailguard status` gives a status document: 4 when a source is blind, 3 when degraded."""
+    status = (document.get("health") or {}).get("status")
+    return {"blind": EXIT_BLIND, "degraded": EXIT_DEGRADED}.get(str(status), EXIT_OK)
+
+
 def format_status(document: Mapping[str, Any]) -> str:
     lines: list[str] = []
+    for source in (document.get("health") or {}).get("sources", []):
+        # First: whether the controller can see (a blind source is why every phase below may be old).
+        if source.get("status") != "up":
+            lines.append(str(source.get("summary")))
+    if lines:
+        lines.append("")
     kill = document.get("killSwitch")
     if kill:
         lines.append(f"KILL SWITCH: every policy paused by {kill.get('by')}: {kill.get('reason')}")
@@ -220,7 +237,7 @@ def status_main(argv: Sequence[str], *, prog: str = "tailguard status") -> int:
             sys.stdout.flush()
             shown += 1
             if args.watch is None or (args.count is not None and shown >= args.count):
-                return EXIT_OK
+                return health_exit(document)
             time.sleep(max(0.1, args.watch))
     except OperateError as failed:
         print(f"{prog}: {failed}", file=sys.stderr)

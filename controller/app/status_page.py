@@ -45,6 +45,10 @@ th{background:#eef0f3;font-weight:600}
 .actions{margin:.3rem 0 0;padding-left:1.1rem;font-size:.82rem}
 .timeline .actions li{border:0;padding:0;margin:0;box-shadow:none;background:none}
 a{color:#1d4ed8}
+.health{padding:.7rem 1rem;border-radius:.4rem;margin:.6rem 0;font-weight:600}
+.health.blind{background:#b91c1c;color:#fff;font-size:1.05rem}.health.degraded{background:#fed7aa;color:#7c2d12}
+.health.up{background:#d9f2df;color:#17612a;font-weight:500;font-size:.85rem;padding:.35rem .8rem}
+.health .detail{font-weight:400;font-size:.85rem;margin-top:.2rem}
 """
 
 _SCRIPT = f"setTimeout(function(){{location.reload()}},{REFRESH_SECONDS * 1000});"
@@ -160,6 +164,33 @@ def _timeline(document: Mapping[str, Any]) -> str:
     return f'<ul class="timeline" id="timeline">{"".join(items)}</ul>'
 
 
+def _health(document: Mapping[str, Any]) -> str:
+    """First on the page: whether the controller can see (controller/core/source_health.py). A blind or degraded
+    source is a red / orange banner naming since when, why and which policies; all up is one green line."""
+    health = document.get("health") or {}
+    sources = [source for source in health.get("sources", []) if isinstance(source, Mapping)]
+    troubled = [source for source in sources if source.get("status") in ("blind", "degraded")]
+    if not troubled:
+        shown = ", ".join(f"{source.get('title')} up" for source in sources) or "no evaluation yet"
+        return f'<div class="health up" id="health" data-health="up">sources: {_e(shown)}</div>'
+    banners = []
+    for source in sorted(troubled, key=lambda item: item.get("status") != "blind"):
+        status = str(source.get("status"))
+        affected = [str(name) for name in source.get("affected", [])]
+        blind = set(source.get("blindPolicies", []))
+        what = "unreachable" if status == "blind" else "failing for some queries"
+        held = " (not evaluating on data: targets held, never acted on)" if blind else ""
+        banners.append(
+            f'<div class="health {_e(status)}" id="health-{_e(source.get("source"))}" data-health="{_e(status)}">'
+            f"{_e(status.upper())} since {_e(_time(source.get('since'))[11:])}: {_e(source.get('title'))} {what}"
+            f'<div class="detail">{"blind" if status == "blind" else "affected"}: '
+            f"{_e(', '.join(affected) or '-')}{held}"
+            f" · last error at {_e(_time(source.get('lastErrorAt'))[11:])}: {_e(source.get('lastError') or '-')}"
+            f" · last answer {_e(_time(source.get('lastSuccessAt')))}</div></div>"
+        )
+    return "".join(banners)
+
+
 def render_status_page(document: Mapping[str, Any]) -> str:
     """The whole page for one status document."""
     leader = document.get("leader") or {}
@@ -181,7 +212,7 @@ def render_status_page(document: Mapping[str, Any]) -> str:
         f"<title>tailguard status</title><style>{_CSS}{INCIDENT_CSS}</style></head><body>"
         f"<h1>tailguard status</h1><div class=meta>as of {_e(_time(document.get('now')))}"
         f"{' · leader ' + _e(leader.get('identity')) if leader.get('identity') else ''}"
-        f"{' · ' + link_items if link_items else ''}</div>{banner}"
+        f"{' · ' + link_items if link_items else ''}</div>{_health(document)}{banner}"
         f"{incidents_section(document)}"
         f"<h2>Policies and targets</h2>{_policies(document)}"
         f"<h2>Recent decisions</h2>{_timeline(document)}"

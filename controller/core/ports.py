@@ -270,7 +270,9 @@ TRIGGER_ALERT = "alert"
 
 
 class RecentDecisions(Protocol):
-    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]: ...
+    def recent_decisions(self, limit: int = 100, before: int | None = None) -> list[dict[str, Any]]:
+        """Newest first, at most `limit`; `before`: only decisions older than that `seq` (the next page)."""
+        ...
 
 
 class JournalPort(RecentDecisions, Protocol):
@@ -524,6 +526,10 @@ class ShardedLeaderPort(LeaderPort, Protocol):
 
     def publish_for(self, policy: str) -> bool: ...
 
+    def shard_leadership(self) -> dict[int, bool]:
+        """Each shard's index -> whether this replica holds its Lease now (tailguard_shard_leader)."""
+        ...
+
 
 # ----- what the HTTP API needs of the controller -----------------------------------------------------------
 
@@ -575,7 +581,7 @@ class ControllerPort(Protocol):
         """Queue evaluations of `policy_names`; `targets`: per policy, the only targets it may touch (an alert's)."""
         ...
 
-    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]: ...
+    def recent_decisions(self, limit: int = 100, before: int | None = None) -> list[dict[str, Any]]: ...
 
 
 @runtime_checkable

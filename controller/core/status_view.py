@@ -18,6 +18,7 @@ from controller.core.engine import PolicyState
 from controller.core.limits import cooling, in_budget_window
 from controller.core.model import target_labels
 from controller.core.policy import Condition, ForSpec, Policy
+from controller.core.source_health import SourceHealth, health_json
 
 STATUS_VERSION = 1
 
@@ -98,11 +99,14 @@ def status_document(
     recent_controls: Sequence[Mapping[str, Any]] = (),
     leader: Mapping[str, Any] | None = None,
     links: Mapping[str, str] | None = None,
+    health: Mapping[str, SourceHealth] | None = None,
 ) -> dict[str, Any]:
     killed = controls.killed
     return {
         "version": STATUS_VERSION,
         "now": now,
+        # First: whether the controller can see at all (controller/core/source_health.py).
+        "health": health_json(health or {}),
         "leader": dict(leader) if leader is not None else None,
         "killSwitch": killed.to_json() if killed is not None else None,
         "policies": [

@@ -17,6 +17,7 @@ exceptions; these classes are for what cannot go on:
     ├── SourceError     a metrics or change source cannot be built or read (never counted as a breach)
     ├── ActuatorError   an actuator call failed; `transient` says whether a retry may help
     ├── StoreError      the journal or the outbox file cannot be used
+    │   └── StoreWriteError a write the store refused (a full disk, a read-only volume): said once, not per try
     └── LabError        the serving lab (a managed process, a tool, the simulated engine) failed
 
 A class that is also a builtin error keeps that base too (`class SourceConfigError(ConfigError, ValueError)`), so
@@ -58,6 +59,11 @@ class ActuatorError(TailguardError):
 
 class StoreError(TailguardError):
     """A durable store (the journal, an outbox) cannot be used; the message names the file and why."""
+
+
+class StoreWriteError(StoreError):
+    """A durable store refused a write (SQLite's "database or disk is full", a read-only volume): nothing of that
+    transaction was kept; the controller says it once and goes on trying (controller/loop/health.py)."""
 
 
 class LabError(TailguardError):

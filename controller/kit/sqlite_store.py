@@ -29,6 +29,28 @@ def open_durable(path: Path, error: Callable[[str], Exception], what: str) -> sq
     return db
 
 
+def open_reader(path: Path, error: Callable[[str], Exception], what: str) -> sqlite3.Connection:
+    """A second connection to a store (WAL), for reads only (`query_only`): readers take their own lock, so they
+    never wait on the writer's nor make it wait; each `read_snapshot` sees one committed state."""
+    try:
+        db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
+        db.execute("PRAGMA query_only=ON")
+    except sqlite3.Error as exc:
+        raise error(f"{what} {path}: cannot open for reading: {exc}") from exc
+    db.row_factory = sqlite3.Row
+    return db
+
+
+@contextmanager
+def read_snapshot(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """Several reads in one snapshot (a deferred transaction: in WAL it blocks no writer)."""
+    db.execute("BEGIN")
+    try:
+        yield db
+    finally:
+        db.execute("COMMIT")
+
+
 def make_durable(db: sqlite3.Connection, page_size: int | None = None) -> None:
     """WAL and an fsync per COMMIT. Raises sqlite3.DatabaseError when the file is not a database.
 
@@ -56,7 +78,10 @@ def immediate_transaction(db: sqlite3.Connection, lock: threading.RLock) -> Iter
         try:
             yield db
         except BaseException:
-            db.execute("ROLLBACK")
+            # SQLite has already rolled back on some errors (SQLITE_FULL: a full disk); a second ROLLBACK would
+            # raise "no transaction is active" and hide the cause.
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
 

@@ -46,6 +46,7 @@ from controller.core.ports import (
     RolloutAnnotatorPort,
 )
 from controller.core.signals import query_signals as live_query_signals
+from controller.core.source_health import CHANGE_TRACKING, PROMETHEUS, SourceReading, signal_reading
 from controller.loop.metrics import ControllerMetrics
 
 logger = logging.getLogger("tailguard.controller")
@@ -81,6 +82,8 @@ class EvaluationOutcome:
     source_errors: tuple[str, ...] = ()
     # "signal: why" for each signal whose query the source refused as bad data: a policy error (/readyz, metrics)
     policy_errors: tuple[str, ...] = ()
+    # What this evaluation saw of each source it used (controller/core/source_health.py): the health model's input.
+    readings: tuple[SourceReading, ...] = ()
 
 
 def _always_act(_policy: str, _decisions: Sequence[Decision]) -> bool:
@@ -146,9 +149,12 @@ def evaluate(
         targets=targets,
         prepared=ahead.prepared,
     )
+    readings = source_readings(policy, now, observations, ports, rollouts_error)
     ports.journal.commit_evaluation(policy.name, new_state, decisions, now)
     committed(new_state)
     ports.metrics.record_evaluation(policy.name, trigger, now)
+    if not any(reading.failed for reading in readings):
+        ports.metrics.record_successful_evaluation(policy.name, now)
     ports.metrics.record_condition_states(policy.name, [c.name for c in policy.conditions], new_state)
     _log_evaluation(policy, trigger, new_state, source_errors)
     act = ports.before_acting(policy.name, decisions)
@@ -167,8 +173,25 @@ def evaluate(
     targets_seen = len(set(map(itemgetter(1), new_state.conditions)))
     ports.metrics.record_cycle(policy.name, ports.clock.now() - started, targets_seen)
     return EvaluationOutcome(
-        policy.name, trigger, now, tuple(decisions), new_state, tuple(source_errors), policy_errors
+        policy.name, trigger, now, tuple(decisions), new_state, tuple(source_errors), policy_errors, readings
     )
+
+
+def source_readings(
+    policy: Policy,
+    now: float,
+    observations: Mapping[str, SignalResult],
+    ports: EvaluationPorts,
+    rollouts_error: str | None,
+) -> tuple[SourceReading, ...]:
+    """What the evaluation saw of Prometheus (its non-prediction signals) and of the change tracker (when the
+    policy attributes and one is configured: no tracker configured is the configuration's choice, not an outage)."""
+    queried = [signal.name for signal in policy.signals if signal.predict is None]
+    readings = [signal_reading(PROMETHEUS, policy.name, now, observations, queried)]
+    if ports.change_tracker is not None and lookback(policy, ports.change_window) is not None:
+        failed = rollouts_error is not None
+        readings.append(SourceReading(CHANGE_TRACKING, policy.name, now, 1, int(failed), rollouts_error))
+    return tuple(readings)
 
 
 def recent_rollouts(policy: Policy, now: float, ports: EvaluationPorts) -> tuple[tuple[Rollout, ...], str | None]:

@@ -7,16 +7,21 @@ interference and two controllers in one process do not collide.
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
+import platform
 from collections import Counter as Tally
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from operator import attrgetter, itemgetter
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
 
 from controller.core.engine import Phase, PolicyState
 from controller.core.model import Decision, TargetKey
+from controller.core.source_health import SourceHealth, SourceStatus
 
 EXPOSITION_CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -121,6 +126,85 @@ class ControllerMetrics:
         )
         # The probability series each policy wrote last, so targets that disappear are dropped (bounded).
         self._probability_series: dict[str, set[tuple[str, str, str]]] = {}
+        self._watch_the_watcher()
+
+    def _watch_the_watcher(self) -> None:
+        """What the controller's own alerts read (issue 24: deploy/base/prometheusrule.yaml, docs/runbooks.md)."""
+        self.source_up = Gauge(
+            "tailguard_source_up",
+            "1 when the source answered every query of every policy's last evaluation, 0 when degraded or blind.",
+            ["source"],
+            registry=self.registry,
+        )
+        self.source_status = Gauge(
+            "tailguard_source_status",
+            "1 for the source's current status (up, degraded: some queries fail, blind: every query fails).",
+            ["source", "status"],
+            registry=self.registry,
+        )
+        self.source_status_since = Gauge(
+            "tailguard_source_status_since_timestamp_seconds",
+            "When the source entered its current status (unix time).",
+            ["source"],
+            registry=self.registry,
+        )
+        self.last_successful_evaluation = Gauge(
+            "tailguard_last_successful_evaluation_timestamp_seconds",
+            "When each policy was last evaluated with every signal answered by its source (unix time).",
+            ["policy"],
+            registry=self.registry,
+        )
+        self.policy_interval = Gauge(
+            "tailguard_policy_interval_seconds",
+            "Each loaded policy's evaluation interval (the alerts' 'blind for more than 2 intervals').",
+            ["policy"],
+            registry=self.registry,
+        )
+        self.journal_errors = Counter(
+            "tailguard_journal_errors_total",
+            "Journal writes that failed (a full disk, an unusable file): the evaluation decided nothing, acted on "
+            "nothing.",
+            ["operation"],
+            registry=self.registry,
+        )
+        self.requests_rejected = Counter(
+            "tailguard_requests_rejected_total",
+            "Requests to the API refused: no or a wrong bearer token (401/403), a malformed webhook body (400).",
+            ["endpoint", "code"],
+            registry=self.registry,
+        )
+        build_info = Gauge(
+            "tailguard_build_info",
+            "The running tailguard: its version and Python's (always 1).",
+            ["version", "python"],
+            registry=self.registry,
+        )
+        build_info.labels(version=_version(), python=platform.python_version()).set(1)
+        ProcessCollector(registry=self.registry)  # process_* (CPU, memory, open fds, start time)
+        self._leadership = _LeadershipCollector()
+        self.registry.register(self._leadership)
+
+    def watch_leadership(
+        self, leads: Callable[[], bool], shards: Callable[[], Mapping[int, bool]] | None = None
+    ) -> None:
+        """tailguard_leader (and tailguard_shard_leader{shard}) read at each scrape from the elector."""
+        self._leadership.leads, self._leadership.shards = leads, shards
+
+    def record_source_health(self, health: SourceHealth) -> None:
+        self.source_up.labels(source=health.source).set(1 if health.status is SourceStatus.UP else 0)
+        for status in SourceStatus:
+            self.source_status.labels(source=health.source, status=status.value).set(status is health.status)
+        if health.since is not None:
+            self.source_status_since.labels(source=health.source).set(health.since)
+
+    def record_successful_evaluation(self, policy: str, at: float) -> None:
+        self.last_successful_evaluation.labels(policy=policy).set(at)
+
+    def record_journal_error(self, operation: str) -> None:
+        self.journal_errors.labels(operation=operation).inc()
+
+    def record_rejected(self, endpoint: str, code: int) -> None:
+        self.requests_rejected.labels(endpoint=endpoint, code=str(code)).inc()
 
     def record_evaluation(self, policy: str, trigger: str, at: float) -> None:
         self.evaluations.labels(policy=policy, trigger=trigger).inc()
@@ -178,6 +262,10 @@ class ControllerMetrics:
                     counts.get((condition, phase), 0)
                 )
 
+    def set_intervals(self, intervals: Mapping[str, float]) -> None:
+        for policy, interval in intervals.items():
+            self.policy_interval.labels(policy=policy).set(interval)
+
     def set_policies(self, policies: Mapping[str, Iterable[str]], removed: Mapping[str, Iterable[str]]) -> None:
         """After a (re)load: the loaded count, and no series left behind for removed policies or conditions."""
         self.policies_loaded.set(len(policies))
@@ -189,7 +277,13 @@ class ControllerMetrics:
                     except KeyError:
                         pass  # never evaluated: no series to remove
             if policy not in policies:
-                for gauge in (self.last_evaluation, self.policy_errors, self.evaluation_targets):
+                for gauge in (
+                    self.last_evaluation,
+                    self.policy_errors,
+                    self.evaluation_targets,
+                    self.last_successful_evaluation,
+                    self.policy_interval,
+                ):
                     try:
                         gauge.remove(policy)
                     except KeyError:
@@ -198,3 +292,35 @@ class ControllerMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("tailguard")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _always_leads() -> bool:
+    return True  # without leader election the one replica leads
+
+
+class _LeadershipCollector(Collector):
+    """tailguard_leader (1: this replica holds the Lease, or leads some shard) and, sharded, tailguard_shard_leader
+    per shard (1: this replica holds it), read at each scrape."""
+
+    def __init__(self) -> None:
+        self.leads: Callable[[], bool] = _always_leads
+        self.shards: Callable[[], Mapping[int, bool]] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        leader = GaugeMetricFamily("tailguard_leader", "1 when this replica holds the leader Lease (or a shard's).")
+        leader.add_metric([], 1.0 if self.leads() else 0.0)
+        yield leader
+        if self.shards is not None:
+            shards = GaugeMetricFamily(
+                "tailguard_shard_leader", "1 for each shard whose Lease this replica holds.", labels=["shard"]
+            )
+            for index, held in sorted(self.shards().items()):
+                shards.add_metric([str(index)], 1.0 if held else 0.0)
+            yield shards

@@ -65,9 +65,10 @@ from controller.core.ports import (
     ShardedLeaderPort,
 )
 from controller.core.signals import refused_queries
+from controller.core.source_health import SourceStatus
 from controller.core.status_view import status_document
 from controller.kit.clock import ShutdownInterrupt
-from controller.kit.errors import ConfigError
+from controller.kit.errors import ConfigError, StoreWriteError
 from controller.loop.evaluation import (
     EvaluationOutcome,
     EvaluationPorts,
@@ -76,6 +77,7 @@ from controller.loop.evaluation import (
     action_labels,
     evaluate,
 )
+from controller.loop.health import JournalTrouble, SourceHealthTracker
 from controller.loop.metrics import ControllerMetrics
 
 logger = logging.getLogger("tailguard.controller")
@@ -187,6 +189,12 @@ class Controller:
         self._action_workers = action_workers
         self._clock = clock
         self.metrics = metrics if metrics is not None else ControllerMetrics()
+        # What the controller sees of its sources (up / degraded / blind): status page, /metrics, WARNING lines.
+        self.health = SourceHealthTracker(self.metrics)
+        self._journal_trouble = JournalTrouble(self.metrics)
+        self.metrics.watch_leadership(
+            self._leads_any, leader.shard_leadership if isinstance(leader, ShardedLeaderPort) else None
+        )
         # No prediction port wired (the app always wires one, predictors.serving.PredictionProvider): every
         # prediction signal is no-data ("model not configured"), each model logged once.
         self._predictions: PredictionPort = predictions if predictions is not None else UnconfiguredPredictions()
@@ -364,6 +372,9 @@ class Controller:
             {name: [c.name for c in loaded.policy.conditions] for name, loaded in new.items()},
             gone_conditions,
         )
+        self.metrics.set_intervals({name: loaded.policy.interval for name, loaded in new.items()})
+        if removed:
+            self.health.keep_policies(new, now)
         return added, removed, updated
 
     def reload(self) -> ReloadOutcome:
@@ -622,6 +633,7 @@ class Controller:
             self._clock.now(),
             decisions=self.recent_decisions(decisions),
             recent_controls=self.recent_controls(20),
+            health=self.health.snapshot(),
         )
 
     def _resume_actions(self) -> None:
@@ -682,7 +694,13 @@ class Controller:
                     if inherited and self._inherited.get(policy_name) is inherited:
                         del self._inherited[policy_name]  # in the state (and journal) now
 
-        outcome = evaluate(policy, state, now, self._ports, trigger=trigger, committed=committed, targets=targets)
+        try:
+            outcome = evaluate(policy, state, now, self._ports, trigger=trigger, committed=committed, targets=targets)
+        except StoreWriteError as unwritable:  # nothing was committed, so nothing was decided or acted on
+            self._journal_trouble.failed(policy_name, unwritable, self._clock.now())
+            return None
+        self._journal_trouble.wrote(self._clock.now())
+        self.health.record(outcome.readings)
         with self._lock:
             if outcome.policy_errors and policy_name in self._policies:
                 self._policy_errors[policy_name] = outcome.policy_errors
@@ -709,6 +727,9 @@ class Controller:
         with self._lock:
             self._resume_pending = True
         return False
+
+    def _leads_any(self) -> bool:
+        return self._leader is None or self._leader.is_leader()
 
     def _leads(self, policy_name: str) -> bool:
         """Whether this replica evaluates and acts on `policy_name` now: it holds the Lease (with sharding, the
@@ -808,6 +829,7 @@ class Controller:
             # A follower skips evaluations on purpose: not being the leader is not being unready.
             following = self._leader is not None and not self._leader.is_leader()
             sharded_elsewhere = 0
+            late: list[str] = []
             for name, loaded in sorted(self._policies.items()):
                 if following:
                     continue
@@ -816,10 +838,14 @@ class Controller:
                     continue
                 limit = READY_INTERVALS * loaded.policy.interval
                 at = last[name]
+                # Late evaluations are a warning, not unreadiness: they come from a slow or hung dependency (a
+                # Prometheus that hangs holds each query for its timeout), and readiness means "serves its API"
+                # (the pause, the status page and the webhook still work; restarting or cutting the pod off fixes
+                # nothing). The status page's health and the TailguardBlind alert say it instead.
                 if at is None:
-                    reasons.append(f"policy {name}: not evaluated yet")
+                    late.append(f"policy {name}: not evaluated yet")
                 elif now - at > limit:
-                    reasons.append(f"policy {name}: last evaluation {now - at:.0f}s ago (limit {limit:.0f}s)")
+                    late.append(f"policy {name}: last evaluation {now - at:.0f}s ago (limit {limit:.0f}s)")
             reload_errors = tuple(str(error) for error in self._reload_errors)
             policy_errors = tuple(
                 f"policy {name}: signal {error}"
@@ -831,18 +857,24 @@ class Controller:
         # Likewise an unusable prediction model: its conditions are no-data (they hold, never act) while every
         # other policy keeps working; an unready controller would be restarted or cut off, which fixes no model
         # file and stops the policies that do work.
-        warnings = tuple(predictions.warnings())
+        warnings = (
+            *predictions.warnings(),
+            *(h.summary() for h in self.health.snapshot().values() if h.status is not SourceStatus.UP),
+            *late,
+        )
         if following:
             warnings = (*warnings, "follower: another replica holds the leader lease; evaluations are skipped")
         elif sharded_elsewhere:
             warnings = (*warnings, f"sharded: {sharded_elsewhere} policies belong to shards other replicas hold")
         return Readiness(not reasons, tuple(reasons), reload_errors, last, warnings, policy_errors)
 
-    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]:
+    def recent_decisions(self, limit: int = 100, before: int | None = None) -> list[dict[str, Any]]:
+        """The journal's read side (its own connection: a reader never holds the lock an evaluation commits
+        under)."""
         with self._lock:
             if not self._journal_open:
                 return []
-        return self._journal.recent_decisions(limit)
+        return self._journal.recent_decisions(limit, before)
 
 
 def _log_interrupted(policy_name: str) -> None:

@@ -445,9 +445,10 @@ class FakeJournal:
         known = {(d.id, d.kind) for d, _ in self.decisions}
         self.decisions.extend((d, now) for d in decisions if (d.id, d.kind) not in known)
 
-    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]:
-        newest = list(reversed(self.decisions))[: max(0, limit)]
-        return [{**decision.to_json(), "recorded_at": at} for decision, at in newest]
+    def recent_decisions(self, limit: int = 100, before: int | None = None) -> list[dict[str, Any]]:
+        numbered = [(seq, d, at) for seq, (d, at) in enumerate(self.decisions, start=1)]
+        newest = [entry for entry in reversed(numbered) if before is None or entry[0] < before][: max(0, limit)]
+        return [{**decision.to_json(), "recorded_at": at, "seq": seq} for seq, decision, at in newest]
 
     def close(self) -> None:
         self.closed = True

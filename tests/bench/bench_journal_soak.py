@@ -13,7 +13,11 @@ write() bytes (/proc/self/io wchar: WAL frames and checkpoints), file size is th
 synchronous=OFF in both (fsync changes how long a commit takes, not the bytes it writes), so the bench is bounded
 (about a minute on 2 cores). Figures are printed, not asserted (tests/unit/test_journal_longevity.py asserts).
 
-    python tests/bench/bench_journal_soak.py [--days 1] [--before-hours 1] [--targets 1000] [--json out.json]
+Issue 24 (item 8) adds its load (tests/support/flapping.py: 200 targets firing throughout, 0.5% changing phase per
+evaluation) through the engine at synchronous=FULL, with each commit timed (`--engine-hours`).
+
+    python tests/bench/bench_journal_soak.py [--days 1] [--before-hours 1] [--targets 1000] [--engine-hours 2]
+                                             [--json out.json]
 """
 
 from __future__ import annotations
@@ -33,12 +37,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from controller.adapters.stores.journal import Journal
-from controller.adapters.stores.journal_state import _dumps  # the same serialisation as schema 1's
 from controller.core.actions import ActionStatus
-from controller.core.engine import ConditionState, Phase, PolicyState
-from controller.core.model import Decision, TargetKey, target_key
+from controller.core.engine import ConditionState, Phase, PolicyState, transition
+from controller.core.model import Decision, SignalResult, TargetKey, target_key
 from controller.kit.clock import ManualClock
+from controller.kit.sqlite_store import json_column as _dumps  # the same serialisation as schema 1's
 from controller.testing import make_decision
+from tests.support.flapping import flapping_policy, flapping_targets, flapping_values
 
 INTERVAL = 15.0
 DAY = 86_400.0
@@ -181,6 +186,42 @@ def run(path: Path, seconds: float, count: int, flapping: int, *, legacy: bool) 
     }
 
 
+def run_engine(path: Path, seconds: float) -> dict[str, Any]:
+    """Issue 24's load (tests/support/flapping.py) through the engine: 1,000 targets, 200 firing throughout, 0.5%
+    changing phase per evaluation; synchronous=FULL (the controller's setting), each commit timed."""
+    policy, keys = flapping_policy(), flapping_targets()
+    journal = Journal(path)
+    state, now = PolicyState(), 1_700_000_000.0
+    cycles = int(seconds / INTERVAL)
+    commits: list[float] = []
+    rows = 0
+    written = wchar()
+    for cycle in range(cycles):
+        state, new = transition(policy, {"p99": SignalResult(values=flapping_values(cycle, keys))}, state, now)
+        started = time.perf_counter()
+        journal.commit_evaluation(policy.name, state, new, now)
+        elapsed = time.perf_counter() - started
+        if cycle >= 2:  # from the third: the incident's targets fired, every row written once
+            commits.append(elapsed)
+            rows += journal.last_state_rows
+        else:
+            written = wchar()
+        now += INTERVAL
+    journal._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    wrote = wchar() - written
+    journal.close()
+    commits.sort()
+    return {
+        "cycles": cycles,
+        "state_rows_per_cycle": rows / max(1, len(commits)),
+        "bytes_per_cycle": wrote / max(1, len(commits)),
+        "bytes_written_per_day": wrote / max(1, len(commits)) * DAY / INTERVAL,
+        "commit_ms_p50": 1e3 * commits[len(commits) // 2],
+        "commit_ms_p99": 1e3 * commits[int(len(commits) * 0.99)],
+        "commit_ms_max": 1e3 * commits[-1],
+    }
+
+
 def mb(value: float) -> str:
     return f"{value / 1e6:,.1f} MB"
 
@@ -191,6 +232,7 @@ def main() -> None:
     parser.add_argument("--before-hours", type=float, default=1.0, help="simulated hours of the old write path")
     parser.add_argument("--targets", type=int, default=1000)
     parser.add_argument("--flapping", type=float, default=0.005, help="fraction of targets flapping")
+    parser.add_argument("--engine-hours", type=float, default=2.0, help="simulated hours of issue 24's load")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     flapping = max(1, round(args.targets * args.flapping))
@@ -198,6 +240,7 @@ def main() -> None:
         after = run(Path(tmp) / "after.db", args.days * DAY, args.targets, flapping, legacy=False)
         before = run(Path(tmp) / "before.db", args.before_hours * 3600, args.targets, flapping, legacy=True)
         healthy = run(Path(tmp) / "healthy.db", args.before_hours * 3600, args.targets, 0, legacy=False)
+        engine = run_engine(Path(tmp) / "engine.db", args.engine_hours * 3600)
     results: dict[str, Any] = {"targets": args.targets, "flapping": flapping, "interval_s": INTERVAL}
     for name, figures in (("before", before), ("after", after), ("after_healthy", healthy)):
         days = figures["simulated_s"] / DAY
@@ -236,6 +279,15 @@ def main() -> None:
         f"bytes written per day: {ratio:,.0f}x less at {args.flapping:.1%} flapping; a cycle with no changed target "
         f"writes the policy row's page: {results['after_healthy']['bytes_per_cycle'] / 1e3:,.1f} KB (its WAL frame "
         "and the checkpoint's copy); bytes are counted after the first cycle (every target's row, written once)"
+    )
+    results["issue24_engine"] = engine
+    print(
+        f"issue 24's load through the engine ({args.engine_hours:g} simulated hours, synchronous=FULL): 1,000 "
+        "targets, 200 firing throughout, 0.5% changing phase per evaluation: "
+        f"{engine['state_rows_per_cycle']:.1f} state rows and {engine['bytes_per_cycle'] / 1e3:,.1f} KB written per "
+        f"evaluation = {mb(engine['bytes_written_per_day'])} per day (budget 300 MB); commit "
+        f"p50 {engine['commit_ms_p50']:.1f} ms, p99 {engine['commit_ms_p99']:.1f} ms, max "
+        f"{engine['commit_ms_max']:.1f} ms (budget 20 ms)"
     )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

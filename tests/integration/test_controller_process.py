@@ -72,8 +72,11 @@ def test_tailguard_run_serves_and_stops_cleanly(tmp_path: Path, stop_signal: sig
         wait_for(f"http://127.0.0.1:{port}/healthz", 200, deadline, process)
         ready = wait_for(f"http://127.0.0.1:{port}/readyz", 200, deadline, process).json()
         assert ready["ready"] is True and list(ready["policies"]) == ["p99-rollback"]
-        metrics = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-        assert 'tailguard_source_errors_total{policy="p99-rollback",signal="p99-e2e-latency"}' in metrics
+        # Ready means "serves its API" (issue 24), possibly before the first evaluation ended: wait for it.
+        errors = 'tailguard_source_errors_total{policy="p99-rollback",signal="p99-e2e-latency"}'
+        while errors not in (metrics := requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text):
+            assert time.monotonic() < deadline and process.poll() is None, metrics[-2000:]
+            time.sleep(0.1)
         assert children_of(process.pid) == []
 
         process.send_signal(stop_signal)

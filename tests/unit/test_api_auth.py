@@ -112,6 +112,11 @@ def test_a_wrong_bearer_token_is_403_and_triggers_nothing(authenticated: Authent
         assert answer.status_code == 403
         assert TOKEN not in answer.text and wrong not in answer.text
     assert authenticated.alert_evaluations() == 0
+    # Counted for the TailguardWebhookRejects alert (issue 24): by endpoint and code.
+    rejected = authenticated.registry.get_sample_value(
+        "tailguard_requests_rejected_total", {"endpoint": "alertmanager-webhook", "code": "403"}
+    )
+    assert rejected == 4
 
 
 def test_the_right_bearer_token_triggers_the_evaluation(authenticated: Authenticated) -> None:

@@ -195,7 +195,7 @@ def test_newer_schema_is_a_clear_error(tmp_path: Path) -> None:
 def test_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     path.write_text("this is not sqlite, just some text that is long enough to be a header" * 10)
-    with pytest.raises(JournalError, match=r"j\.db: not a usable SQLite database"):
+    with pytest.raises(JournalError, match=r"j\.db is not a SQLite database"):
         Journal(path)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.stores.journal import JOURNAL_PAGE_SIZE, SCHEMA_VERSION, Journal
+from controller.adapters.stores.journal import JOURNAL_PAGE_SIZE, SCHEMA_VERSION, Journal, JournalError
 from controller.adapters.stores.outbox import DeliveryResult, Outbox
 from controller.core.actions import ActionStatus
 from controller.core.engine import ConditionState, Phase, PolicyState
@@ -186,7 +186,7 @@ def test_a_failed_commit_leaves_the_rows_and_the_next_commit_writes_them(tmp_pat
         journal._db.execute(
             "CREATE TRIGGER no_decisions BEFORE INSERT ON decisions BEGIN SELECT RAISE(ABORT, 'x'); END"
         )
-        with pytest.raises(sqlite3.DatabaseError):
+        with pytest.raises(JournalError, match="cannot write: x"):  # one line, the cause kept
             journal.commit_evaluation("p", PolicyState({key: pending}, {}, 2, NOW + 15), [bad], NOW + 15)
         journal._db.execute("DROP TRIGGER no_decisions")
         assert journal.load_state("p") == PolicyState({key: ConditionState(last_data_at=NOW)}, {}, 1, NOW)

@@ -185,6 +185,9 @@ class ShardedElector:
     def held_shards(self) -> list[int]:
         return [index for index, elector in enumerate(self.electors) if elector.is_leader()]
 
+    def shard_leadership(self) -> dict[int, bool]:
+        return {index: elector.is_leader() for index, elector in enumerate(self.electors)}
+
     def attach_handover(self, handover: HandoverPort) -> None:
         # Member slots carry no action times; with controls, they carry and merge those like the shards.
         for index, elector in [*enumerate(self.electors), *((-1, member) for member in self.members)]:

@@ -18,15 +18,27 @@ An operator's abort is journaled the same way: `aborted` for an action it stoppe
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Self
 
+from controller.adapters.stores.journal_file import (
+    NEW_JOURNAL_HINT,
+    creating_path,
+    discard,
+    journal_file_problem,
+    move_into_place,
+    set_aside,
+)
+from controller.adapters.stores.journal_reads import JournalReader
+from controller.adapters.stores.journal_reads import action_record as _record
 from controller.adapters.stores.journal_retention import RETENTION_INDEXES, PurgeReport, purge
 from controller.adapters.stores.journal_state import STATE_SCHEMA, StateStore, StateWrite, migrate_whole_states
 from controller.core.actions import (
@@ -35,19 +47,21 @@ from controller.core.actions import (
     ActionRecord,
     ActionRequest,
     ActionStatus,
-    ActionType,
 )
 from controller.core.controls import CONTROLS_META_KEY, AbortRequest, Controls, ControlsError
 from controller.core.engine import PolicyState
 from controller.core.model import Decision, target_labels
-from controller.kit.errors import StoreError
+from controller.kit.errors import StoreError, StoreWriteError
 from controller.kit.sqlite_store import (
     immediate_transaction,
     incremental_vacuum,
     json_column,
     make_durable,
     open_durable,
+    open_reader,
 )
+
+logger = logging.getLogger("tailguard.journal")
 
 # 2: the engine state per (policy, condition, target) (journal_state.py) instead of one whole-state row per
 # policy (`policy_state`, migrated when a version-1 file is opened); retention indexes (journal_retention.py).
@@ -60,6 +74,10 @@ JOURNAL_PAGE_SIZE = 2048
 
 class JournalError(StoreError):
     """The journal file cannot be used (not a database, a newer schema, ...); the message says why."""
+
+
+class JournalWriteError(JournalError, StoreWriteError):
+    """An evaluation's commit was refused (a full disk, a read-only volume): nothing of it was kept."""
 
 
 def action_resource(action: ActionRequest, decision: Decision) -> str:
@@ -153,15 +171,20 @@ def _decision_body(decision: Decision) -> dict[str, Any]:
 
 
 class Journal:
-    """Thread-safe: one connection guarded by a lock (scheduler threads evaluate policies concurrently)."""
+    """Thread-safe: one writing connection guarded by a lock (scheduler threads evaluate policies concurrently), and
+    one query-only connection under its own lock for the decisions API and the status page (issue 24)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, new_journal: bool = False, now: float | None = None) -> None:
+        """Open the journal at `path`, creating it when no file is there. An existing file that is not a journal
+        (empty, not SQLite, another program's database) is refused (JournalError, one line), or with
+        `new_journal` set aside for a new journal (journal_file.py); `now` names the set-aside file."""
         self.path = Path(path)
         self._lock = threading.RLock()
         self._closed = False
         self._states = StateStore()
         # Rows written by the last commit_evaluation (the policy row + condition rows changed or removed).
         self.last_state_rows = 0
+        self._ensure_file(new_journal, now)
         self._db = open_durable(self.path, JournalError, "journal")
         try:
             make_durable(self._db, page_size=JOURNAL_PAGE_SIZE)
@@ -173,6 +196,46 @@ class Journal:
         except JournalError:
             self._db.close()
             raise
+        # The read side (issue 24, item 6): the decisions API and the status page read through their own
+        # connection under their own lock, so a read storm never holds the lock an evaluation commits under; WAL
+        # gives each read a snapshot while the writer goes on.
+        self._reader = JournalReader(open_reader(self.path, JournalError, "journal"))
+
+    # -- the file (journal_file.py) ----------------------------------------------------------------------
+
+    def _ensure_file(self, new_journal: bool, now: float | None) -> None:
+        if self.path.is_dir():
+            raise JournalError(f"journal {self.path} is a directory; the journal path names a file")
+        if self.path.exists():
+            problem = journal_file_problem(self.path)
+            if problem is None:
+                return
+            if not new_journal:
+                raise JournalError(f"journal {self.path} {problem}; refusing to start on it ({NEW_JOURNAL_HINT})")
+            aside = set_aside(self.path, time.time() if now is None else now)
+            logger.warning("journal %s %s: set aside as %s (--new-journal); starting a new journal", self.path,
+                           problem, aside)  # fmt: skip
+        elif Path(f"{self.path}-wal").exists():
+            problem = f"is missing but its write-ahead log {self.path}-wal is there"
+            if not new_journal:
+                raise JournalError(f"journal {self.path} {problem}; refusing to start on it ({NEW_JOURNAL_HINT})")
+            aside = set_aside(self.path, time.time() if now is None else now)
+            logger.warning("journal %s %s: set aside as %s-wal (--new-journal); starting a new journal", self.path,
+                           problem, aside)  # fmt: skip
+        built = creating_path(self.path)
+        discard(built)  # what a creation killed half-way left
+        self._db = open_durable(built, JournalError, "journal")
+        try:
+            make_durable(self._db, page_size=JOURNAL_PAGE_SIZE)
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            raise JournalError(f"journal {built}: cannot create a new journal: {exc}") from exc
+        finally:
+            self._db.close()
+        try:
+            move_into_place(built, self.path)
+        except OSError as exc:
+            raise JournalError(f"journal {self.path}: cannot create a new journal: {exc}") from exc
 
     # -- schema -----------------------------------------------------------------------------------------
 
@@ -225,8 +288,11 @@ class Journal:
                     write: StateWrite = self._states.write(db, policy, state, now)
                     for decision in decisions:
                         self._insert_decision(db, decision, now)
-            except BaseException:
+            except sqlite3.Error as failed:  # a full disk, a read-only volume: one line, no traceback (loop/health.py)
                 self._states.rolled_back(policy)  # what it holds is read again from the file
+                raise JournalWriteError(f"journal {self.path}: cannot write: {failed}") from failed
+            except BaseException:
+                self._states.rolled_back(policy)
                 raise
             self._states.committed(write)
             self.last_state_rows = write.rows
@@ -543,26 +609,9 @@ class Journal:
             ).fetchone()
         return json.loads(row["body"]) if row is not None else None
 
-    def recent_decisions(self, limit: int = 100) -> list[dict[str, Any]]:
-        """Newest first: each decision's JSON plus `recorded_at` and its journaled `action_records`."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT body, recorded_at FROM decisions ORDER BY seq DESC LIMIT ?", (max(0, limit),)
-            ).fetchall()
-            out: list[dict[str, Any]] = []
-            for row in rows:
-                body: dict[str, Any] = json.loads(row["body"])
-                body["recorded_at"] = row["recorded_at"]
-                actions = self._db.execute(
-                    "SELECT * FROM actions WHERE decision_id = ? AND decision_kind = ? ORDER BY seq",
-                    (body["id"], body["kind"]),
-                ).fetchall()
-                body["action_records"] = [
-                    {**_record(action).to_json(), "events": self._events(action["idempotency_key"])}
-                    for action in actions
-                ]
-                out.append(body)
-        return out
+    def recent_decisions(self, limit: int = 100, before: int | None = None) -> list[dict[str, Any]]:
+        """Newest first, paged (journal_reads.py: on the read connection, never under the writer's lock)."""
+        return self._reader.recent_decisions(limit, before)
 
     # -- operator controls (controller/core/controls.py) ---------------------------------------------------
 
@@ -599,12 +648,8 @@ class Journal:
         return [str(row["policy"]) for row in rows]
 
     def recent_controls(self, limit: int = 50) -> list[dict[str, Any]]:
-        """Newest first."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT at, action, subject, by, reason FROM controls ORDER BY seq DESC LIMIT ?", (max(0, limit),)
-            ).fetchall()
-        return [dict(row) for row in rows]
+        """Newest first (journal_reads.py: on the read connection)."""
+        return self._reader.recent_controls(limit)
 
     def _events(self, idempotency_key: str) -> list[dict[str, Any]]:
         rows = self._db.execute(
@@ -614,6 +659,7 @@ class Journal:
 
     def close(self) -> None:
         with self._lock:
+            self._reader.close()
             self._db.close()
             self._closed = True
 
@@ -643,30 +689,4 @@ def _event(db: sqlite3.Connection, idempotency_key: str, at: float, event: str, 
     db.execute(
         "INSERT INTO action_events (idempotency_key, at, event, detail) VALUES (?, ?, ?, ?)",
         (idempotency_key, at, event, detail),
-    )
-
-
-def _loads(text: str | None) -> Any:
-    return json.loads(text) if text is not None else None
-
-
-def _record(row: sqlite3.Row) -> ActionRecord:
-    return ActionRecord(
-        idempotency_key=row["idempotency_key"],
-        decision_id=row["decision_id"],
-        decision_kind=row["decision_kind"],
-        policy=row["policy"],
-        resource=row["resource"],
-        type=ActionType(row["type"]),
-        params=json.loads(row["params"]),
-        dry_run=bool(row["dry_run"]),
-        status=ActionStatus(row["status"]),
-        attempts=int(row["attempts"]),
-        result=_loads(row["result"]),
-        error=row["error"],
-        plan=_loads(row["plan"]),
-        created_at=float(row["created_at"]),
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        updated_at=float(row["updated_at"]),
     )

@@ -7,13 +7,20 @@ Two tables, written in the same transaction as the evaluation's decisions and ac
 - `condition_state`: one row per (policy, condition, target) with that condition state's JSON, written only when
   the state changed.
 
-What "changed" means: any field except the two that a healthy observation refreshes on every evaluation:
-`last_data_at` is stored symbolically (`fresh = 1`: "the policy's `last_evaluated_at`"), so a target observed at
-every evaluation keeps an unchanged row; `last_value` (shown in the evaluation log, never read by the engine) is
-the value of the row's last write. So a row is rewritten when the phase, streaks, evidence, errors, staleness...
-change, or when a target stops (or starts again) being observed, and a cycle of healthy targets writes the policy
+What "changed" means: any field except those an observation refreshes on every evaluation without changing
+what the engine decides: `last_data_at` is stored symbolically (`fresh = 1`: "the policy's `last_evaluated_at`"),
+so a target observed at every evaluation keeps an unchanged row; `last_value` (shown in the evaluation log, never
+read by the engine) is the value of the row's last write; and the `evidence` window of a FIRING target, which
+slides by one point at every breaching evaluation (issue 24, item 8: at 1,000 targets, 200 of them firing, each
+firing row was rewritten at every evaluation: 211 rows, 669 KB, 3.85 GB/day; tests/support/flapping.py). A firing
+row's evidence is written with every other change of the row (the fire itself, a recovery streak, staleness,
+errors, the resolve), so the journal holds at least the evidence the fire decision recorded, and a resolve
+decision after a restart carries the points of the row's last write plus those observed after the restart. So a
+row is rewritten when the phase, streaks, a pending target's evidence, errors, staleness... change, or when a
+target stops (or starts again) being observed, and a cycle of healthy or steadily firing targets writes the policy
 row alone. `load_state` reassembles a `PolicyState` whose `to_json()` is byte-identical to the committed one's,
-except `last_value` of a row not rewritten since (the value it had then; the next evaluation refreshes it).
+except `last_value` of a row not rewritten since (the value it had then; the next evaluation refreshes it) and a
+firing row's evidence (as above).
 
 A journal written before this (one `policy_state` row holding the whole state JSON per policy) is migrated when it
 is opened: each whole state becomes these rows, and the old table is dropped.
@@ -27,7 +34,7 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any
 
-from controller.core.engine import ConditionState, PolicyState, StateKey
+from controller.core.engine import ConditionState, Phase, PolicyState, StateKey
 from controller.core.model import TargetKey
 from controller.kit.sqlite_store import finite, json_column
 
@@ -48,9 +55,11 @@ STATE_SCHEMA = (
         PRIMARY KEY (policy, condition, target)) WITHOUT ROWID""",
 )
 
-# The fields whose change makes a row worth writing: all but the two a healthy observation refreshes.
+# The fields whose change makes a row worth writing: all but the two a healthy observation refreshes, and for a
+# firing target also its sliding evidence window (the phase is in both, so the two forms never compare equal).
 _REFRESHED = ("last_data_at", "last_value")
 _DURABLE = attrgetter(*(f.name for f in fields(ConditionState) if f.name not in _REFRESHED))
+_DURABLE_FIRING = attrgetter(*(f.name for f in fields(ConditionState) if f.name not in (*_REFRESHED, "evidence")))
 _FRESH = "fresh"  # in a signature: last_data_at == the policy's last_evaluated_at
 
 Signature = tuple[Any, Any]
@@ -58,7 +67,8 @@ Signature = tuple[Any, Any]
 
 def _signature(state: ConditionState, evaluated_at: float | None) -> Signature:
     last = state.last_data_at
-    return _DURABLE(state), (_FRESH if last == evaluated_at else last)
+    durable = _DURABLE_FIRING(state) if state.phase is Phase.FIRING else _DURABLE(state)
+    return durable, (_FRESH if last == evaluated_at else last)
 
 
 
@@ -135,11 +145,14 @@ class StateStore:
         upserts: list[tuple[str, str, str, str, int, float]] = []
         new_keys = 0
         held_signature = held.get
-        durable = _DURABLE
+        durable, durable_firing, firing = _DURABLE, _DURABLE_FIRING, Phase.FIRING
         for key, condition_state in state.conditions.items():
             # _signature, inlined: this runs for every (condition, target) of every evaluation
             last = condition_state.last_data_at
-            signature = (durable(condition_state), _FRESH if last == evaluated_at else last)
+            signature = (
+                durable_firing(condition_state) if condition_state.phase is firing else durable(condition_state),
+                _FRESH if last == evaluated_at else last,
+            )
             before = held_signature(key)
             if before == signature:
                 continue
