@@ -26,6 +26,7 @@ from controller.core.controls import AbortRequest, AbortResult, Controls
 from controller.core.engine import PolicyState
 from controller.core.grid import RangeGrid
 from controller.core.handover import ActionTimes
+from controller.core.incidents import Incident, Ledger
 from controller.core.model import Decision, SignalResult, TargetKey
 from controller.core.policy import Policy
 
@@ -331,6 +332,28 @@ class ActionJournalPort(Protocol):
 
     def abort_requested(self, idempotency_key: str) -> AbortRequest | None:
         """The abort journaled for a started action (its `abort_requested` event), or None."""
+        ...
+
+
+class IncidentStorePort(Protocol):
+    """Where incidents live (controller/core/incidents.py): the journal's SQLite locally, `TailguardIncident`
+    resources in a cluster. Every write is a compare-and-set on the version read."""
+
+    def current(self, scope_key: str) -> tuple[Incident, Ledger] | None:
+        """The open incident of the scope (at most one) and the ledger stored with it, or None."""
+        ...
+
+    def ledger(self, service: str) -> Ledger:
+        """The service's revision ledger as its latest incident left it (an empty one when it has none)."""
+        ...
+
+    def save(self, incident: Incident, ledger: Ledger) -> Incident:
+        """Write the incident and the service's ledger with it, only if the stored incident still has
+        `incident.version` ("" = create it). Returns it with its new version; IncidentConflict otherwise."""
+        ...
+
+    def incidents(self, *, open_only: bool = True, limit: int = 50) -> list[Incident]:
+        """Newest first."""
         ...
 
 

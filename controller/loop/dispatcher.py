@@ -97,7 +97,7 @@ from controller.core.unconfigured import (
 )
 from controller.kit.errors import ConfigError
 from controller.kit.http import backoff_delay
-from controller.loop import restore
+from controller.loop import incidents, restore
 from controller.loop.workers import ActionLanes
 
 log = logging.getLogger(__name__)
@@ -879,10 +879,14 @@ class Dispatcher:
         labels = {str(k): str(v) for k, v in (decision.get("target") or {}).items()}
         tags = [str(tag) for tag in action.tags]
         extra = [f"policy:{record.policy}", f"decision:{record.decision_kind}"]
+        text = action.text
+        if record.decision_kind == "resolve":
+            # A restore of this recovery that found the object changed by a human: the text says what it found.
+            text = incidents.truthful_annotation(self.journal.actions_for(record.decision_id), record, text)
         return Annotation(
             time=start,
             time_end=end,
-            text=action.text,
+            text=text,
             tags=[*tags, *extra],
             decision_id=record.decision_id,
             labels=labels,

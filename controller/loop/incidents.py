@@ -1,0 +1,566 @@
+"""The incident reconciler: the glue between the loop and the incident model (controller/core/incidents.py).
+
+`IncidentKeeper` reads each incident and its service's ledger from the store (SQLite in the journal, or the
+`TailguardIncident` resources of the cluster: controller/adapters/incidents/), applies one pure transition and
+writes it back with a compare-and-set; on a conflict (another replica, or another thread, wrote since the read)
+it reads again and re-decides, so it is level-triggered: whatever replica owns the service acts from what the
+store says, never from what it remembers.
+
+It meets the loop at the ports, so the dispatcher and the controller class stay as they are:
+* `IncidentDispatcher` wraps the DispatcherPort: every decision opens or joins its scope's incident (a fire) or
+  recovers a policy of it (a resolve) before its actions run; after each evaluation (`retry_deferred`, called with
+  the state just committed) the open incidents of that policy are verified, and an escalation step that is due is
+  dispatched as its own decision (journaled, annotated, notified, idempotent by its id);
+* `IncidentRollback` wraps the RollbackPort: a rollback the incident refuses (a second one, one onto a known-bad
+  revision, one past the last known good) is SKIPPED with the reason, writing nothing; one it admits is counted
+  in the incident before the port is called, and its outcome marks the revision it left bad;
+* `IncidentScale` wraps the ScalePort: a restore skipped because the object changed says so in the incident;
+* `IncidentChanges` wraps the change tracker: a rollout an incident rolled back is no longer a cause.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from controller.core import incidents as model
+from controller.core.actions import (
+    ActionRecord,
+    ActionRequest,
+    ActionStatus,
+    ActionType,
+    AnnotateAction,
+    NotifyAction,
+)
+from controller.core.attribution import ChangeFeed, attribution_of
+from controller.core.engine import Phase, PolicyState, render_actions
+from controller.core.incidents import Firing, Incident, IncidentConflict, Ledger, TakenAction
+from controller.core.model import Decision, DecisionKind, target_key
+from controller.core.policy import Escalation, EscalationStep, Policy
+from controller.core.ports import (
+    AbortSignal,
+    ActionOutcome,
+    ChangeTrackerPort,
+    Clock,
+    DispatcherPort,
+    IncidentStorePort,
+    OutcomeStatus,
+    RollbackPort,
+    ScalePort,
+)
+
+log = logging.getLogger(__name__)
+
+CONFLICT_RETRIES = 5
+DEFAULT_ESCALATION = Escalation()
+
+Update = Callable[[Incident | None, Ledger], tuple[Incident, Ledger] | None]
+
+
+@dataclass(frozen=True)
+class EscalationDecision(Decision):
+    """A step of an incident's ladder, dispatched as a decision: its JSON names the incident, step and severity
+    (the notification's payload carries them)."""
+
+    incident: str = ""
+    step: str = ""
+    severity: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        body = super().to_json()
+        body["incident"] = self.incident
+        body["escalation"] = {"step": self.step, "severity": self.severity}
+        return body
+
+
+class IncidentKeeper:
+    def __init__(
+        self,
+        store: IncidentStorePort,
+        clock: Clock,
+        policies: Callable[[], Mapping[str, Policy]] | None = None,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self._policies = policies
+        self._lock = threading.RLock()
+
+    def bind(self, policies: Callable[[], Mapping[str, Policy]]) -> None:
+        """The loaded policies (the controller's), for their escalation ladders."""
+        self._policies = policies
+
+    # -- the store, compare-and-set -------------------------------------------------------------------------
+
+    def _update(self, scope: Mapping[str, str], service: str, change: Update) -> Incident | None:
+        """Read the scope's open incident and the service's ledger, apply `change`, write with a compare-and-set;
+        on a conflict read again (another writer came first) and re-decide."""
+        key = model.scope_key(scope)
+        with self._lock:
+            for _ in range(CONFLICT_RETRIES):
+                found = self.store.current(key)
+                incident, ledger = found if found is not None else (None, self.store.ledger(service))
+                changed = change(incident, ledger)
+                if changed is None:
+                    return incident
+                try:
+                    return self.store.save(*changed)
+                except IncidentConflict as exc:
+                    log.info("incident of %s changed under us (%s); reading it again", key, exc)
+            raise IncidentConflict(f"incident of {key}: {CONFLICT_RETRIES} conflicting writes in a row")
+
+    def open_for_service(self, service: str) -> Incident | None:
+        found = [i for i in self.store.incidents(open_only=True) if i.service == service]
+        return found[0] if found else None
+
+    def ledger(self, service: str) -> Ledger:
+        return self.store.ledger(service)
+
+    def incidents(self, *, open_only: bool = True, limit: int = 50) -> list[Incident]:
+        return self.store.incidents(open_only=open_only, limit=limit)
+
+    # -- decisions ------------------------------------------------------------------------------------------
+
+    def on_decision(self, decision: Decision) -> None:
+        if isinstance(decision, EscalationDecision):
+            return
+        scope = model.scope_of(decision.target)
+        service = model.service_of(scope)
+        if decision.kind is DecisionKind.FIRE:
+            rollout = attribution_of(decision.to_json())
+            firing = Firing(
+                policy=decision.policy,
+                condition=decision.condition,
+                decision_id=decision.id,
+                at=decision.at,
+                value=decision.value,
+                threshold=decision.threshold,
+                evidence=decision.evidence,
+                cause=rollout.revision if rollout is not None else None,
+            )
+
+            def join(incident: Incident | None, ledger: Ledger) -> tuple[Incident, Ledger] | None:
+                joined = model.open_or_join(incident, scope, firing)
+                return None if joined == incident else (joined, ledger)
+
+            self._update(scope, service, join)
+        elif decision.kind is DecisionKind.RESOLVE:
+
+            def recover(incident: Incident | None, ledger: Ledger) -> tuple[Incident, Ledger] | None:
+                if incident is None:
+                    return None
+                running = _running_revision(incident)
+                done = model.recover(incident, decision.policy, self.clock.now(), ledger, running)
+                return None if done == (incident, ledger) else done
+
+            self._update(scope, service, recover)
+
+    # -- rollbacks ------------------------------------------------------------------------------------------
+
+    def rollback_refusal(self, service: str, plan: Mapping[str, Any]) -> str | None:
+        incident = self.open_for_service(service)
+        refusal = model.rollback_refusal(incident, self.store.ledger(service), plan)
+        if refusal is not None and incident is not None:
+            self.note(service, f"rollback {plan.get('from_revision')} -> {plan.get('to_revision')} refused: {refusal}")
+        return refusal
+
+    def rollback_starting(self, service: str, plan: Mapping[str, Any], key: str) -> str | None:
+        """Count the rollback in its incident before the port is called (compare-and-set), or say why not. A
+        resume of the same action (same key) is admitted again."""
+        refusal: list[str] = []
+        incident = self.open_for_service(service)
+        if incident is None:
+            why = model.rollback_refusal(None, self.store.ledger(service), plan)
+            return why
+        if any(a.key == key for a in incident.rollbacks()):
+            return None
+        policy = policy_of_key(incident, key)
+
+        def start(current: Incident | None, ledger: Ledger) -> tuple[Incident, Ledger] | None:
+            refusal.clear()
+            if current is None:
+                return None
+            why = model.rollback_refusal(current, ledger, plan)
+            if why is not None:
+                refusal.append(why)
+                refused = TakenAction(key, "rollback", policy, self.clock.now(), "refused", dict(plan), why)
+                return model.action_ended(current, ledger, refused, 0.0)
+            action = TakenAction(key, "rollback", policy, self.clock.now(), "started", dict(plan))
+            return model.rollback_started(current, action), ledger
+
+        self._update(incident.scope, service, start)
+        return refusal[0] if refusal else None
+
+    def action_ended(self, service: str, key: str, action_type: str, plan: Mapping[str, Any], outcome: ActionOutcome,
+                     policy: str = "") -> None:  # fmt: skip
+        incident = self.open_for_service(service)
+        if incident is None:
+            return
+        previous = next((a for a in incident.actions if a.key == key), None)
+        policy = policy or policy_of_key(incident, key)
+        status = outcome.status.value
+        reason = outcome.error or str(outcome.detail.get("reason") or "")
+        taken = TakenAction(
+            key, action_type, policy or (previous.policy if previous else ""), previous.at if previous else
+            self.clock.now(), status, dict(plan), reason,
+        )  # fmt: skip
+        verify = self.escalation_of(taken.policy).verifyAfter
+
+        def end(current: Incident | None, ledger: Ledger) -> tuple[Incident, Ledger] | None:
+            if current is None:
+                return None
+            return model.action_ended(current, ledger, taken, verify)
+
+        self._update(incident.scope, service, end)
+
+    def note(self, service: str, text: str) -> None:
+        """Said in the service's open incident, or in its latest one (a recovery's restore runs after the resolve
+        decision ended the incident)."""
+        with self._lock:
+            for _ in range(CONFLICT_RETRIES):
+                latest = next((i for i in self.store.incidents(open_only=False) if i.service == service), None)
+                if latest is None or text in latest.notes:
+                    return
+                try:
+                    self.store.save(model.note(latest, text), self.store.ledger(service))
+                    return
+                except IncidentConflict as exc:
+                    log.info("incident %s changed under us (%s); reading it again", latest.id, exc)
+
+    # -- verification and escalation -----------------------------------------------------------------------
+
+    def escalation_of(self, policy: str) -> Escalation:
+        loaded = self._policies() if self._policies is not None else {}
+        found = loaded.get(policy)
+        return found.escalation if found is not None else DEFAULT_ESCALATION
+
+    def reconcile(self, policy_name: str, state: PolicyState | None) -> list[Decision]:
+        """After an evaluation of `policy_name` committed `state`: each open incident of the policy whose last
+        action's verification window ended with the breach still held moves one step up its ladder (the step's
+        decision is returned, to be dispatched)."""
+        if state is None:
+            return []
+        loaded = self._policies() if self._policies is not None else {}
+        policy = loaded.get(policy_name)
+        now = self.clock.now()
+        due: list[Decision] = []
+        for incident in self.store.incidents(open_only=True):
+            if policy_name not in incident.active_policies:
+                continue
+            holds = _breach_holds(state, incident)
+            last = incident.last_action()
+            owner = last.policy if last is not None and last.policy else policy_name
+            spec = self.escalation_of(owner)
+            if model.escalation_due(incident, holds, now, spec.verifyAfter) is None:
+                continue
+            decision = self._escalate(incident, policy, policy_name, spec, now)
+            if decision is not None:
+                due.append(decision)
+        return due
+
+    def _escalate(
+        self, incident: Incident, policy: Policy | None, policy_name: str, spec: Escalation, now: float
+    ) -> Decision | None:
+        steps = _ladder(spec)
+        last = incident.last_action()
+        if incident.stage >= len(steps) or last is None:
+            if incident.next_step != "a human: the ladder is exhausted":
+
+                def exhausted(current: Incident | None, ledger: Ledger) -> tuple[Incident, Ledger] | None:
+                    if current is None or current.id != incident.id:
+                        return None
+                    return model.replace_next_step(current, "a human: the ladder is exhausted"), ledger
+
+                self._update(incident.scope, incident.service, exhausted)
+            return None
+        step = steps[incident.stage]
+        following = steps[incident.stage + 1].name if incident.stage + 1 < len(steps) else "a human"
+        decision_id = f"{incident.id}.escalation-{incident.stage + 1}"
+        text = (
+            f"incident {incident.id} on {incident.service}: {last.describe()} did not end the breach within "
+            f"{spec.verifyAfter:.0f}s; escalation step {incident.stage + 1} ({step.name}, severity "
+            f"{step.severity.value}); next: {following}"
+        )
+        firing = next((f for f in incident.fired if f.policy == policy_name), incident.fired[0])
+        target = target_key(incident.scope)
+        actions = [*step.actions, AnnotateAction(type="annotate", text=text, tags=["escalation", step.severity.value])]
+        if policy is not None:
+            condition = next((c for c in policy.conditions if c.name == firing.condition), policy.conditions[0])
+            try:
+                rendered = render_actions(
+                    policy, condition, actions, target, kind=DecisionKind.FIRE, incident=decision_id,
+                    value=firing.value, threshold=firing.threshold, onset=incident.opened_at,
+                    extra_variables={"incident": incident.id, "severity": step.severity.value, "step": step.name,
+                                     "escalation": text},
+                )  # fmt: skip
+            except KeyError as exc:
+                log.warning("escalation step %s of %s: unknown variable %s; sent as written", step.name, incident.id,
+                            exc)  # fmt: skip
+                rendered = _unrendered(actions, decision_id)
+        else:
+            rendered = _unrendered(actions, decision_id)
+        decision = EscalationDecision(
+            id=decision_id,
+            kind=DecisionKind.FIRE,
+            policy=policy_name,
+            condition=firing.condition,
+            target=target,
+            onset=incident.opened_at,
+            at=now,
+            fired_at=now,
+            resolved_at=None,
+            value=firing.value,
+            threshold=firing.threshold,
+            evidence=firing.evidence,
+            actions=rendered,
+            dry_run=policy.dryRun if policy is not None else False,
+            reason=text,
+            incident=incident.id,
+            step=step.name,
+            severity=step.severity.value,
+        )
+
+        def climb(current: Incident | None, ledger: Ledger) -> tuple[Incident, Ledger] | None:
+            if current is None or current.id != incident.id or current.stage != incident.stage:
+                return None  # another replica climbed first: its step stands
+            return model.escalated(current, step.name, now, decision_id, f"verify, then {following}"), ledger
+
+        climbed = self._update(incident.scope, incident.service, climb)
+        if climbed is None or climbed.stage != incident.stage + 1:
+            return None
+        log.warning("%s", text)
+        return decision
+
+    def undone(self, service: str) -> frozenset[str]:
+        return model.undone_rollouts(self.store.ledger(service))
+
+
+def policy_of_key(incident: Incident, key: str) -> str:
+    """The policy of an action of the incident, from its idempotency key (`{decision_id}:{kind}:{index}`)."""
+    decision = key.split(":", 1)[0]
+    return next((f.policy for f in incident.fired if f.decision_id == decision), "")
+
+
+def _ladder(spec: Escalation) -> list[EscalationStep]:
+    if spec.steps:
+        return list(spec.steps)
+    message = "{{ escalation }}"
+    return [
+        EscalationStep(
+            name="notify-oncall",
+            actions=[NotifyAction(type="notify", receiver=spec.receiver, message=message)],
+        )
+    ]
+
+
+def _unrendered(actions: Sequence[Any], decision_id: str) -> tuple[ActionRequest, ...]:
+    return tuple(
+        ActionRequest.of(
+            ActionType(action.type),
+            {k: v for k, v in action.model_dump(exclude_none=True).items() if k != "type"},
+            f"{decision_id}:fire:{index}",
+        )
+        for index, action in enumerate(actions)
+    )
+
+
+def _breach_holds(state: PolicyState, incident: Incident) -> bool:
+    """Some condition of the policy still fires on a target of the incident's scope."""
+    for (_, target), condition in state.conditions.items():
+        if condition.phase is Phase.FIRING and model.scope_of(target) == dict(incident.scope):
+            return True
+    return False
+
+
+def _running_revision(incident: Incident) -> str | None:
+    """What the incident last deployed: its latest succeeded rollback's target (None: it did not roll back)."""
+    for action in reversed(incident.actions):
+        if action.type == "rollback" and action.status == "succeeded" and action.plan.get("to_revision") is not None:
+            return str(action.plan["to_revision"])
+    return None
+
+
+# ----- the wrappers at the ports ---------------------------------------------------------------------------------
+
+
+class IncidentDispatcher:
+    """DispatcherPort: every decision reaches its incident first; after each evaluation, escalations due."""
+
+    def __init__(self, inner: DispatcherPort, keeper: IncidentKeeper) -> None:
+        self.inner = inner
+        self.keeper = keeper
+
+    def dispatch(self, decision: Decision) -> Sequence[Any]:
+        try:
+            self.keeper.on_decision(decision)
+        except Exception:  # an unreachable store must not stop the actions the journal already holds
+            log.exception("decision %s: its incident could not be updated", decision.id)
+        return self.inner.dispatch(decision)
+
+    def resume(self) -> Sequence[Any]:
+        return self.inner.resume()
+
+    def retry_deferred(self, policy: str, state: PolicyState | None) -> Sequence[Any]:
+        records = list(self.inner.retry_deferred(policy, state))
+        try:
+            due = self.keeper.reconcile(policy, state)
+        except Exception:
+            log.exception("incidents of %s: not reconciled this evaluation", policy)
+            due = []
+        for decision in due:
+            records.extend(self.inner.dispatch(decision))
+        return records
+
+    def deferred_policies(self) -> set[str]:
+        return self.inner.deferred_policies()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)  # abort, wait_idle, close: the wrapped dispatcher's
+
+
+class IncidentRollback:
+    """RollbackPort: a rollback only as its incident allows it (controller/core/incidents.py, rollback_refusal)."""
+
+    def __init__(self, inner: RollbackPort, keeper: IncidentKeeper) -> None:
+        self.inner = inner
+        self.keeper = keeper
+
+    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> Mapping[str, Any] | ActionOutcome:
+        planned = self.inner.plan_rollback(service, rollout_revision=rollout_revision)
+        if isinstance(planned, ActionOutcome):
+            return planned
+        refusal = self.keeper.rollback_refusal(service, planned)
+        if refusal is not None:
+            return _refused(planned, refusal)
+        return planned
+
+    def rollback(
+        self,
+        service: str,
+        *,
+        idempotency_key: str,
+        rollout_revision: str | None = None,
+        plan: Mapping[str, Any] | None = None,
+        abort: AbortSignal | None = None,
+    ) -> ActionOutcome:
+        if plan is None:
+            planned = self.plan_rollback(service, rollout_revision=rollout_revision)
+            if isinstance(planned, ActionOutcome):
+                return planned
+            plan = planned
+        refusal = self.keeper.rollback_starting(service, plan, idempotency_key)
+        if refusal is not None:
+            return _refused(plan, refusal)
+        outcome = self.inner.rollback(
+            service, idempotency_key=idempotency_key, rollout_revision=rollout_revision, plan=plan, abort=abort
+        )
+        try:
+            self.keeper.action_ended(service, idempotency_key, "rollback", plan, outcome)
+        except Exception:
+            log.exception("rollback %s: its incident could not be updated", idempotency_key)
+        return outcome
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _refused(plan: Mapping[str, Any], reason: str) -> ActionOutcome:
+    log.warning("rollback refused by its incident: %s", reason)
+    return ActionOutcome(OutcomeStatus.SKIPPED, {**dict(plan), "reason": reason, "refused_by": "incident"})
+
+
+class IncidentScale:
+    """ScalePort: a change counted in its incident; a restore skipped because a human changed the object said
+    so in the incident (with what it found)."""
+
+    def __init__(self, inner: ScalePort, keeper: IncidentKeeper) -> None:
+        self.inner = inner
+        self.keeper = keeper
+
+    def restore_scale(
+        self, service: str, state: Mapping[str, Any], *, expected: Mapping[str, Any] | None, idempotency_key: str
+    ) -> ActionOutcome:
+        outcome = self.inner.restore_scale(service, state, expected=expected, idempotency_key=idempotency_key)
+        if outcome.status is OutcomeStatus.SKIPPED:
+            found = restore_skip_text(service, outcome)
+            if found is not None:
+                try:
+                    self.keeper.note(service, found)
+                except Exception:
+                    log.exception("restore %s: its incident could not be updated", idempotency_key)
+        return outcome
+
+    def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome:
+        outcome = self.inner.set_replicas(service, replicas, idempotency_key=idempotency_key)
+        try:
+            self.keeper.action_ended(service, idempotency_key, "scale", {"replicas": replicas}, outcome)
+        except Exception:
+            log.exception("scale %s: its incident could not be updated", idempotency_key)
+        return outcome
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def restore_skip_text(service: str, outcome: ActionOutcome) -> str | None:
+    """`restore of chat skipped: changed by someone else (found minReplicas 5, maxReplicas 20; tailguard left
+    minReplicas 5, maxReplicas 10)`, or None when the skip was not a human's change."""
+    detail = outcome.detail
+    reason = str(detail.get("reason") or "")
+    if "someone else" not in reason and "changed" not in reason:
+        return None
+    found = detail.get("found") or detail.get("from")
+    parts = [f"restore of {service} skipped: {reason}"]
+    if isinstance(found, Mapping) and "found" not in reason:
+        parts.append(f"found {_fields(found)}")
+    return "; ".join(parts)
+
+
+def _fields(state: Mapping[str, Any]) -> str:
+    return ", ".join(f"{name} {value}" for name, value in sorted(state.items()) if not isinstance(value, Mapping))
+
+
+class IncidentChanges:
+    """ChangeTrackerPort: the rollouts an incident rolled back are no longer causes (a later load incident on the
+    service scales instead of "rolling back" a rollout already undone)."""
+
+    def __init__(self, inner: ChangeTrackerPort, keeper: IncidentKeeper) -> None:
+        self.inner = inner
+        self.keeper = keeper
+
+    def rollouts(self, since: float) -> ChangeFeed:
+        feed = self.inner.rollouts(since)
+        kept = []
+        for rollout in feed.rollouts:
+            service = rollout.labels.get("service")
+            if service is not None and rollout.revision in self.keeper.undone(service):
+                continue
+            kept.append(rollout)
+        return ChangeFeed(tuple(kept), feed.errors)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def truthful_annotation(actions: Sequence[ActionRecord], record: ActionRecord, text: str) -> str:
+    """The text of an annotate action of a recovery whose restore was skipped because someone changed the object:
+    what was found, not the policy's "back to the pre-incident floor" (`actions`: the journal's for the decision)."""
+    skipped = [
+        action
+        for action in actions
+        if action.decision_kind == record.decision_kind
+        and action.type is ActionType.RESTORE
+        and action.status is ActionStatus.SKIPPED
+    ]
+    notes = []
+    for action in skipped:
+        detail = (action.result or {}).get("detail") or {}
+        reason = str(detail.get("reason") or action.error or "")
+        if "someone else" in reason:
+            notes.append(f"restore of {action.resource} skipped, nothing put back: {reason}")
+    if not notes:
+        return text
+    head = text.split(": ", 1)[0]
+    return f"{head}: " + "; ".join(notes)
