@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from controller.adapters.lease.leader import LeaderElector
 from controller.adapters.scale.hpa import HpaBounds, HpaScaler
+from controller.adapters.stores.incident_resources import KubernetesIncidentStore
 from controller.adapters.stores.incidents import SqliteIncidentStore
 from controller.adapters.stores.journal import Journal
 from controller.app.incidents import incident_layer
@@ -30,16 +32,25 @@ from controller.loop.dispatcher import Actuators, Dispatcher
 from controller.loop.incidents import IncidentKeeper
 from controller.testing import FakeAnnotator, FakeChangeTracker, FakeNotifier, FakeRollback, FakeScaler
 from tests.scenarios.test_incident_matrix import (
+    ARGOCD_TOKEN,
     CHAT,
     P99,
     QUEUE,
+    ROLLBACK_TO_GOOD1,
     T0,
+    Pod,
+    PodClock,
     Replica,
     Tape,
     World,
+    argocd_finishes,
+    argocd_rollback,
+    argocd_writes,
     example,
     run_for,
+    tick,
 )
+from tests.support.fake_argocd import FakeArgoCD, application
 from tests.support.fake_kubernetes import FakeKubernetes, hpa
 
 ATTRIBUTED = "attributed-rollback-or-scale"
@@ -247,3 +258,72 @@ def test_a_human_raising_max_replicas_mid_incident_gets_a_truthful_annotation_an
         "'metrics': {'vllm:num_requests_waiting': '5'}}: found {'minReplicas': 5, 'maxReplicas': 20, 'metrics': "
         "{'vllm:num_requests_waiting': '5'}}; not overwritten"
     )
+
+
+# ----- failover after a rollback, P99 still high past the policy cooldown -------------------------------------------
+
+
+def test_failover_after_a_rollback_with_p99_high_past_the_cooldown_never_redeploys_the_bad_revision(
+    tmp_path: Path, kube: FakeKubernetes
+) -> None:
+    # 7710821: which revisions were bad lived in pod-a's emptyDir; pod-b, leading after pod-a left with P99 still
+    # high past the policy cooldown (10m), "rolled back" good1 to bad2.
+    shared, world, tape = ManualClock(T0), World(), Tape()
+    with FakeArgoCD() as argocd:
+        argocd.state.token = ARGOCD_TOKEN
+        argocd.add_app(application("chat", [("good1", T0 - 7200), ("bad2", T0 - 120)]))
+        recovered_at = T0 + 20 * 60  # the model loads slowly: P99 stays high for 20 minutes after the rollback
+
+        def latency() -> None:
+            fixed = argocd.app("chat")["status"]["sync"]["revision"] == "good1" and shared.now() >= recovered_at
+            world.set(P99, CHAT, 0.3 if fixed else 2.0)
+
+        def pod(name: str) -> tuple[Pod, IncidentKeeper]:
+            clock = PodClock(shared)
+            elector = LeaderElector(k8s.CoordinationV1Api(kube.api_client()), "tailguard", "tailguard", name, 15, clock)
+            elector.run_once()
+            store = KubernetesIncidentStore(k8s.CustomObjectsApi(kube.api_client()), "tailguard")
+            keeper = IncidentKeeper(store, clock)
+            rollback = argocd_rollback(argocd, clock, tmp_path / f"{name}-argocd-rollbacks.json")
+            actuators = Actuators(rollback=tape.wrap(rollback), annotator=tape.wrap(FakeAnnotator()),
+                                  notifier=tape.wrap(FakeNotifier()))  # fmt: skip
+            layer = incident_layer(keeper, actuators, None)
+            replica = Replica(
+                tmp_path, name, {"p99-rollback": example("p99-rollback")}, layer.actuators, clock, world=world,
+                leader=elector, wrap_dispatcher=lambda dispatcher, journal: layer.dispatcher(dispatcher),
+            )  # fmt: skip
+            keeper.bind(replica.controller.policies)
+            return Pod(replica, elector, clock), keeper
+
+        (a, _), (b, keeper_b) = pod("pod-a"), pod("pod-b")
+        assert a.elector.is_leader() and not b.elector.is_leader()
+        try:
+            for _ in range(4 * 4):  # four minutes: pod-a fires (T0+30), rolls back bad2 -> good1
+                latency()
+                tick([a, b], shared)
+            argocd_finishes(argocd)
+            for _ in range(7 * 4):  # seven more minutes: P99 still high (the model loads)
+                latency()
+                tick([a, b], shared)
+            a.elector.release()  # pod-a is drained (a rolling update of tailguard itself)
+            a.replica.stop()
+            for _ in range(15 * 4):  # pod-b leads, P99 high past the policy cooldown (10m), then it recovers
+                latency()
+                tick([b], shared)
+            assert b.elector.run_once(), "pod-b leads"
+        finally:
+            a.replica.stop()
+            b.replica.stop()
+        writes = argocd_writes(argocd)
+        final = argocd.app("chat")["status"]["sync"]["revision"]
+    assert writes == [ROLLBACK_TO_GOOD1]  # one rollback, by pod-a; bad2 never deployed again
+    assert final == "good1"
+    assert [call for call in tape.calls if call[0] == "rollback"] == [("rollback", "chat")]
+    # pod-b read the incident pod-a opened: the rollback made, bad2 known bad, the escalation due after 5m.
+    (incident,) = keeper_b.incidents(open_only=False)
+    assert incident.phase is IncidentPhase.RESOLVED and incident.stage == 1
+    assert keeper_b.ledger("chat").known_bad == ("bad2",) and keeper_b.ledger("chat").last_good == "good1"
+    assert [call[:2] for call in tape.calls if call[0] == "notify"] == [("notify", "oncall")]
+    (stored,) = kube.objects("tailguardincidents", "tailguard")
+    assert stored["status"]["phase"] == "resolved" and stored["spec"]["service"] == "chat"
+    assert [c.resource for c in kube.calls("update") if c.resource.startswith("tailguardincidents")] != []
