@@ -26,23 +26,34 @@ from controller.adapters.changes.tracker import ChangeTracker, build_change_trac
 from controller.adapters.metrics.prometheus import PrometheusSource, SourceConfigError
 from controller.adapters.notify.webhook import WebhookNotifier, decision_links
 from controller.adapters.rollback.argocd import ArgoCDRollback
+from controller.adapters.stores.incidents import SqliteIncidentStore
 from controller.adapters.stores.journal import Journal, JournalError
 from controller.adapters.stores.outbox import OutboxError
 from controller.adapters.tier.local_tier import LocalTierClient
 from controller.app.api import ControllerAPI
 from controller.app.extras import CLUSTER, ML, require
+from controller.app.incidents import incident_layer
 from controller.app.settings import ControllerSettings
 from controller.app.status_page import dashboard_link
 from controller.core.actions import ActionType
 from controller.core.policy import Condition
 from controller.core.policy_files import LoadedPolicy, PolicyError, load_policies
-from controller.core.ports import Annotator, Notifier, RollbackPort, ScalePort, TrafficRouter
+from controller.core.ports import (
+    Annotator,
+    ChangeTrackerPort,
+    IncidentStorePort,
+    Notifier,
+    RollbackPort,
+    ScalePort,
+    TrafficRouter,
+)
 from controller.core.unconfigured import ROLLBACK_MISSING, SCALE_MISSING, UnconfiguredRollback, UnconfiguredScale
 from controller.kit.clock import SystemClock
 from controller.kit.errors import ConfigError
 from controller.loop.dispatcher import Actuators, Dispatcher
 from controller.loop.evaluation import action_labels
 from controller.loop.housekeeping import Housekeeper, Task
+from controller.loop.incidents import IncidentKeeper
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
 from predictors.serving import PredictionProvider
@@ -275,7 +286,7 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
             stack.callback(_stop_if_running, elector)
     except ConfigError as unreachable:  # ClusterConfigError
         raise ConfigError(str(unreachable)) from unreachable
-    tracker = _change_tracker(settings, clock, tier, cluster)
+    tracker: ChangeTrackerPort | None = _change_tracker(settings, clock, tier, cluster)
     annotations_path = settings.annotations_path()
     annotators: list[Annotator] = [JsonlAnnotator(annotations_path)] if annotations_path is not None else []
     if grafana is not None:
@@ -303,6 +314,10 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
     )
     # Actions run on per-service workers, outside the evaluations (a rollback waiting on a sync holds neither its
     # policy's evaluations nor another service's actions); a replica that lost the Lease leaves them journaled.
+    # Incidents: one per service scope, in TailguardIncidents (every replica reads them) or in the journal's file.
+    keeper = IncidentKeeper(_incident_store(settings, cluster), clock)
+    layer = incident_layer(keeper, actuators, tracker)
+    actuators, tracker = layer.actuators, layer.change_tracker
     dispatcher = Dispatcher(
         journal,
         actuators,
@@ -348,7 +363,9 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         source=source,
         journal=journal,
         # Every decision also becomes a Grafana region (onset -> resolution) when Grafana is configured.
-        dispatcher=DecisionAnnotatingDispatcher(dispatcher, grafana, journal) if grafana is not None else dispatcher,
+        dispatcher=DecisionAnnotatingDispatcher(layer.dispatcher(dispatcher), grafana, journal)
+        if grafana is not None
+        else layer.dispatcher(dispatcher),
         clock=clock,
         metrics=metrics,
         dry_run=settings.dryRun,
@@ -365,6 +382,7 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         controls_store=journal,
     )
     stack.callback(controller.stop)
+    keeper.bind(controller.policies)  # the escalation ladders of the loaded policies
     if crd_source is not None:
         # A changed TailguardPolicy (e.g. `spec.suspend: true`) is loaded at once, not at the next periodic reload.
         crd_source.on_change = lambda: controller.reload() if controller.running else None
@@ -395,6 +413,18 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         if advertised is not None:
             elector.advertise(advertised)
     return Application(settings, controller, api, grafana, elector, housekeeper)
+
+
+def _incident_store(settings: ControllerSettings, cluster: ClusterActuators | None) -> IncidentStorePort:
+    incidents = settings.kubernetes.incidents if settings.kubernetes is not None else None
+    if cluster is not None and incidents is not None:
+        # The cluster extra (kubernetes): imported only with a kubernetes.incidents section.
+        from kubernetes import client as k8s
+
+        from controller.adapters.stores.incident_resources import KubernetesIncidentStore
+
+        return KubernetesIncidentStore(k8s.CustomObjectsApi(cluster.api_client), incidents.namespace)
+    return SqliteIncidentStore(settings.journal_path())
 
 
 def _retention_tasks(settings: ControllerSettings, journal: Journal, grafana: GrafanaAnnotator | None) -> list[Task]:

@@ -310,7 +310,9 @@ def open_or_join(current: Incident | None, scope: Mapping[str, str], firing: Fir
     )
 
 
-def recover(incident: Incident, policy: str, now: float, ledger: Ledger, running: str | None) -> tuple[Incident, Ledger]:
+def recover(
+    incident: Incident, policy: str, now: float, ledger: Ledger, running: str | None
+) -> tuple[Incident, Ledger]:
     """`policy` recovered on the scope; when every joined policy has, the incident ends and the revision running
     (when the incident knows it: its last rollback's target) is the last known good."""
     if not incident.open or policy not in incident.policies:

@@ -370,7 +370,7 @@ class Escalation(StrictModel):
                     raise PolicyReferenceError(
                         f"an escalation step may not {action.type}: a rollback that did not end the breach is "
                         "followed by a human, never by a second rollback",
-                        ("escalation", "steps", index, "actions", position, "type"),
+                        ("steps", index, "actions", position, "type"),
                     )
         return self
 

@@ -14,7 +14,8 @@ answers like the real API server:
   unknown fields rejected), the CRDs with their JSON Schemas from tests/support/specs/; an invalid object
   gets 422 Invalid with the field path, as the real server answers an admission failure;
 - TailguardPolicy and TailguardIncident (tailguard.io/v1alpha1) custom resources, validated against the
-  openAPIV3Schema of deploy/crds/tailguardpolicy.yaml and tailguardincident.yaml (unknown fields rejected, as `kubectl apply`'s strict field validation does),
+  openAPIV3Schema of deploy/crds/tailguardpolicy.yaml and tailguardincident.yaml (unknown fields rejected, as
+  `kubectl apply`'s strict field validation does),
   with the `status` subresource as the real server serves it for a CRD: a write to the object keeps the stored
   status and bumps `metadata.generation` when the spec changed; a write to `/status` changes only the status
   (a stale resourceVersion: 409 Conflict);
