@@ -380,6 +380,7 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         action_workers=dispatcher,
         # Pauses and the kill switch survive a restart in the journal (and a leader change in the Lease).
         controls_store=journal,
+        open_incidents=keeper.incidents,
     )
     stack.callback(controller.stop)
     keeper.bind(controller.policies)  # the escalation ladders of the loaded policies

@@ -24,6 +24,8 @@ from controller.adapters.stores.incident_resources import KubernetesIncidentStor
 from controller.adapters.stores.incidents import SqliteIncidentStore
 from controller.adapters.stores.journal import Journal
 from controller.app.incidents import incident_layer
+from controller.app.operate import format_status, journal_status
+from controller.app.status_page import render_status_page
 from controller.core.attribution import Rollout
 from controller.core.incidents import Incident, IncidentPhase
 from controller.core.ports import DispatcherPort
@@ -176,6 +178,23 @@ def test_two_bad_rollouts_in_a_row_one_rollback_then_escalation_never_a_second_r
     assert (incident.phase, incident.stage) == (IncidentPhase.ESCALATED, 1)
     assert incident.next_step == "a human: the ladder is exhausted"
     assert pod.store.ledger("chat").known_bad == ("3",)
+    # Visible (item 8): `tailguard status --journal`, its table and the status page show it, stage and next step.
+    document = journal_status(tmp_path / "pod.db")
+    shown = {k: v for k, v in document["incidents"][0].items() if k in ("id", "phase", "cause", "action", "stage",
+                                                                         "next")}  # fmt: skip
+    assert shown == {
+        "id": "chat-1700000030",
+        "phase": "escalated",
+        "cause": "rollout 3 (undone)",
+        "action": "escalation escalated (notify-oncall)",
+        "stage": 1,
+        "next": "a human: the ladder is exhausted",
+    }
+    table = format_status(document).split("OPEN INCIDENTS\n", 1)[1].splitlines()
+    assert table[0].split() == ["INCIDENT", "SERVICE", "PHASE", "CAUSE", "ACTION", "STAGE", "NEXT"]
+    assert table[1].split()[:3] == ["chat-1700000030", "chat", "escalated"] and "ladder is exhausted" in table[1]
+    page = render_status_page(document)
+    assert '<tr data-incident="chat-1700000030">' in page and "a human: the ladder is exhausted" in page
 
 
 # ----- a load incident within 30 minutes of a rollback ------------------------------------------------------------
