@@ -32,7 +32,6 @@ from controller.adapters.stores.outbox import OutboxError
 from controller.adapters.tier.local_tier import LocalTierClient
 from controller.app.api import ControllerAPI
 from controller.app.extras import CLUSTER, ML, require
-from controller.app.incidents import incident_layer
 from controller.app.settings import ControllerSettings
 from controller.app.status_page import dashboard_link
 from controller.core.actions import ActionType
@@ -53,7 +52,7 @@ from controller.kit.errors import ConfigError
 from controller.loop.dispatcher import Actuators, Dispatcher
 from controller.loop.evaluation import action_labels
 from controller.loop.housekeeping import Housekeeper, Task
-from controller.loop.incidents import IncidentKeeper
+from controller.loop.incidents import IncidentKeeper, incident_layer
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
 from predictors.serving import PredictionProvider

@@ -97,7 +97,7 @@ from controller.core.unconfigured import (
 )
 from controller.kit.errors import ConfigError
 from controller.kit.http import backoff_delay
-from controller.loop import incidents, restore
+from controller.loop import restore
 from controller.loop.workers import ActionLanes
 
 log = logging.getLogger(__name__)
@@ -882,7 +882,7 @@ class Dispatcher:
         text = action.text
         if record.decision_kind == "resolve":
             # A restore of this recovery that found the object changed by a human: the text says what it found.
-            text = incidents.truthful_annotation(self.journal.actions_for(record.decision_id), record, text)
+            text = restore.truthful_annotation(self.journal.actions_for(record.decision_id), record, text)
         return Annotation(
             time=start,
             time_end=end,

@@ -23,18 +23,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from controller.core import incidents as model
-from controller.core.actions import (
-    ActionRecord,
-    ActionRequest,
-    ActionStatus,
-    ActionType,
-    AnnotateAction,
-    NotifyAction,
-)
+from controller.core.actions import ActionRequest, ActionType, AnnotateAction, NotifyAction
 from controller.core.attribution import ChangeFeed, attribution_of
 from controller.core.engine import Phase, PolicyState, render_actions
 from controller.core.incidents import Firing, Incident, IncidentConflict, Ledger, TakenAction
@@ -51,6 +44,7 @@ from controller.core.ports import (
     RollbackPort,
     ScalePort,
 )
+from controller.loop.dispatcher import Actuators
 
 log = logging.getLogger(__name__)
 
@@ -386,11 +380,18 @@ def _running_revision(incident: Incident) -> str | None:
 
 
 class IncidentDispatcher:
-    """DispatcherPort: every decision reaches its incident first; after each evaluation, escalations due."""
+    """DispatcherPort: every decision reaches its incident first; after each evaluation, escalations due
+    (`on_escalation` hears each step's decision: the backtest reports them as the live loop journals them)."""
 
-    def __init__(self, inner: DispatcherPort, keeper: IncidentKeeper) -> None:
+    def __init__(
+        self,
+        inner: DispatcherPort,
+        keeper: IncidentKeeper,
+        on_escalation: Callable[[Decision], None] | None = None,
+    ) -> None:
         self.inner = inner
         self.keeper = keeper
+        self.on_escalation = on_escalation
 
     def dispatch(self, decision: Decision) -> Sequence[Any]:
         try:
@@ -410,6 +411,8 @@ class IncidentDispatcher:
             log.exception("incidents of %s: not reconciled this evaluation", policy)
             due = []
         for decision in due:
+            if self.on_escalation is not None:
+                self.on_escalation(decision)
             records.extend(self.inner.dispatch(decision))
         return records
 
@@ -544,23 +547,34 @@ class IncidentChanges:
         return getattr(self.inner, name)
 
 
-def truthful_annotation(actions: Sequence[ActionRecord], record: ActionRecord, text: str) -> str:
-    """The text of an annotate action of a recovery whose restore was skipped because someone changed the object:
-    what was found, not the policy's "back to the pre-incident floor" (`actions`: the journal's for the decision)."""
-    skipped = [
-        action
-        for action in actions
-        if action.decision_kind == record.decision_kind
-        and action.type is ActionType.RESTORE
-        and action.status is ActionStatus.SKIPPED
-    ]
-    notes = []
-    for action in skipped:
-        detail = (action.result or {}).get("detail") or {}
-        reason = str(detail.get("reason") or action.error or "")
-        if "someone else" in reason:
-            notes.append(f"restore of {action.resource} skipped, nothing put back: {reason}")
-    if not notes:
-        return text
-    head = text.split(": ", 1)[0]
-    return f"{head}: " + "; ".join(notes)
+
+# ----- the layer, as the composition root (and the backtest) wires it ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class IncidentLayer:
+    """The ports as the controller gets them: rollbacks and scales through their incident, the change feed without
+    the rollouts an incident undid, and `dispatcher(inner)` wrapping the dispatcher."""
+
+    keeper: IncidentKeeper
+    actuators: Actuators
+    change_tracker: ChangeTrackerPort | None
+    on_escalation: Callable[[Decision], None] | None = None
+
+    def dispatcher(self, inner: DispatcherPort) -> IncidentDispatcher:
+        return IncidentDispatcher(inner, self.keeper, self.on_escalation)
+
+
+def incident_layer(
+    keeper: IncidentKeeper,
+    actuators: Actuators,
+    change_tracker: ChangeTrackerPort | None,
+    on_escalation: Callable[[Decision], None] | None = None,
+) -> IncidentLayer:
+    wrapped = replace(
+        actuators,
+        rollback=IncidentRollback(actuators.rollback, keeper),
+        scale=IncidentScale(actuators.scale, keeper),
+    )
+    tracker = IncidentChanges(change_tracker, keeper) if change_tracker is not None else None
+    return IncidentLayer(keeper, wrapped, tracker, on_escalation)

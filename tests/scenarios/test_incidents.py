@@ -23,7 +23,6 @@ from controller.adapters.scale.hpa import HpaBounds, HpaScaler
 from controller.adapters.stores.incident_resources import KubernetesIncidentStore
 from controller.adapters.stores.incidents import SqliteIncidentStore
 from controller.adapters.stores.journal import Journal
-from controller.app.incidents import incident_layer
 from controller.app.operate import format_status, journal_status
 from controller.app.status_page import render_status_page
 from controller.core.attribution import Rollout
@@ -31,7 +30,7 @@ from controller.core.incidents import Incident, IncidentPhase
 from controller.core.ports import DispatcherPort
 from controller.kit.clock import ManualClock
 from controller.loop.dispatcher import Actuators, Dispatcher
-from controller.loop.incidents import IncidentKeeper
+from controller.loop.incidents import IncidentKeeper, incident_layer
 from controller.testing import FakeAnnotator, FakeChangeTracker, FakeNotifier, FakeRollback, FakeScaler
 from tests.scenarios.test_incident_matrix import (
     ARGOCD_TOKEN,
