@@ -152,7 +152,7 @@ class TakenAction:
         )
 
     def describe(self) -> str:
-        if self.type == "rollback" and "from_revision" in self.plan:
+        if self.type == "rollback" and self.plan.get("from_revision") is not None:
             what = f"rollback {self.plan['from_revision']} -> {self.plan.get('to_revision')}"
         else:
             what = self.type
