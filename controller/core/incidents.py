@@ -341,9 +341,9 @@ def rollback_refusal(incident: Incident | None, ledger: Ledger, plan: Mapping[st
                 f"{first.plan.get('to_revision')} (policy {first.policy!r}); a rollback that did not end the breach "
                 "is followed by the escalation ladder, never by a second rollback"
             )
-    if target is not None and target in ledger.known_bad:
+    if target is not None and any(same_revision(target, bad) for bad in ledger.known_bad):
         return f"revision {target} is known bad on {ledger.service} (an incident rolled it back): never a target"
-    if source is not None and source == ledger.last_good:
+    if source is not None and ledger.last_good is not None and same_revision(source, ledger.last_good):
         return (
             f"{ledger.service} runs {source}, the last revision known good: rolling back past it needs a human"
         )
@@ -419,6 +419,17 @@ def replace_next_step(incident: Incident, next_step: str) -> Incident:
 
 def undone_rollouts(ledger: Ledger | None) -> frozenset[str]:
     return frozenset(ledger.rolled_back) if ledger is not None else frozenset()
+
+
+_NUMBERED = re.compile(r"r?(\d+)")
+
+
+def same_revision(a: str, b: str) -> bool:
+    """One revision as two sources name it: the local tier's plan says 3 where its rollouts say r3."""
+    if a == b:
+        return True
+    left, right = _NUMBERED.fullmatch(a), _NUMBERED.fullmatch(b)
+    return left is not None and right is not None and int(left.group(1)) == int(right.group(1))
 
 
 def open_incidents(incidents: Iterable[Incident]) -> list[Incident]:

@@ -538,7 +538,8 @@ class IncidentChanges:
         kept = []
         for rollout in feed.rollouts:
             service = rollout.labels.get("service")
-            if service is not None and rollout.revision in self.keeper.undone(service):
+            undone = self.keeper.undone(service) if service is not None else frozenset()
+            if any(model.same_revision(rollout.revision, revision) for revision in undone):
                 continue
             kept.append(rollout)
         return ChangeFeed(tuple(kept), feed.errors)

@@ -97,6 +97,11 @@ def test_escalation_is_due_only_after_the_verification_window_with_the_breach_he
     assert model.escalation_due(climbed, True, T0 + 330 + 299, 300.0) is None  # the step is verified in turn
 
 
+def test_a_revision_is_the_same_whether_a_source_numbers_or_names_it() -> None:
+    assert model.same_revision("3", "r3") and model.same_revision("bad2", "bad2")
+    assert not model.same_revision("3", "r4") and not model.same_revision("good1", "1")
+
+
 # ----- the stores: compare-and-set ---------------------------------------------------------------------------------
 
 
