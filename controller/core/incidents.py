@@ -398,8 +398,10 @@ def escalation_due(incident: Incident, breach_holds: bool, now: float, verify_af
     if not incident.open or not breach_holds:
         return None
     last = incident.last_action()
-    if last is None or last.type not in VERIFIED_ACTIONS:
-        return None
+    if last is None:
+        # Nothing was done: a rollback the incident refused (e.g. past the last known good) is the ladder's at once.
+        refused = [a for a in incident.actions if a.status == "refused"]
+        return refused[-1] if refused and incident.stage == 0 else None
     if now - last.at < verify_after:
         return None
     return last

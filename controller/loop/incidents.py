@@ -158,6 +158,17 @@ class IncidentKeeper:
         refusal = model.rollback_refusal(incident, self.store.ledger(service), plan)
         if refusal is not None and incident is not None:
             self.note(service, f"rollback {plan.get('from_revision')} -> {plan.get('to_revision')} refused: {refusal}")
+            if incident.last_action() is None:
+                # Nothing of the incident ran: the refusal is what the ladder answers (a human must choose).
+                key = f"refused:{plan.get('from_revision')}->{plan.get('to_revision')}"
+                refused = TakenAction(key, "rollback", "", self.clock.now(), "refused", dict(plan), refusal)
+
+                def record(current: Incident | None, ledger: Ledger) -> tuple[Incident, Ledger] | None:
+                    if current is None or any(a.key == key for a in current.actions):
+                        return None
+                    return model.action_ended(current, ledger, refused, 0.0)
+
+                self._update(incident.scope, service, record)
         return refusal
 
     def rollback_starting(self, service: str, plan: Mapping[str, Any], key: str) -> str | None:
@@ -258,7 +269,7 @@ class IncidentKeeper:
         self, incident: Incident, policy: Policy | None, policy_name: str, spec: Escalation, now: float
     ) -> Decision | None:
         steps = _ladder(spec)
-        last = incident.last_action()
+        last = incident.last_action() or model.escalation_due(incident, True, now, spec.verifyAfter)
         if incident.stage >= len(steps) or last is None:
             if incident.next_step != "a human: the ladder is exhausted":
 
@@ -272,10 +283,14 @@ class IncidentKeeper:
         step = steps[incident.stage]
         following = steps[incident.stage + 1].name if incident.stage + 1 < len(steps) else "a human"
         decision_id = f"{incident.id}.escalation-{incident.stage + 1}"
+        what = (
+            f"{last.describe()}, the breach holds"
+            if last.status == "refused"
+            else f"{last.describe()} did not end the breach within {spec.verifyAfter:.0f}s"
+        )
         text = (
-            f"incident {incident.id} on {incident.service}: {last.describe()} did not end the breach within "
-            f"{spec.verifyAfter:.0f}s; escalation step {incident.stage + 1} ({step.name}, severity "
-            f"{step.severity.value}); next: {following}"
+            f"incident {incident.id} on {incident.service}: {what}; escalation step {incident.stage + 1} "
+            f"({step.name}, severity {step.severity.value}); next: {following}"
         )
         firing = next((f for f in incident.fired if f.policy == policy_name), incident.fired[0])
         target = target_key(incident.scope)

@@ -345,3 +345,42 @@ def test_failover_after_a_rollback_with_p99_high_past_the_cooldown_never_redeplo
     (stored,) = kube.objects("tailguardincidents", "tailguard")
     assert stored["status"]["phase"] == "resolved" and stored["spec"]["service"] == "chat"
     assert [c.resource for c in kube.calls("update") if c.resource.startswith("tailguardincidents")] != []
+
+
+# ----- a later breach on the last known good revision --------------------------------------------------------------
+
+
+def test_a_later_breach_on_the_last_known_good_revision_asks_a_human_instead_of_rolling_back_past_it(
+    tmp_path: Path,
+) -> None:
+    # 7710821: the second breach rolled revision 2 (seen healthy for the recovery window) back to 1, a revision no
+    # one chose.
+    tape, clock, world = Tape(), ManualClock(T0), World()
+    deployed = FakeRollback(revisions={"chat": 3})
+    notifier = FakeNotifier()
+    actuators = Actuators(rollback=tape.wrap(deployed), annotator=tape.wrap(FakeAnnotator()),
+                          notifier=tape.wrap(notifier))  # fmt: skip
+    pod = IncidentReplica(tmp_path, {"p99-rollback": example("p99-rollback")}, actuators, clock, world)
+
+    def script(elapsed: float) -> None:
+        bad = deployed.active_revision["chat"] == 3 or elapsed >= 900  # 15 minutes later: a breach on revision 2
+        world.set(P99, CHAT, 2.0 if bad else 0.3)
+
+    try:
+        run_for(pod.replica, 18 * 60, script)
+    finally:
+        pod.stop()
+    assert [call for call in tape.calls if call[0] in ("rollback", "notify")] == [
+        ("rollback", "chat"),
+        ("notify", "oncall"),
+    ]
+    assert deployed.active_revision == {"chat": 2}
+    first, second = pod.incidents()
+    assert first.phase is IncidentPhase.RESOLVED and pod.store.ledger("chat").last_good == "2"
+    assert (second.phase, second.stage) == (IncidentPhase.ESCALATED, 1)
+    ((_, payload),) = notifier.sent
+    assert payload["message"] == (
+        f"incident {second.id} on chat: rollback 2 -> 1 refused (chat runs 2, the last revision known good: "
+        "rolling back past it needs a human), the breach holds; escalation step 1 (notify-oncall, severity "
+        "critical); next: a human"
+    )
