@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes import client as k8s
@@ -80,7 +80,7 @@ class IncidentReplica:
             return layer.dispatcher(dispatcher)
 
         self.replica = Replica(
-            tmp, name, policies, layer.actuators, clock, world=world, change_tracker=layer.change_tracker,
+            tmp, name, policies, layer.actuators, clock, world=world, change_tracker=cast(Any, layer.change_tracker),
             wrap_dispatcher=wrap,
         )  # fmt: skip
         self.keeper.bind(self.replica.controller.policies)
@@ -249,6 +249,7 @@ def test_a_human_raising_max_replicas_mid_incident_gets_a_truthful_annotation_an
     def script(elapsed: float) -> None:
         if elapsed == 120:  # the on-call engineer raises only the ceiling, by hand
             body = kube.get_object("horizontalpodautoscalers", "llm", "chat")
+            assert body is not None
             body["spec"]["maxReplicas"] = 20
             kube.put_object(body)
         world.set(QUEUE, CHAT, 45.0 if elapsed < 180 else 3.0)
@@ -259,7 +260,7 @@ def test_a_human_raising_max_replicas_mid_incident_gets_a_truthful_annotation_an
         pod.stop()
     updates = [call.body["spec"] for call in kube.calls("update", "horizontalpodautoscalers")]
     assert [(spec["minReplicas"], spec["maxReplicas"]) for spec in updates] == [(5, 10)]  # the surge; no restore
-    final = kube.get_object("horizontalpodautoscalers", "llm", "chat")["spec"]
+    final = (kube.get_object("horizontalpodautoscalers", "llm", "chat") or {})["spec"]
     assert (final["minReplicas"], final["maxReplicas"]) == (5, 20)
     texts = [call[1] for call in tape.calls if call[0] == "annotate"]
     assert texts[0] == "45 requests waiting per replica on chat (target 20): scaling out"

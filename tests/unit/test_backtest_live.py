@@ -127,8 +127,12 @@ class LiveLoop:
         self.keeper = IncidentKeeper(SqliteIncidentStore(tmp_path / "live.db"), self.clock)
         layer = incident_layer(
             self.keeper,
-            Actuators(rollback=FakeDeployer(replicas={"chat": 2}), scale=FakeDeployer(), annotator=FakeAnnotator(),
-                      notifier=FakeNotifier()),  # fmt: skip
+            Actuators(
+                rollback=FakeDeployer(replicas={"chat": 2}),
+                scale=FakeDeployer(),
+                annotator=FakeAnnotator(),
+                notifier=FakeNotifier(),
+            ),
             None,
         )
         self.dispatcher = Dispatcher(self.journal, layer.actuators, self.clock, LIMITS)
