@@ -12,11 +12,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 from kubernetes_validate.utils import latest_version
 
 from controller.adapters.stores.incident_resources import KubernetesIncidentStore
 from controller.adapters.stores.incidents import SqliteIncidentStore
+from controller.app import build
+from controller.app.cluster import build_cluster_actuators
+from controller.app.settings import load_settings
 from controller.core import incidents as model
 from controller.core.incidents import Firing, Incident, IncidentConflict, IncidentPhase, Ledger, TakenAction
 from controller.core.model import target_key
@@ -208,8 +212,6 @@ def test_incidents_component_grants_exactly_the_incident_permissions(tmp_path: P
 
 
 def test_the_crd_has_the_status_subresource_the_printer_columns_and_the_short_name() -> None:
-    import yaml
-
     crd = yaml.safe_load((REPO / "deploy" / "crds" / "tailguardincident.yaml").read_text(encoding="utf-8"))
     assert crd["spec"]["names"]["shortNames"] == ["tgi"]
     (version,) = crd["spec"]["versions"]
@@ -249,3 +251,39 @@ def test_an_escalation_ladder_is_read_and_a_rollback_step_is_refused_with_its_pl
     _, (error,) = parse_policy_text(again, "p99.yaml")
     assert (error.line, error.field) == (17, "escalation.steps[0].actions[0].type")
     assert "never by a second rollback" in error.message
+
+
+# ----- the composition root picks the store -------------------------------------------------------------------------
+
+
+def test_the_composition_root_holds_incidents_in_the_cluster_with_kubernetes_incidents_else_in_the_journal(
+    kube: FakeKubernetes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    (tmp_path / "kube.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": kube.url}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "fake", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    base = "prometheus: {url: 'http://127.0.0.1:9'}\npolicies: [rules]\njournal: journal.db\n"
+    cluster = "kubernetes: {inCluster: false, kubeconfig: kube.yaml, incidents: {namespace: tailguard}}\n"
+    (tmp_path / "local.yaml").write_text(base)
+    (tmp_path / "cluster.yaml").write_text(base + cluster)
+    local = build._incident_store(load_settings(tmp_path / "local.yaml"), None)
+    assert isinstance(local, SqliteIncidentStore) and local.path == tmp_path / "journal.db"
+    local.close()
+    settings = load_settings(tmp_path / "cluster.yaml")
+    assert settings.kubernetes is not None
+    built = build_cluster_actuators(settings.kubernetes, ManualClock(), base_dir=tmp_path, state_dir=tmp_path)
+    store = build._incident_store(settings, built)
+    assert isinstance(store, KubernetesIncidentStore)
+    store.save(model.open_or_join(None, SCOPE, firing("p99-rollback")), Ledger("chat"))
+    assert [o["metadata"]["name"] for o in kube.objects("tailguardincidents", "tailguard")] == ["chat-1700000000"]
+    built.api_client.close()  # type: ignore[no-untyped-call]
