@@ -44,6 +44,7 @@ from controller.core.ports import (
     RollbackPort,
     ScalePort,
 )
+from controller.kit.templating import render_text
 from controller.loop.dispatcher import Actuators
 
 log = logging.getLogger(__name__)
@@ -245,8 +246,8 @@ class IncidentKeeper:
         """After an evaluation of `policy_name` committed `state`: each open incident of the policy whose last
         action's verification window ended with the breach still held moves one step up its ladder (the step's
         decision is returned, to be dispatched)."""
-        if state is None:
-            return []
+        if state is None or not any(c.phase is Phase.FIRING for c in state.conditions.values()):
+            return []  # nothing of this policy breaches: no incident of it can be due (and no store read)
         loaded = self._policies() if self._policies is not None else {}
         policy = loaded.get(policy_name)
         now = self.clock.now()
@@ -307,9 +308,9 @@ class IncidentKeeper:
             except KeyError as exc:
                 log.warning("escalation step %s of %s: unknown variable %s; sent as written", step.name, incident.id,
                             exc)  # fmt: skip
-                rendered = _unrendered(actions, decision_id)
+                rendered = _unrendered(actions, decision_id, {"incident": incident.id, "escalation": text})
         else:
-            rendered = _unrendered(actions, decision_id)
+            rendered = _unrendered(actions, decision_id, {"incident": incident.id, "escalation": text})
         decision = EscalationDecision(
             id=decision_id,
             kind=DecisionKind.FIRE,
@@ -364,11 +365,21 @@ def _ladder(spec: Escalation) -> list[EscalationStep]:
     ]
 
 
-def _unrendered(actions: Sequence[Any], decision_id: str) -> tuple[ActionRequest, ...]:
+def _unrendered(actions: Sequence[Any], decision_id: str, variables: Mapping[str, str]) -> tuple[ActionRequest, ...]:
+    """The step's actions without the policy (it was unloaded): only the incident's own variables are filled in."""
+
+    def fill(value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            return render_text(value, variables)
+        except KeyError:
+            return value  # a variable only the policy knows: sent as written
+
     return tuple(
         ActionRequest.of(
             ActionType(action.type),
-            {k: v for k, v in action.model_dump(exclude_none=True).items() if k != "type"},
+            {k: fill(v) for k, v in action.model_dump(exclude_none=True).items() if k != "type"},
             f"{decision_id}:fire:{index}",
         )
         for index, action in enumerate(actions)
@@ -551,9 +562,12 @@ class IncidentChanges:
     def rollouts(self, since: float) -> ChangeFeed:
         feed = self.inner.rollouts(since)
         kept = []
+        ledgers: dict[str, frozenset[str]] = {}  # one read per service and call
         for rollout in feed.rollouts:
             service = rollout.labels.get("service")
-            undone = self.keeper.undone(service) if service is not None else frozenset()
+            if service is not None and service not in ledgers:
+                ledgers[service] = self.keeper.undone(service)
+            undone = ledgers.get(service or "", frozenset())
             if any(model.same_revision(rollout.revision, revision) for revision in undone):
                 continue
             kept.append(rollout)

@@ -22,6 +22,7 @@ from controller.app import build
 from controller.app.cluster import build_cluster_actuators
 from controller.app.settings import load_settings
 from controller.core import incidents as model
+from controller.core.engine import ConditionState, Phase, PolicyState
 from controller.core.incidents import Firing, Incident, IncidentConflict, IncidentPhase, Ledger, TakenAction
 from controller.core.model import target_key
 from controller.core.policy_files import parse_policy_text
@@ -287,3 +288,25 @@ def test_the_composition_root_holds_incidents_in_the_cluster_with_kubernetes_inc
     store.save(model.open_or_join(None, SCOPE, firing("p99-rollback")), Ledger("chat"))
     assert [o["metadata"]["name"] for o in kube.objects("tailguardincidents", "tailguard")] == ["chat-1700000000"]
     built.api_client.close()  # type: ignore[no-untyped-call]
+
+
+def test_an_escalation_of_a_policy_no_longer_loaded_still_says_what_happened(tmp_path: Path) -> None:
+    """The ladder's default step when the policy is gone (unbound keeper): the notification carries the sentence,
+    not an unfilled template, and a second reconcile in the same stage adds nothing."""
+    clock = ManualClock(T0 + 30 + 300)
+    store = SqliteIncidentStore(tmp_path / "journal.db")
+    incident, ledger = rolled_back(model.open_or_join(None, SCOPE, firing("p99-rollback")), Ledger("chat"), "r3", "r2")
+    store.save(incident, ledger)
+    keeper = IncidentKeeper(store, clock)
+    state = PolicyState(conditions={("p99-above-800ms", target_key(SCOPE)): ConditionState(phase=Phase.FIRING)})
+    (decision,) = keeper.reconcile("p99-rollback", state)
+    notify, annotate = (action.to_json() for action in decision.actions)
+    sentence = (
+        "incident chat-1700000000 on chat: rollback r3 -> r2 succeeded did not end the breach within 300s; "
+        "escalation step 1 (notify-oncall, severity critical); next: a human"
+    )
+    assert (notify["type"], notify["params"]["receiver"], notify["params"]["message"]) == ("notify", "oncall", sentence)
+    assert annotate["params"]["text"] == sentence
+    assert keeper.reconcile("p99-rollback", state) == []  # stage 1 is verified in turn: nothing due yet
+    assert keeper.reconcile("p99-rollback", PolicyState()) == []
+    store.close()
