@@ -52,7 +52,8 @@ from controller.kit.errors import ConfigError
 from controller.loop.dispatcher import Actuators, Dispatcher
 from controller.loop.evaluation import action_labels
 from controller.loop.housekeeping import Housekeeper, Task
-from controller.loop.incidents import IncidentKeeper, incident_layer
+from controller.loop.incident_ports import incident_layer
+from controller.loop.incidents import IncidentKeeper
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
 from predictors.serving import PredictionProvider

@@ -82,7 +82,8 @@ from controller.kit.clock import ManualClock, SystemClock
 from controller.kit.durations import parse_duration
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.loop.evaluation import EvaluationPorts, evaluate
-from controller.loop.incidents import EscalationDecision, IncidentKeeper, incident_layer
+from controller.loop.incident_ports import incident_layer
+from controller.loop.incidents import EscalationDecision, IncidentKeeper
 from controller.loop.metrics import ControllerMetrics
 from controller.tools.backtest_feed import PolicyFeed, QuietRun, chunk_times
 from controller.tools.backtest_world import RecordedAlert, RecordedRollouts, WouldRun, dispatch_outcome, load_alerts

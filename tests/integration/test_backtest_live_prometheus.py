@@ -25,7 +25,8 @@ from controller.core.ports import MetricsSource
 from controller.core.signals import query_signals
 from controller.kit.clock import ManualClock
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.incidents import IncidentKeeper, incident_layer
+from controller.loop.incident_ports import incident_layer
+from controller.loop.incidents import IncidentKeeper
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
 from controller.testing import FakeAnnotator, FakeDeployer, FakeNotifier

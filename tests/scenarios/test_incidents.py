@@ -30,7 +30,8 @@ from controller.core.incidents import Incident, IncidentPhase
 from controller.core.ports import DispatcherPort
 from controller.kit.clock import ManualClock
 from controller.loop.dispatcher import Actuators, Dispatcher
-from controller.loop.incidents import IncidentKeeper, incident_layer
+from controller.loop.incident_ports import incident_layer
+from controller.loop.incidents import IncidentKeeper
 from controller.testing import FakeAnnotator, FakeChangeTracker, FakeNotifier, FakeRollback, FakeScaler
 from tests.scenarios.test_incident_matrix import (
     ARGOCD_TOKEN,

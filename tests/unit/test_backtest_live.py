@@ -104,7 +104,8 @@ from controller.core.model import TargetKey
 from controller.core.policy import Policy
 from controller.core.ports import MetricsSource
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.incidents import IncidentKeeper, incident_layer
+from controller.loop.incident_ports import incident_layer
+from controller.loop.incidents import IncidentKeeper
 from controller.testing import FakeAnnotator, FakeDeployer, FakeNotifier
 from controller.tools.backtest import BacktestReport
 from controller.tools.backtest_world import RecordedAlert, dispatch_outcome, load_alerts
