@@ -72,8 +72,10 @@ def service_of(scope: Mapping[str, str]) -> str:
 
 
 def incident_id(scope: Mapping[str, str], opened_at: float) -> str:
-    """A DNS-1123 name (it names a Kubernetes object too): `chat-1700000030`."""
-    base = re.sub(r"[^a-z0-9-]+", "-", service_of(scope).lower()).strip("-")[:40] or "scope"
+    """A DNS-1123 name (it names a Kubernetes object too): `chat-1700000030`, `llm-chat-1700000030` with a
+    namespace (two namespaces' `chat` are two scopes)."""
+    name = service_of(scope) if "namespace" not in scope else f"{scope['namespace']}-{service_of(scope)}"
+    base = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:50] or "scope"
     return f"{base}-{int(opened_at)}"
 
 

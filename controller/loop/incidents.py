@@ -193,9 +193,11 @@ class IncidentKeeper:
         policy = policy or policy_of_key(incident, key)
         status = outcome.status.value
         reason = outcome.error or str(outcome.detail.get("reason") or "")
+        # `at` is when it ended: the verification window starts once the action took effect (a rollback that
+        # waited on a sync is verified from the sync's end, not from its request).
         taken = TakenAction(
-            key, action_type, policy or (previous.policy if previous else ""), previous.at if previous else
-            self.clock.now(), status, dict(plan), reason,
+            key, action_type, policy or (previous.policy if previous else ""), self.clock.now(), status, dict(plan),
+            reason,
         )  # fmt: skip
         verify = self.escalation_of(taken.policy).verifyAfter
 

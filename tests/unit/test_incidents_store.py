@@ -54,7 +54,7 @@ def rolled_back(incident: Incident, ledger: Ledger, source: str, target: str) ->
 def test_one_incident_per_scope_opened_by_the_first_policy_and_joined_by_the_others() -> None:
     first = model.open_or_join(None, SCOPE, firing("attributed", cause="r3"))
     joined = model.open_or_join(first, SCOPE, firing("p99-rollback", T0 + 15))
-    assert joined.id == first.id == "chat-1700000000" and joined.policies == ("attributed", "p99-rollback")
+    assert joined.id == first.id == "llm-chat-1700000000" and joined.policies == ("attributed", "p99-rollback")
     assert joined.cause == {"rollout": "r3", "policy": "attributed", "undone": False}
     assert model.open_or_join(joined, SCOPE, firing("p99-rollback", T0 + 15)) == joined  # the same decision again
     assert model.scope_of(target_key({"service": "chat", "version": "r2", "namespace": "llm"})) == SCOPE
@@ -286,7 +286,7 @@ def test_the_composition_root_holds_incidents_in_the_cluster_with_kubernetes_inc
     store = build._incident_store(settings, built)
     assert isinstance(store, KubernetesIncidentStore)
     store.save(model.open_or_join(None, SCOPE, firing("p99-rollback")), Ledger("chat"))
-    assert [o["metadata"]["name"] for o in kube.objects("tailguardincidents", "tailguard")] == ["chat-1700000000"]
+    assert [o["metadata"]["name"] for o in kube.objects("tailguardincidents", "tailguard")] == ["llm-chat-1700000000"]
     built.api_client.close()  # type: ignore[no-untyped-call]
 
 
@@ -302,7 +302,7 @@ def test_an_escalation_of_a_policy_no_longer_loaded_still_says_what_happened(tmp
     (decision,) = keeper.reconcile("p99-rollback", state)
     notify, annotate = (action.to_json() for action in decision.actions)
     sentence = (
-        "incident chat-1700000000 on chat: rollback r3 -> r2 succeeded did not end the breach within 300s; "
+        "incident llm-chat-1700000000 on chat: rollback r3 -> r2 succeeded did not end the breach within 300s; "
         "escalation step 1 (notify-oncall, severity critical); next: a human"
     )
     assert (notify["type"], notify["params"]["receiver"], notify["params"]["message"]) == ("notify", "oncall", sentence)
