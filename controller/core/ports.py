@@ -347,6 +347,10 @@ class IncidentStorePort(Protocol):
         """The service's revision ledger as its latest incident left it (an empty one when it has none)."""
         ...
 
+    def latest(self, service: str, *, open_only: bool) -> Incident | None:
+        """The service's newest incident (with `open_only`: its newest open one), or None."""
+        ...
+
     def save(self, incident: Incident, ledger: Ledger) -> Incident:
         """Write the incident and the service's ledger with it, only if the stored incident still has
         `incident.version` ("" = create it). Returns it with its new version; IncidentConflict otherwise."""

@@ -92,8 +92,7 @@ class IncidentKeeper:
             raise IncidentConflict(f"incident of {key}: {CONFLICT_RETRIES} conflicting writes in a row")
 
     def open_for_service(self, service: str) -> Incident | None:
-        found = [i for i in self.store.incidents(open_only=True) if i.service == service]
-        return found[0] if found else None
+        return self.store.latest(service, open_only=True)
 
     def ledger(self, service: str) -> Ledger:
         return self.store.ledger(service)
@@ -213,7 +212,7 @@ class IncidentKeeper:
         decision ended the incident)."""
         with self._lock:
             for _ in range(CONFLICT_RETRIES):
-                latest = next((i for i in self.store.incidents(open_only=False) if i.service == service), None)
+                latest = self.store.latest(service, open_only=False)
                 if latest is None or text in latest.notes:
                     return
                 try:
@@ -239,9 +238,19 @@ class IncidentKeeper:
         policy = loaded.get(policy_name)
         now = self.clock.now()
         due: list[Decision] = []
-        for incident in self.store.incidents(open_only=True):
-            if policy_name not in incident.active_policies:
+        # Level-triggered, per scope this policy breaches on now: its open incident as the store has it.
+        scopes = sorted(
+            {
+                model.scope_key(model.scope_of(target))
+                for (_, target), condition in state.conditions.items()
+                if condition.phase is Phase.FIRING
+            }
+        )
+        for key in scopes:
+            found = self.store.current(key)
+            if found is None or policy_name not in found[0].active_policies:
                 continue
+            incident = found[0]
             holds = _breach_holds(state, incident)
             last = incident.last_action()
             owner = last.policy if last is not None and last.policy else policy_name

@@ -125,6 +125,7 @@ def exercise(store: IncidentStorePort) -> None:
         store.save(opened, Ledger("chat"))  # created twice
     current = store.current(model.scope_key(SCOPE))
     assert current is not None and current[0] == saved
+    assert store.latest("chat", open_only=True) == saved and store.latest("embed", open_only=False) is None
     acted, ledger = rolled_back(saved, current[1], "r3", "r2")
     written = store.save(acted, ledger)
     with pytest.raises(IncidentConflict):
@@ -136,6 +137,7 @@ def exercise(store: IncidentStorePort) -> None:
     assert store.current(model.scope_key(SCOPE)) is None and store.incidents(open_only=True) == []
     (kept,) = store.incidents(open_only=False)
     assert kept.phase is IncidentPhase.RESOLVED and store.ledger("chat").last_good == "r2"
+    assert store.latest("chat", open_only=True) is None and store.latest("chat", open_only=False) == kept
 
 
 def test_the_journal_store_compares_and_sets_and_survives_a_reopen(tmp_path: Path) -> None:

@@ -69,6 +69,9 @@ class KubernetesIncidentStore:
         found = self._list(service)
         return found[0][1] if found else Ledger(service)
 
+    def latest(self, service: str, *, open_only: bool) -> Incident | None:
+        return next((incident for incident, _ in self._list(service) if incident.open or not open_only), None)
+
     def incidents(self, *, open_only: bool = True, limit: int = 50) -> list[Incident]:
         return [incident for incident, _ in self._list() if incident.open or not open_only][:limit]
 

@@ -64,6 +64,14 @@ class SqliteIncidentStore:
             ).fetchone()
         return _ledger(row) if row is not None else Ledger(service)
 
+    def latest(self, service: str, *, open_only: bool) -> Incident | None:
+        where = " AND open = 1" if open_only else ""
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT * FROM incidents WHERE service = ?{where} ORDER BY opened_at DESC, id DESC LIMIT 1", (service,)
+            ).fetchone()
+        return _incident(row) if row is not None else None
+
     def save(self, incident: Incident, ledger: Ledger) -> Incident:
         body = json_column(incident.to_json())
         stored_ledger = json_column(ledger.to_json())
