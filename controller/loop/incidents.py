@@ -251,7 +251,7 @@ class IncidentKeeper:
             if found is None or policy_name not in found[0].active_policies:
                 continue
             incident = found[0]
-            holds = _breach_holds(state, incident)
+            holds = True  # the scope is one of the policy's firing targets': its breach holds
             last = incident.last_action()
             owner = last.policy if last is not None and last.policy else policy_name
             spec = self.escalation_of(owner)
@@ -380,14 +380,6 @@ def _unrendered(actions: Sequence[Any], decision_id: str, variables: Mapping[str
         )
         for index, action in enumerate(actions)
     )
-
-
-def _breach_holds(state: PolicyState, incident: Incident) -> bool:
-    """Some condition of the policy still fires on a target of the incident's scope."""
-    for (_, target), condition in state.conditions.items():
-        if condition.phase is Phase.FIRING and model.scope_of(target) == dict(incident.scope):
-            return True
-    return False
 
 
 def _running_revision(incident: Incident) -> str | None:

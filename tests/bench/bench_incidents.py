@@ -26,16 +26,16 @@ from typing import Any, cast
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from controller.adapters.stores.incidents import SqliteIncidentStore  # noqa: E402
-from controller.adapters.stores.journal import Journal  # noqa: E402
-from controller.core.model import target_key  # noqa: E402
-from controller.core.ports import DispatcherPort  # noqa: E402
-from controller.kit.clock import ManualClock  # noqa: E402
-from controller.loop.dispatcher import Actuators, Dispatcher  # noqa: E402
-from controller.loop.incident_ports import incident_layer  # noqa: E402
-from controller.loop.incidents import IncidentKeeper  # noqa: E402
-from controller.testing import FakeAnnotator, FakeNotifier, FakeRollback  # noqa: E402
-from tests.scenarios.test_incident_matrix import P99, STEP, T0, Replica, World, example  # noqa: E402
+from controller.adapters.stores.incidents import SqliteIncidentStore
+from controller.adapters.stores.journal import Journal
+from controller.core.model import target_key
+from controller.core.ports import DispatcherPort
+from controller.kit.clock import ManualClock
+from controller.loop.dispatcher import Actuators, Dispatcher
+from controller.loop.incident_ports import incident_layer
+from controller.loop.incidents import IncidentKeeper
+from controller.testing import FakeAnnotator, FakeNotifier, FakeRollback
+from tests.scenarios.test_incident_matrix import P99, STEP, T0, Replica, World, example
 
 
 def run(services: int, cycles: int, with_incidents: bool) -> tuple[list[float], list[float]]:
