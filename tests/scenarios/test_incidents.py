@@ -7,6 +7,8 @@ scale ports and the change tracker. Every external call is recorded in order (`T
 that exact sequence, the final world, and the incident as the store holds it.
 
 At 7710821 (no incidents) each of these scenarios made a wrong write or none; the comment of each test says which.
+`pytest -p tests.support.without_incidents tests/scenarios/test_incidents.py` runs them with the incident layer
+switched off: every one fails, on that write.
 """
 
 from __future__ import annotations
