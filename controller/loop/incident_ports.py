@@ -8,8 +8,8 @@ without the dispatcher or the controller class holding incident logic.
 * `IncidentRollback` wraps the RollbackPort: a rollback the incident refuses (a second one, one onto a known-bad
   revision, one past the last known good) is SKIPPED with the reason, writing nothing; one it admits is counted
   in the incident before the port is called, and its outcome marks the revision it left bad;
-* `IncidentScale` wraps the ScalePort: a scale is counted in its incident; a restore skipped because the object
-  changed says so in the incident;
+* `IncidentScale` and `IncidentRouter` wrap the ScalePort and the TrafficRouter: a scale or a shift is counted in
+  its incident (and verified); a restore skipped because the object changed says so in the incident;
 * `IncidentChanges` wraps the change tracker: a rollout an incident rolled back is no longer a cause;
 * `incident_layer` wires them around the ports (controller/app/build.py, and the backtest the same way).
 """
@@ -33,6 +33,7 @@ from controller.core.ports import (
     OutcomeStatus,
     RollbackPort,
     ScalePort,
+    TrafficRouter,
 )
 from controller.loop.dispatcher import Actuators
 from controller.loop.incidents import IncidentKeeper
@@ -168,6 +169,50 @@ class IncidentScale:
         return getattr(self.inner, name)
 
 
+class IncidentRouter:
+    """TrafficRouter: a shift counted in its incident (verified like a rollback); a restore of the weights skipped
+    because someone changed the route said so in the incident (with what it found)."""
+
+    def __init__(self, inner: TrafficRouter, keeper: IncidentKeeper) -> None:
+        self.inner = inner
+        self.keeper = keeper
+
+    def set_weight(
+        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
+    ) -> ActionOutcome:
+        outcome = self.inner.set_weight(service, version, weight, idempotency_key=idempotency_key, abort=abort)
+        try:
+            plan = {"version": version, "weight": weight}
+            self.keeper.action_ended(service, idempotency_key, "shift_traffic", plan, outcome)
+        except Exception:
+            log.exception("shift %s: its incident could not be updated", idempotency_key)
+        return outcome
+
+    def set_weights(
+        self,
+        service: str,
+        weights: Mapping[str, int],
+        *,
+        expected: Mapping[str, int] | None,
+        idempotency_key: str,
+        abort: AbortSignal | None = None,
+    ) -> ActionOutcome:
+        outcome = self.inner.set_weights(
+            service, weights, expected=expected, idempotency_key=idempotency_key, abort=abort
+        )
+        if outcome.status is OutcomeStatus.SKIPPED:
+            found = restore_skip_text(service, outcome)
+            if found is not None:
+                try:
+                    self.keeper.note(service, found)
+                except Exception:
+                    log.exception("restore %s: its incident could not be updated", idempotency_key)
+        return outcome
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)  # weights: the wrapped router's
+
+
 def restore_skip_text(service: str, outcome: ActionOutcome) -> str | None:
     """`restore of chat skipped: changed by someone else (found minReplicas 5, maxReplicas 20; tailguard left
     minReplicas 5, maxReplicas 10)`, or None when the skip was not a human's change."""
@@ -240,6 +285,7 @@ def incident_layer(
         actuators,
         rollback=IncidentRollback(actuators.rollback, keeper),
         scale=IncidentScale(actuators.scale, keeper),
+        router=IncidentRouter(actuators.router, keeper),
     )
     tracker = IncidentChanges(change_tracker, keeper) if change_tracker is not None else None
     return IncidentLayer(keeper, wrapped, tracker, on_escalation)

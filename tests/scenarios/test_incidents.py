@@ -8,7 +8,8 @@ that exact sequence, the final world, and the incident as the store holds it.
 
 At 7710821 (no incidents) each of these scenarios made a wrong write or none; the comment of each test says which.
 `pytest -p tests.support.without_incidents tests/scenarios/test_incidents.py` runs them with the incident layer
-switched off: every one fails, on that write.
+switched off: each of those fails on that write (the last test, a shift counted in its incident, has no such
+write: it fails there for want of an incident).
 """
 
 from __future__ import annotations
@@ -34,10 +35,19 @@ from controller.kit.clock import ManualClock
 from controller.loop.dispatcher import Actuators, Dispatcher
 from controller.loop.incident_ports import incident_layer
 from controller.loop.incidents import IncidentKeeper
-from controller.testing import FakeAnnotator, FakeChangeTracker, FakeNotifier, FakeRollback, FakeScaler
+from controller.testing import (
+    FakeAnnotator,
+    FakeChangeTracker,
+    FakeNotifier,
+    FakeRollback,
+    FakeRouter,
+    FakeScaler,
+)
 from tests.scenarios.test_incident_matrix import (
     ARGOCD_TOKEN,
     CHAT,
+    CHAT_R1,
+    CHAT_R2,
     P99,
     QUEUE,
     ROLLBACK_TO_GOOD1,
@@ -388,3 +398,31 @@ def test_a_later_breach_on_the_last_known_good_revision_asks_a_human_instead_of_
         "rolling back past it needs a human), the breach holds; escalation step 1 (notify-oncall, severity "
         "critical); next: a human"
     )
+
+
+# ----- a traffic shift is an action of the incident ------------------------------------------------------------------
+
+
+def test_a_canary_shift_is_counted_and_verified_in_its_incident_and_the_route_ends_as_before(tmp_path: Path) -> None:
+    tape, clock, world = Tape(), ManualClock(T0), World()
+    router = FakeRouter(routes={"chat": {"r1": 90, "r2": 10}})
+    actuators = Actuators(router=tape.wrap(router), annotator=tape.wrap(FakeAnnotator()))
+    pod = IncidentReplica(tmp_path, {"error-rate-shift": example("error-rate-shift")}, actuators, clock, world)
+
+    def script(elapsed: float) -> None:
+        world.set("error-ratio", CHAT_R1, 0.01)
+        world.set("error-ratio", CHAT_R2, 0.40 if elapsed < 180 else 0.01)
+
+    try:
+        run_for(pod.replica, 6 * 60, script)
+    finally:
+        pod.stop()
+    assert [call for call in tape.calls if call[0] != "annotate"] == [
+        ("set_weight", "chat", "r2", 10),
+        ("set_weights", "chat", {"r1": 90, "r2": 10}),
+    ]
+    assert router.routes == {"chat": {"r1": 90, "r2": 10}}
+    (incident,) = pod.incidents()
+    assert incident.scope == {"service": "chat"}  # the version-level target's incident is the service's
+    assert [a.describe() for a in incident.actions] == ["shift_traffic succeeded"]
+    assert incident.phase is IncidentPhase.RESOLVED and incident.stage == 0 and incident.notes == ()
