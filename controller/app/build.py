@@ -48,7 +48,7 @@ from controller.core.ports import (
 )
 from controller.core.unconfigured import ROLLBACK_MISSING, SCALE_MISSING, UnconfiguredRollback, UnconfiguredScale
 from controller.kit.clock import SystemClock
-from controller.kit.errors import ConfigError
+from controller.kit.errors import ConfigError, StoreError
 from controller.loop.dispatcher import Actuators, Dispatcher
 from controller.loop.evaluation import action_labels
 from controller.loop.housekeeping import Housekeeper, Task
@@ -312,12 +312,13 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         # A scale's ceiling and metric targets: the HPA scaler only.
         limits=cluster.scaler if cluster is not None else None,
     )
-    # Actions run on per-service workers, outside the evaluations (a rollback waiting on a sync holds neither its
-    # policy's evaluations nor another service's actions); a replica that lost the Lease leaves them journaled.
-    # Incidents: one per service scope, in TailguardIncidents (every replica reads them) or in the journal's file.
-    keeper = IncidentKeeper(_incident_store(settings, cluster), clock)
+    # Incidents: one per service scope, in TailguardIncidents (every replica reads them) or in the journal's file;
+    # rollbacks, scales, shifts and the change feed go through them (controller/loop/incident_ports.py).
+    keeper = IncidentKeeper(_incident_store(settings, cluster, stack), clock)
     layer = incident_layer(keeper, actuators, tracker)
     actuators, tracker = layer.actuators, layer.change_tracker
+    # Actions run on per-service workers, outside the evaluations (a rollback waiting on a sync holds neither its
+    # policy's evaluations nor another service's actions); a replica that lost the Lease leaves them journaled.
     dispatcher = Dispatcher(
         journal,
         actuators,
@@ -416,7 +417,9 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
     return Application(settings, controller, api, grafana, elector, housekeeper)
 
 
-def _incident_store(settings: ControllerSettings, cluster: ClusterActuators | None) -> IncidentStorePort:
+def _incident_store(
+    settings: ControllerSettings, cluster: ClusterActuators | None, stack: ExitStack | None = None
+) -> IncidentStorePort:
     incidents = settings.kubernetes.incidents if settings.kubernetes is not None else None
     if cluster is not None and incidents is not None:
         # The cluster extra (kubernetes): imported only with a kubernetes.incidents section.
@@ -425,7 +428,13 @@ def _incident_store(settings: ControllerSettings, cluster: ClusterActuators | No
         from controller.adapters.stores.incident_resources import KubernetesIncidentStore
 
         return KubernetesIncidentStore(k8s.CustomObjectsApi(cluster.api_client), incidents.namespace)
-    return SqliteIncidentStore(settings.journal_path())
+    try:
+        store = SqliteIncidentStore(settings.journal_path())
+    except StoreError as unusable:
+        raise ConfigError(str(unusable)) from unusable
+    if stack is not None:
+        stack.callback(store.close)  # after the controller stopped (callbacks run last-in first-out)
+    return store
 
 
 def _retention_tasks(settings: ControllerSettings, journal: Journal, grafana: GrafanaAnnotator | None) -> list[Task]:

@@ -323,7 +323,8 @@ def recover(
     incident = replace(incident, recovered=recovered)
     if incident.active_policies:
         return incident, ledger
-    good = running if running is not None and running not in ledger.known_bad else ledger.last_good
+    known_bad = running is not None and any(same_revision(running, bad) for bad in ledger.known_bad)
+    good = running if running is not None and not known_bad else ledger.last_good
     return (
         replace(incident, phase=IncidentPhase.RESOLVED, ended_at=now, next_step=""),
         replace(ledger, last_good=good),
@@ -335,13 +336,14 @@ def rollback_refusal(incident: Incident | None, ledger: Ledger, plan: Mapping[st
     source = _revision(plan.get("from_revision"))
     target = _revision(plan.get("to_revision"))
     if incident is not None:
-        earlier = [a for a in incident.rollbacks() if a.plan.get("from_revision") is not None]
+        earlier = incident.rollbacks()
         if earlier:
             first = earlier[0]
+            source_of = first.plan.get("from_revision")
+            what = f"{source_of} -> {first.plan.get('to_revision')}" if source_of is not None else "its rollout"
             return (
-                f"incident {incident.id} already rolled back {first.plan.get('from_revision')} -> "
-                f"{first.plan.get('to_revision')} (policy {first.policy!r}); a rollback that did not end the breach "
-                "is followed by the escalation ladder, never by a second rollback"
+                f"incident {incident.id} already rolled back {what} (policy {first.policy!r}); a rollback that did "
+                "not end the breach is followed by the escalation ladder, never by a second rollback"
             )
     if target is not None and any(same_revision(target, bad) for bad in ledger.known_bad):
         return f"revision {target} is known bad on {ledger.service} (an incident rolled it back): never a target"
