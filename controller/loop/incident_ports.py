@@ -23,12 +23,14 @@ from typing import Any
 
 from controller.core import incidents as model
 from controller.core.attribution import ChangeFeed
+from controller.core.controls import AbortRequest, AbortResult, AbortState
 from controller.core.engine import PolicyState
 from controller.core.model import Decision
 from controller.core.ports import (
     AbortSignal,
     ActionOutcome,
     ChangeTrackerPort,
+    DecisionAborterPort,
     DispatcherPort,
     OutcomeStatus,
     RollbackPort,
@@ -81,8 +83,14 @@ class IncidentDispatcher:
     def deferred_policies(self) -> set[str]:
         return self.inner.deferred_policies()
 
+    def abort(self, request: AbortRequest) -> AbortResult:
+        """The wrapped dispatcher's abort (spelled out: a runtime-checkable Protocol does not see `__getattr__`)."""
+        if not isinstance(self.inner, DecisionAborterPort):
+            return AbortResult(request.decision_id, AbortState.UNKNOWN, "this dispatcher cannot abort actions")
+        return self.inner.abort(request)
+
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)  # abort, wait_idle, close: the wrapped dispatcher's
+        return getattr(self.inner, name)  # wait_idle, close: the wrapped dispatcher's
 
 
 class IncidentRollback:

@@ -18,16 +18,20 @@ from kubernetes_validate.utils import latest_version
 
 from controller.adapters.stores.incident_resources import KubernetesIncidentStore
 from controller.adapters.stores.incidents import SqliteIncidentStore
+from controller.adapters.stores.journal import Journal
 from controller.app import build
 from controller.app.cluster import build_cluster_actuators
 from controller.app.settings import load_settings
 from controller.core import incidents as model
+from controller.core.controls import AbortRequest, AbortState
 from controller.core.engine import ConditionState, Phase, PolicyState
 from controller.core.incidents import Firing, Incident, IncidentConflict, IncidentPhase, Ledger, TakenAction
 from controller.core.model import target_key
 from controller.core.policy_files import parse_policy_text
-from controller.core.ports import IncidentStorePort
+from controller.core.ports import DecisionAborterPort, IncidentStorePort
 from controller.kit.clock import ManualClock
+from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from controller.loop.incident_ports import incident_layer
 from controller.loop.incidents import IncidentKeeper
 from controller.tools.cluster_permissions import INCIDENT_PERMISSIONS
 from serving.manifests import render_kustomization, validate_objects
@@ -312,3 +316,17 @@ def test_an_escalation_of_a_policy_no_longer_loaded_still_says_what_happened(tmp
     assert keeper.reconcile("p99-rollback", state) == []  # stage 1 is verified in turn: nothing due yet
     assert keeper.reconcile("p99-rollback", PolicyState()) == []
     store.close()
+
+
+def test_the_incident_dispatcher_passes_an_abort_through(tmp_path: Path) -> None:
+    """`tailguard abort` reaches the dispatcher through the incident layer (the runtime asks isinstance of the
+    DecisionAborterPort protocol, which a `__getattr__` pass-through would not satisfy on every Python)."""
+    clock = ManualClock(T0)
+    journal = Journal(tmp_path / "journal.db")
+    keeper = IncidentKeeper(SqliteIncidentStore(tmp_path / "journal.db"), clock)
+    dispatcher = Dispatcher(journal, Actuators(), clock, GlobalLimits())
+    wrapped = incident_layer(keeper, Actuators(), None).dispatcher(dispatcher)
+    assert isinstance(wrapped, DecisionAborterPort)
+    answer = wrapped.abort(AbortRequest("nope", "me", "test", T0))
+    assert answer.state is AbortState.UNKNOWN and "nope" in answer.message
+    journal.close()
