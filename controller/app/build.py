@@ -390,7 +390,7 @@ def build(settings: ControllerSettings, stack: ExitStack, *, webhook_token: str 
         crd_source.on_change = lambda: controller.reload() if controller.running else None
     # Hourly: journal retention (decisions and their finished actions older than journalRetention, then an
     # incremental vacuum) and the Grafana outbox's delivered entries. Stopped before the outbox and journal close.
-    housekeeper = Housekeeper(_retention_tasks(settings, journal, grafana), clock)
+    housekeeper = Housekeeper(_retention_tasks(settings, journal, grafana, keeper.store), clock)
     stack.callback(housekeeper.stop)
     try:
         api = ControllerAPI(
@@ -437,9 +437,17 @@ def _incident_store(
     return store
 
 
-def _retention_tasks(settings: ControllerSettings, journal: Journal, grafana: GrafanaAnnotator | None) -> list[Task]:
+def _retention_tasks(
+    settings: ControllerSettings,
+    journal: Journal,
+    grafana: GrafanaAnnotator | None,
+    incidents: IncidentStorePort | None = None,
+) -> list[Task]:
     retention = settings.journalRetention
     tasks: list[Task] = [("journal retention", lambda now: journal.purge(now, retention).to_json())]
+    if isinstance(incidents, SqliteIncidentStore):
+        # Ended incidents as long as the journal keeps decisions; each service's latest stays (its ledger).
+        tasks.append(("incident retention", lambda now: {"deleted": incidents.purge(now - retention)}))
     if grafana is not None:
         outbox = grafana.outbox
         tasks.append(("grafana outbox retention", lambda now: outbox.purge(now - retention)))

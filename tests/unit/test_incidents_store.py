@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -330,3 +331,20 @@ def test_the_incident_dispatcher_passes_an_abort_through(tmp_path: Path) -> None
     answer = wrapped.abort(AbortRequest("nope", "me", "test", T0))
     assert answer.state is AbortState.UNKNOWN and "nope" in answer.message
     journal.close()
+
+
+def test_retention_deletes_ended_incidents_but_keeps_each_services_latest_and_its_ledger(tmp_path: Path) -> None:
+    store = SqliteIncidentStore(tmp_path / "journal.db")
+    for index, service in enumerate(["chat", "chat", "chat", "embed"]):
+        scope = {"service": service}
+        at = T0 + 1000 * index
+        opened = store.save(model.open_or_join(None, scope, firing(f"p{index}", at)), store.ledger(service))
+        ledger = replace(store.ledger(service), known_bad=(f"bad{index}",))
+        ended, ledger = model.recover(opened, f"p{index}", at + 100, ledger, None)
+        store.save(ended, ledger)
+    store.save(model.open_or_join(None, {"service": "code"}, firing("q", T0)), Ledger("code"))  # open: kept
+    assert store.purge(T0 + 2050) == 2  # chat's first two (ended at +100 and +1100); chat's third is its latest
+    kept = sorted((i.service, i.opened_at) for i in store.incidents(open_only=False))
+    assert kept == [("chat", T0 + 2000), ("code", T0), ("embed", T0 + 3000)]
+    assert store.ledger("chat").known_bad == ("bad2",) and store.purge(T0 + 10_000) == 0
+    store.close()

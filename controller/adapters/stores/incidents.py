@@ -112,6 +112,19 @@ class SqliteIncidentStore:
             ).fetchall()
         return [_incident(row) for row in rows]
 
+    def purge(self, before: float) -> int:
+        """Delete the incidents that ended before `before`, except each service's latest (it holds the service's
+        ledger: the revisions known bad outlive any retention). Returns how many were deleted."""
+        with immediate_transaction(self._db, self._lock) as db:
+            return int(
+                db.execute(
+                    "DELETE FROM incidents WHERE open = 0 AND json_extract(body, '$.ended_at') < ? AND id NOT IN "
+                    "(SELECT id FROM incidents AS latest WHERE latest.service = incidents.service "
+                    "ORDER BY opened_at DESC, id DESC LIMIT 1)",
+                    (before,),
+                ).rowcount
+            )
+
     def close(self) -> None:
         with self._lock:
             self._db.close()
