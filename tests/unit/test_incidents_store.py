@@ -34,6 +34,7 @@ from controller.kit.clock import ManualClock
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.loop.incident_ports import incident_layer
 from controller.loop.incidents import IncidentKeeper
+from controller.testing import FakeRollback, make_decision
 from controller.tools.cluster_permissions import INCIDENT_PERMISSIONS
 from serving.manifests import render_kustomization, validate_objects
 from tests.support.fake_kubernetes import FakeKubernetes
@@ -348,3 +349,29 @@ def test_retention_deletes_ended_incidents_but_keeps_each_services_latest_and_it
     assert kept == [("chat", T0 + 2000), ("code", T0), ("embed", T0 + 3000)]
     assert store.ledger("chat").known_bad == ("bad2",) and store.purge(T0 + 10_000) == 0
     store.close()
+
+
+def test_a_rollback_that_cannot_read_its_incident_fails_transiently_and_runs_once_it_can(
+    kube: FakeKubernetes, tmp_path: Path
+) -> None:
+    """The API server answers 503 to the incident read of the rollback's plan: nothing is written, the attempt
+    fails transiently, the dispatcher's retry (same key) reads the incident, counts the rollback and makes it."""
+    clock = ManualClock(T0)
+    store = KubernetesIncidentStore(k8s.CustomObjectsApi(kube.api_client()), "tailguard")
+    keeper = IncidentKeeper(store, clock)
+    deployed = FakeRollback(revisions={"chat": 3})
+    layer = incident_layer(keeper, Actuators(rollback=deployed), None)
+    journal = Journal(tmp_path / "journal.db")
+    dispatcher = Dispatcher(journal, layer.actuators, clock, GlobalLimits(), backoff=0.0)
+    decision = make_decision([("rollback", {"service": "chat"})])
+    keeper.on_decision(decision)  # the incident opens (what the wrapped dispatcher does first)
+    kube.inject("list", "tailguardincidents", status=503, times=1)
+    (record,) = dispatcher.dispatch(decision)
+    assert record.status.value == "succeeded"
+    answered = [c.status for c in kube.calls("list", "tailguardincidents")]
+    assert answered.count(503) == 1 and answered[-1] == 200
+    assert deployed.active_revision == {"chat": 2}
+    assert len(deployed.performed("rollback")) == 1
+    (incident,) = store.incidents()
+    assert [a.describe() for a in incident.actions] == ["rollback 3 -> 2 succeeded"]
+    journal.close()

@@ -20,6 +20,7 @@ from typing import Any, cast
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from controller.core.incidents import Incident, IncidentConflict, Ledger
 from controller.core.incidents import scope_key as key_of_scope
@@ -33,6 +34,27 @@ PLURAL = "tailguardincidents"
 KIND = "TailguardIncident"
 SERVICE_LABEL = "tailguard.io/service"
 REQUEST_TIMEOUT = (5.0, 10.0)  # connect, read: every call of the store
+
+
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class IncidentStoreError(StoreError):
+    """The API server did not answer a read or write of the incidents. `transient`: worth retrying (a 5xx, 429, a
+    connection or timeout error): a rollback that cannot check its incident fails transiently and is retried by the
+    dispatcher, never run unchecked."""
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+def _unreachable(doing: str, failed: Exception) -> IncidentStoreError:
+    if isinstance(failed, ApiException):
+        return IncidentStoreError(
+            f"{doing}: {failed.status} {failed.reason}", transient=failed.status in TRANSIENT_STATUSES
+        )
+    return IncidentStoreError(f"{doing}: {type(failed).__name__}: {failed}", transient=True)
 
 
 class KubernetesIncidentStore:
@@ -51,8 +73,8 @@ class KubernetesIncidentStore:
                     GROUP, VERSION, self._namespace, PLURAL, label_selector=selector, _request_timeout=REQUEST_TIMEOUT
                 ),
             )
-        except ApiException as failed:
-            raise StoreError(f"listing {PLURAL} in {self._namespace}: {failed.status} {failed.reason}") from failed
+        except (ApiException, HTTPError, OSError) as failed:
+            raise _unreachable(f"listing {PLURAL} in {self._namespace}", failed) from failed
         found = [_read(item) for item in listed.get("items") or []]
         if service is not None:
             found = [(incident, ledger) for incident, ledger in found if incident.service == service]
@@ -93,10 +115,10 @@ class KubernetesIncidentStore:
                         GROUP, VERSION, self._namespace, PLURAL, body, _request_timeout=REQUEST_TIMEOUT
                     ),
                 )
-            except ApiException as failed:
-                if failed.status == 409:
+            except (ApiException, HTTPError, OSError) as failed:
+                if isinstance(failed, ApiException) and failed.status == 409:
                     raise IncidentConflict(f"{KIND} {incident.id} exists already") from failed
-                raise StoreError(f"creating {KIND} {incident.id}: {failed.status} {failed.reason}") from failed
+                raise _unreachable(f"creating {KIND} {incident.id}", failed) from failed
             version = str(created["metadata"]["resourceVersion"])
         status_body = {
             "apiVersion": f"{GROUP}/{VERSION}",
@@ -112,10 +134,10 @@ class KubernetesIncidentStore:
                     GROUP, VERSION, self._namespace, PLURAL, incident.id, status_body, _request_timeout=REQUEST_TIMEOUT
                 ),
             )
-        except ApiException as failed:
-            if failed.status == 409:
+        except (ApiException, HTTPError, OSError) as failed:
+            if isinstance(failed, ApiException) and failed.status == 409:
                 raise IncidentConflict(f"{KIND} {incident.id} changed since resourceVersion {version}") from failed
-            raise StoreError(f"writing the status of {KIND} {incident.id}: {failed.status} {failed.reason}") from failed
+            raise _unreachable(f"writing the status of {KIND} {incident.id}", failed) from failed
         return Incident.from_json(incident.to_json(), str(written["metadata"]["resourceVersion"]))
 
 
