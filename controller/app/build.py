@@ -26,6 +26,7 @@ from controller.adapters.changes.tracker import ChangeTracker, build_change_trac
 from controller.adapters.metrics.prometheus import PrometheusSource, SourceConfigError
 from controller.adapters.notify.webhook import WebhookNotifier, decision_links
 from controller.adapters.rollback.argocd import ArgoCDRollback
+from controller.adapters.stores.incidents import SqliteIncidentStore
 from controller.adapters.stores.journal import Journal, JournalError
 from controller.adapters.stores.outbox import OutboxError
 from controller.adapters.tier.local_tier import LocalTierClient
@@ -37,14 +38,24 @@ from controller.app.status_page import dashboard_link
 from controller.core.actions import ActionType
 from controller.core.policy import Condition
 from controller.core.policy_files import LoadedPolicy, PolicyError, load_policies
-from controller.core.ports import Annotator, Notifier, RollbackPort, ScalePort, TrafficRouter
+from controller.core.ports import (
+    Annotator,
+    ChangeTrackerPort,
+    IncidentStorePort,
+    Notifier,
+    RollbackPort,
+    ScalePort,
+    TrafficRouter,
+)
 from controller.core.unconfigured import ROLLBACK_MISSING, SCALE_MISSING, UnconfiguredRollback, UnconfiguredScale
 from controller.kit.clock import SystemClock
-from controller.kit.errors import ConfigError
+from controller.kit.errors import ConfigError, StoreError
 from controller.loop.adoption import Adoption
 from controller.loop.dispatcher import Actuators, Dispatcher
 from controller.loop.evaluation import action_labels
 from controller.loop.housekeeping import Housekeeper, Task
+from controller.loop.incident_ports import incident_layer
+from controller.loop.incidents import IncidentKeeper
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
 from predictors.serving import PredictionProvider
@@ -280,7 +291,7 @@ def build(
             stack.callback(_stop_if_running, elector)
     except ConfigError as unreachable:  # ClusterConfigError
         raise ConfigError(str(unreachable)) from unreachable
-    tracker = _change_tracker(settings, clock, tier, cluster)
+    tracker: ChangeTrackerPort | None = _change_tracker(settings, clock, tier, cluster)
     annotations_path = settings.annotations_path()
     annotators: list[Annotator] = [JsonlAnnotator(annotations_path)] if annotations_path is not None else []
     if grafana is not None:
@@ -306,6 +317,11 @@ def build(
         # A scale's ceiling and metric targets: the HPA scaler only.
         limits=cluster.scaler if cluster is not None else None,
     )
+    # Incidents: one per service scope, in TailguardIncidents (every replica reads them) or in the journal's file;
+    # rollbacks, scales, shifts and the change feed go through them (controller/loop/incident_ports.py).
+    keeper = IncidentKeeper(_incident_store(settings, cluster, stack), clock)
+    layer = incident_layer(keeper, actuators, tracker)
+    actuators, tracker = layer.actuators, layer.change_tracker
     # Actions run on per-service workers, outside the evaluations (a rollback waiting on a sync holds neither its
     # policy's evaluations nor another service's actions); a replica that lost the Lease leaves them journaled.
     dispatcher = Dispatcher(
@@ -353,7 +369,9 @@ def build(
         source=source,
         journal=journal,
         # Every decision also becomes a Grafana region (onset -> resolution) when Grafana is configured.
-        dispatcher=DecisionAnnotatingDispatcher(dispatcher, grafana, journal) if grafana is not None else dispatcher,
+        dispatcher=DecisionAnnotatingDispatcher(layer.dispatcher(dispatcher), grafana, journal)
+        if grafana is not None
+        else layer.dispatcher(dispatcher),
         clock=clock,
         metrics=metrics,
         dry_run=settings.dryRun,
@@ -368,6 +386,7 @@ def build(
         action_workers=dispatcher,
         # Pauses and the kill switch survive a restart in the journal (and a leader change in the Lease).
         controls_store=journal,
+        open_incidents=keeper.incidents,
     )
     stack.callback(controller.stop)
     # An action's deadline is its policy's (limits.actionDeadline, default 3 intervals): looked up when it is
@@ -381,12 +400,13 @@ def build(
     dispatcher.planner.deadline_for = lambda name: (
         policy.action_deadline() if (policy := controller.policies().get(name)) is not None else None
     )
+    keeper.bind(controller.policies)  # the escalation ladders of the loaded policies
     if crd_source is not None:
         # A changed TailguardPolicy (e.g. `spec.suspend: true`) is loaded at once, not at the next periodic reload.
         crd_source.on_change = lambda: controller.reload() if controller.running else None
     # Hourly: journal retention (decisions and their finished actions older than journalRetention, then an
     # incremental vacuum) and the Grafana outbox's delivered entries. Stopped before the outbox and journal close.
-    housekeeper = Housekeeper(_retention_tasks(settings, journal, grafana), clock)
+    housekeeper = Housekeeper(_retention_tasks(settings, journal, grafana, keeper.store), clock)
     stack.callback(housekeeper.stop)
     # Replica-to-replica trust: the replicas' own key (else derived from the token inside the API), and which Lease
     # URL is a replica's (the holder's pod of this Deployment, on the API's port).
@@ -427,9 +447,37 @@ def build(
     return Application(settings, controller, api, grafana, elector, housekeeper)
 
 
-def _retention_tasks(settings: ControllerSettings, journal: Journal, grafana: GrafanaAnnotator | None) -> list[Task]:
+def _incident_store(
+    settings: ControllerSettings, cluster: ClusterActuators | None, stack: ExitStack | None = None
+) -> IncidentStorePort:
+    incidents = settings.kubernetes.incidents if settings.kubernetes is not None else None
+    if cluster is not None and incidents is not None:
+        # The cluster extra (kubernetes): imported only with a kubernetes.incidents section.
+        from kubernetes import client as k8s
+
+        from controller.adapters.stores.incident_resources import KubernetesIncidentStore
+
+        return KubernetesIncidentStore(k8s.CustomObjectsApi(cluster.api_client), incidents.namespace)
+    try:
+        store = SqliteIncidentStore(settings.journal_path())
+    except StoreError as unusable:
+        raise ConfigError(str(unusable)) from unusable
+    if stack is not None:
+        stack.callback(store.close)  # after the controller stopped (callbacks run last-in first-out)
+    return store
+
+
+def _retention_tasks(
+    settings: ControllerSettings,
+    journal: Journal,
+    grafana: GrafanaAnnotator | None,
+    incidents: IncidentStorePort | None = None,
+) -> list[Task]:
     retention = settings.journalRetention
     tasks: list[Task] = [("journal retention", lambda now: journal.purge(now, retention).to_json())]
+    if isinstance(incidents, SqliteIncidentStore):
+        # Ended incidents as long as the journal keeps decisions; each service's latest stays (its ledger).
+        tasks.append(("incident retention", lambda now: {"deleted": incidents.purge(now - retention)}))
     if grafana is not None:
         outbox = grafana.outbox
         tasks.append(("grafana outbox retention", lambda now: outbox.purge(now - retention)))

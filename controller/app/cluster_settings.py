@@ -131,6 +131,14 @@ class PolicyResourceSettings(_Strict):
     )
 
 
+class IncidentResourceSettings(_Strict):
+    """`kubernetes.incidents:`: incidents as TailguardIncident custom resources (controller/core/incidents.py; the
+    store: controller/adapters/stores/incident_resources.py; the CRD: deploy/crds/tailguardincident.yaml; the RBAC:
+    deploy/components/incidents). Without it, incidents live in the journal (one replica's SQLite)."""
+
+    namespace: str = Field(min_length=1, description="the namespace of the TailguardIncidents (the controller's)")
+
+
 class KubernetesSettings(_Strict):
     """`kubernetes:` in the controller configuration."""
 
@@ -149,6 +157,11 @@ class KubernetesSettings(_Strict):
     )
     policies: PolicyResourceSettings | None = Field(
         default=None, description="watch TailguardPolicy custom resources (policies beside the files)"
+    )
+    incidents: IncidentResourceSettings | None = Field(
+        default=None,
+        description="hold incidents in TailguardIncident custom resources, read by every replica (default: the "
+        "journal)",
     )
 
     @model_validator(mode="after")

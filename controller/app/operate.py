@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from controller.adapters.stores.incidents import SqliteIncidentStore
 from controller.adapters.stores.journal import Journal, JournalError
 from controller.app.reach import (
     DEFAULT_NAMESPACE,
@@ -46,7 +47,7 @@ from controller.app.reach import (
     resolve,
 )
 from controller.core.controls import MAX_ABORT_REASON
-from controller.core.status_view import journal_policy_status
+from controller.core.status_view import incident_status, journal_policy_status
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -115,9 +116,19 @@ def journal_status(path: Path, decisions: int = 20) -> dict[str, Any]:
                 "decisions": journal.recent_decisions(decisions),
                 "controls": journal.recent_controls(20),
                 "links": {},
+                "incidents": _journal_incidents(path),
             }
     except JournalError as unusable:
         raise OperateError(str(unusable)) from None
+
+
+def _journal_incidents(path: Path) -> list[dict[str, Any]]:
+    """The open incidents the journal's file holds (a run without `kubernetes.incidents`)."""
+    store = SqliteIncidentStore(path)
+    try:
+        return [incident_status(incident) for incident in store.incidents(open_only=True)]
+    finally:
+        store.close()
 
 
 def _fmt(value: Any) -> str:
@@ -206,6 +217,22 @@ def format_status(document: Mapping[str, Any]) -> str:
             ]
         )
     lines.append(_table(drows) if len(drows) > 1 else "(none)")
+    lines.append("")
+    lines.append("OPEN INCIDENTS")
+    irows = [["INCIDENT", "SERVICE", "PHASE", "CAUSE", "ACTION", "STAGE", "NEXT"]]
+    for incident in document.get("incidents", []):
+        irows.append(
+            [
+                str(incident.get("id")),
+                str(incident.get("service")),
+                str(incident.get("phase")),
+                str(incident.get("cause") or "-"),
+                str(incident.get("action") or "-"),
+                str(incident.get("stage", 0)),
+                str(incident.get("next") or "-"),
+            ]
+        )
+    lines.append(_table(irows) if len(irows) > 1 else "(none)")
     return "\n".join(lines) + "\n"
 
 

@@ -118,6 +118,28 @@ def _policies(document: Mapping[str, Any]) -> str:
     return f'<table id="policies">{header}{"".join(rows)}</table>'
 
 
+def _incidents(document: Mapping[str, Any]) -> str:
+    rows = []
+    for incident in document.get("incidents", []):
+        phase = str(incident.get("phase", "open"))
+        notes = "".join(f"<div class=meta>{_e(note)}</div>" for note in incident.get("notes") or [])
+        rows.append(
+            f'<tr data-incident="{_e(incident.get("id"))}">'
+            f"<td>{_e(incident.get('id'))}</td><td>{_e(incident.get('service'))}</td>"
+            f'<td><span class="phase {_e(phase)}" data-phase="{_e(phase)}">{_e(phase)}</span></td>'
+            f"<td>{_e(incident.get('cause') or '-')}</td><td>{_e(incident.get('action') or '-')}{notes}</td>"
+            f"<td>{_e(incident.get('stage', 0))}</td><td>{_e(incident.get('next') or '-')}</td>"
+            "</tr>"
+        )
+    if not rows:
+        return '<p class="meta" id="incidents">no open incident</p>'
+    header = (
+        "<tr><th>incident</th><th>service</th><th>phase</th><th>cause</th><th>action</th><th>stage</th>"
+        "<th>next step</th></tr>"
+    )
+    return f'<table id="incidents">{header}{"".join(rows)}</table>'
+
+
 def _timeline(document: Mapping[str, Any]) -> str:
     links = document.get("links") or {}
     dashboard = links.get("grafanaDashboard")
@@ -214,6 +236,7 @@ def render_status_page(document: Mapping[str, Any]) -> str:
         f"{' · leader ' + _e(leader.get('identity')) if leader.get('identity') else ''}"
         f"{' · ' + link_items if link_items else ''}</div>{_health(document)}{banner}"
         f"{incidents_section(document)}"
+        f"<h2>Incidents: stage and next step</h2>{_incidents(document)}"
         f"<h2>Policies and targets</h2>{_policies(document)}"
         f"<h2>Recent decisions</h2>{_timeline(document)}"
         f'<script type="application/json" id="status-meta">{data}</script>'

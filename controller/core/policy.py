@@ -334,6 +334,52 @@ class Limits(StrictModel):
     )
 
 
+class Severity(StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+class EscalationStep(StrictModel):
+    """One rung of the ladder: what the incident does when the action before it did not end the breach."""
+
+    name: Identifier = Field(description="shown in the incident's status (`next step`) and its annotation")
+    severity: Severity = Field(default=Severity.CRITICAL, description="sent with the notification of this step")
+    actions: list[Action] = Field(
+        min_length=1, description="notify on-call, scale out, shift traffic away; never `rollback` nor `restore`"
+    )
+
+
+class Escalation(StrictModel):
+    """What an incident does when an action did not end the breach (controller/core/incidents.py)."""
+
+    verifyAfter: Duration = Field(
+        default=300.0,
+        description="how long each action has to end the breach; past it, with the breach still held, the "
+        "incident moves to the next step",
+    )
+    receiver: str = Field(
+        default="oncall",
+        min_length=1,
+        description="the receiver of the default step (no `steps`): one notification, never a second rollback",
+    )
+    steps: list[EscalationStep] = Field(
+        default_factory=list, description="the ladder, in order; empty: notify `receiver` with severity critical"
+    )
+
+    @model_validator(mode="after")
+    def _no_second_rollback(self) -> Escalation:
+        for index, step in enumerate(self.steps):
+            for position, action in enumerate(step.actions):
+                if action.type in ("rollback", "restore"):
+                    raise PolicyReferenceError(
+                        f"an escalation step may not {action.type}: a rollback that did not end the breach is "
+                        "followed by a human, never by a second rollback",
+                        ("steps", index, "actions", position, "type"),
+                    )
+        return self
+
+
 TEXT_VARIABLES = frozenset({"value", "threshold", "policy", "condition", "target", "onset", "decision_id"})
 # What attribution adds to action text (empty / "none" when the breach is not attributed to a rollout).
 ATTRIBUTION_VARIABLES = frozenset({"rollout_revision", "rollout_diff", "branch"})
@@ -356,6 +402,10 @@ class Policy(StrictModel):
     signals: list[Signal] = Field(min_length=1)
     conditions: list[Condition] = Field(min_length=1)
     limits: Limits = Field(default_factory=Limits)
+    escalation: Escalation = Field(
+        default_factory=Escalation,
+        description="the incident's ladder when an action of this policy did not end the breach in time",
+    )
 
     def action_deadline(self) -> float:
         """Seconds after its decision a mutating action may still start: `limits.actionDeadline`, else 3 intervals

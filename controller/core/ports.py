@@ -26,6 +26,7 @@ from controller.core.controls import AbortRequest, AbortResult, Controls
 from controller.core.engine import PolicyState
 from controller.core.grid import RangeGrid
 from controller.core.handover import ActionTimes
+from controller.core.incidents import Incident, Ledger
 from controller.core.model import Decision, SignalResult, TargetKey
 from controller.core.policy import Policy
 
@@ -349,6 +350,32 @@ class ActionJournalPort(Protocol):
 
     def abort_requested(self, idempotency_key: str) -> AbortRequest | None:
         """The abort journaled for a started action (its `abort_requested` event), or None."""
+        ...
+
+
+class IncidentStorePort(Protocol):
+    """Where incidents live (controller/core/incidents.py): the journal's SQLite locally, `TailguardIncident`
+    resources in a cluster. Every write is a compare-and-set on the version read."""
+
+    def current(self, scope_key: str) -> tuple[Incident, Ledger] | None:
+        """The open incident of the scope (at most one) and the ledger stored with it, or None."""
+        ...
+
+    def ledger(self, service: str) -> Ledger:
+        """The service's revision ledger as its latest incident left it (an empty one when it has none)."""
+        ...
+
+    def latest(self, service: str, *, open_only: bool) -> Incident | None:
+        """The service's newest incident (with `open_only`: its newest open one), or None."""
+        ...
+
+    def save(self, incident: Incident, ledger: Ledger) -> Incident:
+        """Write the incident and the service's ledger with it, only if the stored incident still has
+        `incident.version` ("" = create it). Returns it with its new version; IncidentConflict otherwise."""
+        ...
+
+    def incidents(self, *, open_only: bool = True, limit: int = 50) -> list[Incident]:
+        """Newest first."""
         ...
 
 

@@ -1,6 +1,7 @@
 """What `GET /api/v1/status`, `tailguard status` and the status page show: per policy and target, the phase,
 the last value against the threshold, the streak, the cooldown left, the budget used, and whether the policy
-is suspended or paused (by whom, why). Pure: built from the policies, their engine states and the controls.
+is suspended or paused (by whom, why); and the open incidents (controller/core/incidents.py) with their stage and
+next step. Pure: built from the policies, their engine states, the controls and the incidents.
 
 Phase of a (condition, target): `errored` (its source failed past `maxSourceErrors`), `stale` (firing on data
 older than `staleAfter`), else the engine's `ok` / `pending` / `firing`.
@@ -15,6 +16,7 @@ from typing import Any
 
 from controller.core.controls import Controls
 from controller.core.engine import PolicyState
+from controller.core.incidents import Incident
 from controller.core.limits import cooling, in_budget_window
 from controller.core.model import target_labels
 from controller.core.policy import Condition, ForSpec, Policy
@@ -100,6 +102,7 @@ def status_document(
     leader: Mapping[str, Any] | None = None,
     links: Mapping[str, str] | None = None,
     health: Mapping[str, SourceHealth] | None = None,
+    incidents: Sequence[Incident] = (),
 ) -> dict[str, Any]:
     killed = controls.killed
     return {
@@ -116,6 +119,26 @@ def status_document(
         "decisions": [dict(decision) for decision in decisions],
         "controls": [dict(control) for control in recent_controls],
         "links": dict(links or {}),
+        "incidents": [incident_status(incident) for incident in incidents],
+    }
+
+
+def incident_status(incident: Incident) -> dict[str, Any]:
+    """An open incident as the status shows it: its scope, phase, cause, last action, stage and next step (the
+    columns of `kubectl get tgi`), what fired, and what it found."""
+    summary = incident.summary()
+    return {
+        "id": incident.id,
+        "service": incident.service,
+        "scope": dict(incident.scope),
+        "openedAt": incident.opened_at,
+        "phase": incident.phase.value,
+        "cause": summary["cause"],
+        "action": summary["action"],
+        "stage": incident.stage,
+        "next": incident.next_step,
+        "policies": list(incident.policies),
+        "notes": list(incident.notes),
     }
 
 

@@ -796,10 +796,14 @@ class Dispatcher:
         labels = {str(k): str(v) for k, v in (decision.get("target") or {}).items()}
         tags = [str(tag) for tag in action.tags]
         extra = [f"policy:{record.policy}", f"decision:{record.decision_kind}"]
+        text = action.text
+        if record.decision_kind == "resolve":
+            # A restore of this recovery that found the object changed by a human: the text says what it found.
+            text = restore.truthful_annotation(self.journal.actions_for(record.decision_id), record, text)
         return Annotation(
             time=start,
             time_end=end,
-            text=action.text,
+            text=text,
             tags=[*tags, *extra],
             decision_id=record.decision_id,
             labels=labels,

@@ -227,3 +227,25 @@ def _last_written(
     if not writes:
         return None
     return ((writes[-1].result or {}).get("after") or {}).get(kind)
+
+
+def truthful_annotation(actions: Sequence[ActionRecord], record: ActionRecord, text: str) -> str:
+    """The text of an annotate action of a recovery whose restore was skipped because someone changed the object:
+    what was found, not the policy's "back to the pre-incident floor" (`actions`: the journal's for the decision)."""
+    skipped = [
+        action
+        for action in actions
+        if action.decision_kind == record.decision_kind
+        and action.type is ActionType.RESTORE
+        and action.status is ActionStatus.SKIPPED
+    ]
+    notes = []
+    for action in skipped:
+        detail = (action.result or {}).get("detail") or {}
+        reason = str(detail.get("reason") or action.error or "")
+        if "someone else" in reason:
+            notes.append(f"restore of {action.resource} skipped, nothing put back: {reason}")
+    if not notes:
+        return text
+    head = text.split(": ", 1)[0]
+    return f"{head}: " + "; ".join(notes)

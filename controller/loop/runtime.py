@@ -43,6 +43,7 @@ from controller.core.controls import (
 )
 from controller.core.engine import PolicyState, action_retention, with_action_times
 from controller.core.handover import ActionTimes, merge_action_times
+from controller.core.incidents import Incident
 from controller.core.limits import BUDGET_WINDOW_SECONDS
 from controller.core.model import Decision, TargetKey
 from controller.core.policy import TIME_TOLERANCE, Policy
@@ -159,6 +160,7 @@ class Controller:
         policy_check: Callable[[Sequence[LoadedPolicy]], Sequence[PolicyError]] | None = None,
         action_workers: ActionWorkersPort | None = None,
         controls_store: ControlsStorePort | None = None,
+        open_incidents: Callable[[], Sequence[Incident]] | None = None,
     ) -> None:
         self._paths = [Path(p) for p in policy_paths]
         # What the configuration refuses in a loaded set (e.g. an action no actuator can run): on a reload, the
@@ -182,6 +184,8 @@ class Controller:
         # Operator controls (pause/resume, the kill switch): persisted by the store (the journal's meta table),
         # carried in the Lease by the leader elector (controls_snapshot / inherit_controls).
         self._controls_store = controls_store
+        # The open incidents for the status (controller/loop/incidents.py IncidentKeeper; None: not shown).
+        self._open_incidents = open_incidents
         self._controls = controls_store.load_controls() if controls_store is not None else Controls()
         self._dispatcher = dispatcher
         # The dispatcher's workers when actions run outside the evaluations (the app's); stopped before the
@@ -634,7 +638,17 @@ class Controller:
             decisions=self.recent_decisions(decisions),
             recent_controls=self.recent_controls(20),
             health=self.health.snapshot(),
+            incidents=self._incidents_shown(),
         )
+
+    def _incidents_shown(self) -> Sequence[Incident]:
+        if self._open_incidents is None:
+            return ()
+        try:
+            return self._open_incidents()
+        except Exception:  # an unreachable incident store must not take the status down with it
+            logger.exception("the open incidents could not be read for the status")
+            return ()
 
     def _resume_actions(self) -> None:
         for record in self._dispatcher.resume():

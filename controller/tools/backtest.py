@@ -58,6 +58,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource, SourceConfigError
+from controller.adapters.stores.incidents import SqliteIncidentStore
 from controller.adapters.stores.journal import Journal
 from controller.core.actions import ActionRequest
 from controller.core.alerts import alert_scopes
@@ -81,6 +82,8 @@ from controller.kit.clock import ManualClock, SystemClock
 from controller.kit.durations import parse_duration
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.loop.evaluation import EvaluationPorts, evaluate
+from controller.loop.incident_ports import incident_layer
+from controller.loop.incidents import EscalationDecision, IncidentKeeper
 from controller.loop.metrics import ControllerMetrics
 from controller.tools.backtest_coverage import TargetsSeen
 from controller.tools.backtest_feed import PolicyFeed, QuietRun, chunk_times
@@ -114,6 +117,13 @@ class BacktestEntry:
     reason: str = ""
     # idempotency key -> how the dispatcher handled the action (backtest_world.dispatch_outcome)
     dispatch: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # None: a decision of the policy; else the incident whose escalation step this is (controller/loop/incidents.py)
+    incident: str | None = None
+
+    @property
+    def policy_fired(self) -> bool:
+        """A decision of the policy itself, not an escalation step of its incident."""
+        return self.incident is None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -129,6 +139,7 @@ class BacktestEntry:
             "kinds": list(self.kinds),
             "peak": self.peak,
             "reason": self.reason,
+            **({"incident": self.incident} if self.incident is not None else {}),
             "actions": [
                 {
                     **action.to_json(),
@@ -230,6 +241,7 @@ def _merge(entries: dict[str, BacktestEntry], decision: Decision) -> None:
     entry = entries.get(decision.id)
     if entry is None:
         entry = BacktestEntry(decision.id, decision.policy, decision.condition, decision.target, decision.onset)
+        entry.incident = decision.incident if isinstance(decision, EscalationDecision) else None
         entries[decision.id] = entry
     entry.kinds.append(decision.kind.value)
     if decision.kind is DecisionKind.FIRE:
@@ -480,23 +492,31 @@ def run_backtest(
         errors.extend(f"change tracking: {error}" for error in tracker_errors)
         with tempfile.TemporaryDirectory(prefix="tailguard-backtest-", dir=_scratch()) as scratch:
             journal = Journal(Path(scratch) / "journal.db")
+            incident_store = SqliteIncidentStore(journal.path)
             try:
                 world = WouldRun(clock)
-                dispatcher = Dispatcher(
-                    journal,
+                # Incidents as live (controller/loop/incidents.py): one per service scope in the scratch journal,
+                # one rollback per incident, the escalation ladder, undone rollouts no longer a cause.
+                by_name = {policy.name: policy for policy in policies}
+                keeper = IncidentKeeper(incident_store, clock, lambda: by_name)
+                layer = incident_layer(
+                    keeper,
                     Actuators(rollback=world, scale=world, router=world, annotator=world, notifier=world),
-                    clock,
-                    limits if limits is not None else GlobalLimits(),
+                    RecordedRollouts(known, clock, tracker_errors),
+                    on_escalation=lambda decision: _merge(entries, decision),
+                )
+                dispatcher = Dispatcher(
+                    journal, layer.actuators, clock, limits if limits is not None else GlobalLimits()
                 )
                 ports = EvaluationPorts(
                     source=source,
                     journal=journal,
-                    dispatcher=dispatcher,
+                    dispatcher=layer.dispatcher(dispatcher),
                     clock=clock,
                     metrics=ControllerMetrics(CollectorRegistry()),
                     predictions=answers,
                     query_signals=answers.query,
-                    change_tracker=RecordedRollouts(known, clock, tracker_errors),
+                    change_tracker=layer.change_tracker,
                     change_window=change_window,
                 )
                 skipped = _replay(policies, feeds, schedule, ports, journal, clock, entries, errors, seen)
@@ -508,6 +528,7 @@ def run_backtest(
                             entry.dispatch[action.idempotency_key] = dispatch_outcome(record, events)
             finally:
                 journal.close()
+                incident_store.close()
     finally:  # the prefetch thread ends with the replay, however it ends
         for feed in feeds:
             feed.close()

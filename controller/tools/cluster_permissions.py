@@ -127,6 +127,27 @@ POLICY_PERMISSIONS: tuple[Permission, ...] = (
 )
 
 
+# With `kubernetes.incidents` (TailguardIncident custom resources, controller/adapters/stores/incident_resources.py):
+# the optional component deploy/components/incidents grants them (tests/unit/test_incidents_store.py compares, and
+# proves the store calls exactly these against the fake API server).
+INCIDENT_PERMISSIONS: tuple[Permission, ...] = (
+    Permission(
+        "tailguard.io",
+        "tailguardincidents",
+        ("create", "list"),
+        "KubernetesIncidentStore: list_namespaced_custom_object (every read), create_ (an incident opens)",
+        "controller",
+    ),
+    Permission(
+        "tailguard.io",
+        "tailguardincidents/status",
+        ("update",),
+        "KubernetesIncidentStore: replace_namespaced_custom_object_status (resourceVersion compare-and-set)",
+        "controller",
+    ),
+)
+
+
 def permission_triples(scope: str | None = None) -> set[tuple[str, str, str]]:
     """(apiGroup, resource, verb) for every permission (of one namespace scope, if given)."""
     return {

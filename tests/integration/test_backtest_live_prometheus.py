@@ -15,6 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from controller.adapters.stores.incidents import SqliteIncidentStore
 from controller.adapters.stores.journal import Journal
 from controller.core.alerts import alert_scopes
 from controller.core.model import target_key
@@ -24,9 +25,11 @@ from controller.core.ports import MetricsSource
 from controller.core.signals import query_signals
 from controller.kit.clock import ManualClock
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from controller.loop.incident_ports import incident_layer
+from controller.loop.incidents import IncidentKeeper
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
-from controller.testing import FakeAnnotator, FakeDeployer
+from controller.testing import FakeAnnotator, FakeDeployer, FakeNotifier
 from controller.tools.backtest import evaluation_times, run_backtest
 from controller.tools.backtest_world import RecordedAlert, dispatch_outcome
 from tests.conftest import BackfilledPrometheus
@@ -83,15 +86,18 @@ def _live(tmp_path: Path, url: str, rules: Path) -> tuple[list[Any], dict[str, A
 
     journal = Journal(tmp_path / "live.db")
     deployer = FakeDeployer()
-    dispatcher = Dispatcher(
-        journal, Actuators(rollback=deployer, scale=deployer, annotator=FakeAnnotator()), clock, LIMITS
+    # Incidents as `tailguard run` wires them (controller/app/build.py): in the journal's file.
+    keeper = IncidentKeeper(SqliteIncidentStore(tmp_path / "live.db"), clock)
+    layer = incident_layer(
+        keeper, Actuators(rollback=deployer, scale=deployer, annotator=FakeAnnotator(), notifier=FakeNotifier()), None
     )
+    dispatcher = Dispatcher(journal, layer.actuators, clock, LIMITS)
     with PrometheusSource(PrometheusSettings(url=url), clock) as source:
         controller = Controller(
             policy_paths=[rules],
             source=source,
             journal=journal,
-            dispatcher=dispatcher,
+            dispatcher=layer.dispatcher(dispatcher),
             clock=clock,
             metrics=ControllerMetrics(CollectorRegistry()),
             query_signals=at_clock,
@@ -99,6 +105,7 @@ def _live(tmp_path: Path, url: str, rules: Path) -> tuple[list[Any], dict[str, A
             dry_run=False,
         )
         controller.start()
+        keeper.bind(controller.policies)
         try:
             policies = controller.policies()
             alerted = False
@@ -148,7 +155,7 @@ def test_live_and_backtest_decide_and_dispatch_the_same_over_backfilled_history(
     assert outcomes == live_outcomes
 
     regress = target_key({"service": "regress"})
-    by_policy = {(e.policy, e.target): e for e in report.decisions}
+    by_policy = {(e.policy, e.target): e for e in report.decisions if e.policy_fired}
     rollback = by_policy[("p99-rollback", regress)]
     assert rollback.onset == T0 + 1200  # the alert's observation starts the streak (the grid's first is +1205)
     assert rollback.fired_at == T0 + 1235  # 3 observations spanning 30 s: +1200, +1205, +1220, +1235

@@ -33,8 +33,26 @@ def report(backfilled_prometheus: BackfilledPrometheus) -> BacktestReport:
         return run_backtest(source, [_policy()], T0 + 60, T0 + 3600, None)
 
 
-def _entries(report: BacktestReport, service: str) -> list[dict[str, Any]]:
-    return [entry.to_json() for entry in report.decisions if entry.to_json()["target"] == {"service": service}]
+def _entries(report: BacktestReport, service: str, *, escalations: bool = False) -> list[dict[str, Any]]:
+    """The policy's decisions on `service` (with `escalations`: its incident's escalation steps instead)."""
+    return [
+        entry.to_json()
+        for entry in report.decisions
+        if entry.to_json()["target"] == {"service": service} and entry.policy_fired != escalations
+    ]
+
+
+def test_a_regression_the_rollback_did_not_end_escalates_once_as_live(report: BacktestReport) -> None:
+    """The history does not react to the rollback (T0+1230): P99 stays high until T0+1800, so the incident moves
+    to its ladder's first step (notify on-call) at the first evaluation 5 minutes after it, once."""
+    (step,) = _entries(report, "regress", escalations=True)
+    assert step["fired_at"] == T0 + 1530 and step["incident"] == "regress-1700001230"
+    assert [(a["type"], a["params"].get("receiver")) for a in step["actions"]] == [("notify", "oncall"),
+                                                                                  ("annotate", None)]  # fmt: skip
+    assert step["reason"] == (
+        "incident regress-1700001230 on regress: rollback succeeded did not end the breach within 300s; escalation "
+        "step 1 (notify-oncall, severity critical); next: a human"
+    )
 
 
 def test_regression_fires_after_three_breaching_evaluations_and_resolves_after_two_healthy(

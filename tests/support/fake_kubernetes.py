@@ -13,8 +13,9 @@ answers like the real API server:
 - EVERY object written is validated before it is stored: core kinds with `kubernetes_validate` (strict:
   unknown fields rejected), the CRDs with their JSON Schemas from tests/support/specs/; an invalid object
   gets 422 Invalid with the field path, as the real server answers an admission failure;
-- TailguardPolicy (tailguard.io/v1alpha1) custom resources, validated against the openAPIV3Schema of
-  deploy/crds/tailguardpolicy.yaml (unknown fields rejected, as `kubectl apply`'s strict field validation does),
+- TailguardPolicy and TailguardIncident (tailguard.io/v1alpha1) custom resources, validated against the
+  openAPIV3Schema of deploy/crds/tailguardpolicy.yaml and tailguardincident.yaml (unknown fields rejected, as
+  `kubectl apply`'s strict field validation does),
   with the `status` subresource as the real server serves it for a CRD: a write to the object keeps the stored
   status and bumps `metadata.generation` when the spec changed; a write to `/status` changes only the status
   (a stale resourceVersion: 409 Conflict);
@@ -115,11 +116,20 @@ RESOURCE_TYPES = (
     ResourceType("", "v1", "services", "Service"),
     ResourceType("", "v1", "endpoints", "Endpoints"),
     ResourceType("tailguard.io", "v1alpha1", "tailguardpolicies", "TailguardPolicy", crd_file="tailguardpolicy.yaml"),
+    ResourceType(
+        "tailguard.io", "v1alpha1", "tailguardincidents", "TailguardIncident", crd_file="tailguardincident.yaml"
+    ),
 )
 # Subresources served on the parent object's storage: (group, version, resource, subresource).
-_SUBRESOURCES = frozenset({("", "v1", "pods", "status"), ("tailguard.io", "v1alpha1", "tailguardpolicies", "status")})
+_SUBRESOURCES = frozenset(
+    {
+        ("", "v1", "pods", "status"),
+        ("tailguard.io", "v1alpha1", "tailguardpolicies", "status"),
+        ("tailguard.io", "v1alpha1", "tailguardincidents", "status"),
+    }
+)
 # Kinds whose status is a subresource of a CRD: the object's writes keep the status, /status writes only it.
-_STATUS_SUBRESOURCE = frozenset({("tailguard.io", "tailguardpolicies")})
+_STATUS_SUBRESOURCE = frozenset({("tailguard.io", "tailguardpolicies"), ("tailguard.io", "tailguardincidents")})
 # The annotations the deployment controller never copies from a Deployment onto its ReplicaSets.
 _CONTROLLER_SKIPPED = frozenset(
     {

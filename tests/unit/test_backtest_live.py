@@ -10,6 +10,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from controller.adapters.stores.incidents import SqliteIncidentStore
 from controller.adapters.stores.journal import Journal
 from controller.core.attribution import Rollout
 from controller.core.model import SignalResult, target_key
@@ -103,7 +104,9 @@ from controller.core.model import TargetKey
 from controller.core.policy import Policy
 from controller.core.ports import MetricsSource
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.testing import FakeAnnotator, FakeDeployer
+from controller.loop.incident_ports import incident_layer
+from controller.loop.incidents import IncidentKeeper
+from controller.testing import FakeAnnotator, FakeDeployer, FakeNotifier
 from controller.tools.backtest import BacktestReport
 from controller.tools.backtest_world import RecordedAlert, dispatch_outcome, load_alerts
 from tests.unit.test_arbiter import P99_ROLLBACK, QUEUE_SCALE
@@ -121,17 +124,24 @@ class LiveLoop:
         self.clock = ManualClock(START)
         self.values, self.targets = values, targets
         self.journal = Journal(tmp_path / "live.db")
-        self.dispatcher = Dispatcher(
-            self.journal,
-            Actuators(rollback=FakeDeployer(replicas={"chat": 2}), scale=FakeDeployer(), annotator=FakeAnnotator()),
-            self.clock,
-            LIMITS,
+        # Incidents as `tailguard run` wires them (controller/app/build.py): in the journal's file.
+        self.keeper = IncidentKeeper(SqliteIncidentStore(tmp_path / "live.db"), self.clock)
+        layer = incident_layer(
+            self.keeper,
+            Actuators(
+                rollback=FakeDeployer(replicas={"chat": 2}),
+                scale=FakeDeployer(),
+                annotator=FakeAnnotator(),
+                notifier=FakeNotifier(),
+            ),
+            None,
         )
+        self.dispatcher = Dispatcher(self.journal, layer.actuators, self.clock, LIMITS)
         self.controller = Controller(
             policy_paths=[rules],
             source=FakeSource(),
             journal=self.journal,
-            dispatcher=self.dispatcher,
+            dispatcher=layer.dispatcher(self.dispatcher),
             clock=self.clock,
             metrics=ControllerMetrics(CollectorRegistry()),
             query_signals=self._query,
@@ -139,6 +149,7 @@ class LiveLoop:
             dry_run=False,
         )
         self.controller.start()
+        self.keeper.bind(self.controller.policies)
 
     def _query(self, _source: MetricsSource, policy: Policy, _at: float | None) -> dict[str, SignalResult]:
         now = self.clock.now()
@@ -350,6 +361,10 @@ def test_an_alert_triggered_evaluation_decides_the_same_live_and_as_a_backtest(t
     decisions, outcomes = backtested(report)
     assert decisions == live.decisions
     assert outcomes == live.dispatched
-    fired = {entry.target: (entry.onset, entry.fired_at) for entry in report.decisions}
+    fired = {entry.target: (entry.onset, entry.fired_at) for entry in report.decisions if entry.policy_fired}
     assert fired == {CHAT: (START + 5, START + 35), CODE: (START + 15, START + 45)}
+    # Nothing in the replay ends the breach: each service's incident escalates at its first scheduled evaluation 5
+    # minutes or more after its rollback (chat's at +35 s, by the alert; code's at +45 s), as live.
+    escalated = {entry.target: entry.fired_at for entry in report.decisions if not entry.policy_fired}
+    assert escalated == {CHAT: START + 345, CODE: START + 345}
     assert report.alert_evaluations == 2 and report.to_json()["alert_evaluations"] == 2

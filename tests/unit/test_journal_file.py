@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.adapters.stores.incidents import SqliteIncidentStore
 from controller.adapters.stores.journal import Journal, JournalError
 from controller.adapters.stores.journal_file import creating_path
 from controller.app.build import build
@@ -121,3 +122,15 @@ def test_the_controller_refuses_an_empty_journal_with_one_line_and_new_journal_s
     with ExitStack() as stack:
         build(settings, stack, webhook_token=None, new_journal=True)
     assert Journal(tmp_path / "tailguard.db").policy_names() == []
+
+
+def test_a_file_holding_only_the_incident_store_is_tailguards_and_becomes_a_journal(tmp_path: Path) -> None:
+    """Without a cluster the incidents live in the journal's file (adapters/stores/incidents.py); a store opened
+    there first leaves a file with only its table, which the journal takes as its own (not a foreign database)."""
+    path = tmp_path / "journal.db"
+    SqliteIncidentStore(path).close()
+    journal = Journal(path)
+    assert journal.schema_version() >= 1
+    journal.close()
+    tables = {row[0] for row in sqlite3.connect(path).execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"incidents", "meta"} <= tables

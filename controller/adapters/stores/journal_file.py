@@ -24,6 +24,11 @@ NEW_JOURNAL_HINT = "pass --new-journal to set it aside and start a new journal"
 _SIDE_FILES = ("-wal", "-shm")
 
 
+# Tables that other tailguard stores keep in the journal's file (adapters/stores/incidents.py: the incidents of a
+# controller without a cluster); a file holding only these is tailguard's, not a foreign database.
+COMPANION_TABLES = frozenset({"incidents"})
+
+
 def journal_file_problem(path: Path) -> str | None:
     """Why the existing file at `path` is not a tailguard journal, or None when it is one (any schema version)."""
     try:
@@ -46,6 +51,8 @@ def journal_file_problem(path: Path) -> str | None:
         db.close()
     if not tables:
         return "is a SQLite database with no tables, not a journal"
+    if set(tables) <= COMPANION_TABLES:
+        return None  # tailguard's own file, its journal tables not made yet: the journal adds them in place
     shown = ", ".join(tables[:5]) + (f" and {len(tables) - 5} more" if len(tables) > 5 else "")
     return f"is a SQLite database but not a tailguard journal (no meta.schema_version; its tables: {shown})"
 
