@@ -376,7 +376,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--per-target-max", type=int, default=5000, help="largest N the per-target (8-way) queries run at (slow)"
     )
+    parser.add_argument("--smoke", action="store_true", help="a tiny run (seconds): that it runs, figures meaningless")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.targets, args.repeats, args.per_target_max = [20], 1, 20
     # A SIGTERM (e.g. from `timeout`) unwinds like an exception, so the Prometheus this started is stopped.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
     logging.disable(logging.INFO)  # the evaluation's log line is not printed (nor formatted)
