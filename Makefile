@@ -51,6 +51,7 @@ bench: venv
 	$(BIN)/python tests/bench/bench_backtest.py
 	$(BIN)/python tests/bench/bench_sharding.py
 	$(BIN)/python tests/bench/bench_webhook.py
+	$(BIN)/python tests/bench/bench_prometheus_client.py
 
 schema: venv
 	$(BIN)/python scripts/generate_schema.py
