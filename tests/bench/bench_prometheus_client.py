@@ -4,14 +4,16 @@ Why the hot path (the live cycle's instant queries, the backtest's range answers
 library's session but not through its query methods (docs/architecture.md, "HTTP libraries"): side by side in one
 run, medians of --repeats, the same request each way:
   instant   `max by (service) (bench_gauge{...})` over --instant-targets targets
-              library   PrometheusConnect.custom_query (json-decoded list of dicts)
+              library   PrometheusConnect.custom_query (json-decoded list of dicts), and then converted by
+                        tailguard's vector_result (what the cycle needs)
               tailguard PrometheusSource.instant (orjson, straight to {target: value})
   range     the same over --range-targets targets, --days days at a 60 s step (one backtest chunk: 2,880 points a
             series, the answer size of the week-long backtest's)
-              library   PrometheusConnect.custom_query_range (json-decoded list of dicts)
+              library   PrometheusConnect.custom_query_range (json-decoded list of dicts), and then put on
+                        the grid by tailguard's matrix_grid (what the backtest needs)
               tailguard PrometheusSource.range_grid (orjson + numpy: the backtest's grid)
-and the ratios library / tailguard. Where the library fits (no per-cycle budget: metric-name discovery, metadata)
-tailguard uses it (serving/recording.recorded_names). Figures only, nothing asserted.
+and the ratios (library + conversion) / tailguard. Where the library fits (no per-cycle budget: metric-name
+discovery, metadata) tailguard uses it (serving/recording.recorded_names). Figures only, nothing asserted.
 
     python tests/bench/bench_prometheus_client.py [--instant-targets 5000] [--range-targets 100] [--repeats 5]
 """
@@ -34,7 +36,7 @@ if str(ROOT) not in sys.path:
 
 from prometheus_api_client import PrometheusConnect
 
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource, matrix_grid, vector_result
 from controller.kit.clock import SystemClock
 from tests.support.openmetrics import OpenMetricsWriter
 
@@ -99,27 +101,38 @@ def main(argv: list[str]) -> int:
             times = [start + k * STEP for k in range(int((end - start) / STEP) + 1)]
             rows = []
             lib_s, lib_answer = timed(lambda: library.custom_query(instant, params={"time": end}), args.repeats)
+            conv_s, _ = timed(
+                lambda: vector_result(library.custom_query(instant, params={"time": end}), ["service"]), args.repeats
+            )
             own_s, own_answer = timed(lambda: source.instant(instant, ["service"], end), args.repeats)
             if len(lib_answer) != len(own_answer.values) or own_answer.error:
                 raise SystemExit(f"bench: instant answers differ: {len(lib_answer)} vs {own_answer}")
-            rows.append(("instant", f"{args.instant_targets:,} series", lib_s, own_s))
-            lib_s, lib_answer = timed(
-                lambda: library.custom_query_range(
+            rows.append(("instant", f"{args.instant_targets:,} series", lib_s, conv_s, own_s))
+
+            def library_range() -> Any:
+                return library.custom_query_range(
                     ranged, start_time=_datetime(start), end_time=_datetime(end), step=f"{STEP:.0f}"
-                ),
-                args.repeats,
-            )
+                )
+
+            lib_s, lib_answer = timed(library_range, args.repeats)
+            conv_s, _ = timed(lambda: matrix_grid(library_range(), ["service"], times, STEP), args.repeats)
             own_s, own_grid = timed(lambda: source.range_grid(ranged, ["service"], times, STEP), args.repeats)
             points = sum(len(series["values"]) for series in lib_answer)
             if own_grid.error or len(own_grid.targets) != len(lib_answer):
                 raise SystemExit(f"bench: range answers differ: {len(lib_answer)} vs {own_grid.error}")
-            rows.append(("range", f"{len(lib_answer):,} x {points // max(1, len(lib_answer)):,} points", lib_s, own_s))
+            shape = f"{len(lib_answer):,} x {points // max(1, len(lib_answer)):,} points"
+            rows.append(("range", shape, lib_s, conv_s, own_s))
             source.close()
             library.close()
     print(f"medians of {args.repeats}; the same request each way, answers checked equal in size")
-    print(f"{'query':<8} | {'answer':>22} | {'library s':>9} | {'tailguard s':>11} | {'library/tailguard':>17}")
-    for kind, answer, lib_s, own_s in rows:
-        print(f"{kind:<8} | {answer:>22} | {lib_s:>9.4f} | {own_s:>11.4f} | {lib_s / own_s:>17.2f}")
+    print("library: its method's answer (json-decoded dicts); + conversion: then tailguard's own conversion of it")
+    print("(vector_result / matrix_grid: what the cycle and the backtest need); tailguard: PrometheusSource")
+    print(
+        f"{'query':<8} | {'answer':>22} | {'library s':>9} | {'+ conversion s':>14} | {'tailguard s':>11} | "
+        f"{'library+conv / tailguard':>24}"
+    )
+    for kind, answer, lib_s, conv_s, own_s in rows:
+        print(f"{kind:<8} | {answer:>22} | {lib_s:>9.4f} | {conv_s:>14.4f} | {own_s:>11.4f} | {conv_s / own_s:>24.2f}")
     return 0
 
 
