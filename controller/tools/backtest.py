@@ -82,7 +82,7 @@ from controller.kit.durations import parse_duration
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.loop.evaluation import EvaluationPorts, evaluate
 from controller.loop.metrics import ControllerMetrics
-from controller.tools.backtest_feed import PolicyFeed, QuietRun, chunk_times
+from controller.tools.backtest_feed import QUERIES_AT_ONCE, PolicyFeed, QuietRun, chunk_times
 from controller.tools.backtest_world import RecordedAlert, RecordedRollouts, WouldRun, dispatch_outcome, load_alerts
 
 EXIT_OK = 0
@@ -444,6 +444,7 @@ def run_backtest(
     errors: list[str] = []
     schedule: list[_Evaluation] = []
     fetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailguard-backtest-fetch")
+    querier = ThreadPoolExecutor(max_workers=QUERIES_AT_ONCE, thread_name_prefix="tailguard-backtest-query")
     feeds: list[PolicyFeed] = []
     entries: dict[str, BacktestEntry] = {}
     try:
@@ -451,7 +452,7 @@ def run_backtest(
             policy_step = policy.interval if step is None else step
             times = evaluation_times(start, end, policy_step)
             predicted, notes = historical.predict_range(source, policy, times, policy_step)
-            feed = PolicyFeed(source, policy, start, end, policy_step, predicted, fetcher)
+            feed = PolicyFeed(source, policy, start, end, policy_step, predicted, fetcher, querier)
             _chunk_errors(policy, feed.first(), errors)
             errors.extend(notes)
             feeds.append(feed)
@@ -496,6 +497,7 @@ def run_backtest(
         for feed in feeds:
             feed.close()
         fetcher.shutdown(wait=True, cancel_futures=True)
+        querier.shutdown(wait=True, cancel_futures=True)
     ordered = sorted(entries.values(), key=lambda e: (e.onset, e.policy, e.condition, e.target))
     triggered = sum(1 for evaluation in schedule if evaluation.trigger != TRIGGER_SCHEDULE)
     return BacktestReport(ordered, len(schedule), start, end, errors, triggered, skipped)
