@@ -428,8 +428,8 @@ def _escape(value: str) -> str:
 
 
 def recorded_names(prometheus_url: str) -> list[str]:
-    """The recorded metric names Prometheus knows, through prometheus-api-client (`all_metrics`: the label
-    discovery the library does well; the controller's hot path parses answers itself, bench_prometheus_client.py)."""
+    """The recorded metric names Prometheus knows, through prometheus-api-client (`all_metrics`: label discovery,
+    what the library is for; docs/architecture.md, "HTTP libraries")."""
     client = PrometheusConnect(url=prometheus_url)
     try:
         names: list[str] = client.all_metrics()
