@@ -41,7 +41,10 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 import aiohttp
+import requests
 import yaml
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
@@ -425,10 +428,15 @@ def _escape(value: str) -> str:
 
 
 def recorded_names(prometheus_url: str) -> list[str]:
-    status, body = http_get(f"{prometheus_url}/api/v1/label/__name__/values")
-    if status != 200:
-        raise RecordingError(f"Prometheus answered {status} listing metric names")
-    names: list[str] = json.loads(body)["data"]
+    """The recorded metric names Prometheus knows, through prometheus-api-client (`all_metrics`: label discovery,
+    what the library is for; docs/architecture.md, "HTTP libraries")."""
+    client = PrometheusConnect(url=prometheus_url)
+    try:
+        names: list[str] = client.all_metrics()
+    except (PrometheusApiClientException, requests.RequestException) as failed:
+        raise RecordingError(f"Prometheus could not list metric names: {failed}") from None
+    finally:
+        client.close()
     # `_created` series are the client library's creation stamps, not measurements (the simulator skips them too).
     return sorted(n for n in names if (n == "up" or n.startswith(RECORDED_PREFIXES)) and not n.endswith("_created"))
 

@@ -26,6 +26,7 @@ from controller.core.policy_files import load_policies
 from controller.core.signals import render_signal_queries
 from controller.kit.cli_args import UsageError, parse_time
 from controller.kit.clock import SystemClock
+from controller.kit.errors import InputError
 from controller.tools.incident_report import IncidentTimeline, write_report
 
 EXIT_OK = 0
@@ -35,7 +36,7 @@ BEFORE_ONSET_SECONDS = 600.0
 AFTER_RESOLUTION_SECONDS = 300.0
 
 
-class ReportError(Exception):
+class ReportError(InputError):
     """One line: what is missing and what to try."""
 
 

@@ -74,20 +74,50 @@ def read_within(response: requests.Response, deadline: float, *, timer: Callable
 
 def read_raw_within(raw: Any, deadline: float, *, timer: Callable[[], float] = time.monotonic) -> bytes:
     """The whole body of a streamed urllib3 response by `deadline` (DeadlineExceeded after it); urllib3's own
-    errors pass through. Each read waits at most what is left and returns what has arrived (read1)."""
+    errors pass through. Each read waits at most what is left and returns what has arrived (read1).
+
+    An empty read is not the end by itself: a read whose bytes decode to nothing yet (a gzip header alone, a
+    compressed block still buffered in the decoder) comes back empty too, with more of the body behind it
+    (urllib3-future's read1 does this for each such block; a gzip answer in HTTP chunks was cut at its first
+    one). The body has ended only when an empty read took nothing from the wire, or the response is closed."""
     chunks: list[bytes] = []
+    reads = 0
     while True:
         remaining = deadline - timer()
         if remaining <= 0:
-            raise DeadlineExceeded(f"the answer did not arrive whole within its deadline ({len(chunks)} reads)")
+            raise DeadlineExceeded(f"the answer did not arrive whole within its deadline ({reads} reads)")
         sock = getattr(getattr(raw, "connection", None), "sock", None)
         if sock is not None:
             sock.settimeout(remaining)
+        taken = _wire_position(raw)
         chunk = raw.read1(READ_CHUNK, decode_content=True)
-        if not chunk:
+        reads += 1
+        if chunk:
+            chunks.append(chunk)
+        elif _body_ended(raw, taken):
             break
-        chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _wire_position(raw: Any) -> int | None:
+    """How many bytes of the body the response has taken from the wire (urllib3's `tell()`), None unknown."""
+    tell = getattr(raw, "tell", None)
+    if tell is None:
+        return None
+    try:
+        position = tell()
+    except (OSError, ValueError):
+        return None
+    return position if isinstance(position, int) else None
+
+
+def _body_ended(raw: Any, taken_before: int | None) -> bool:
+    """After an empty read: the response is closed, or the read took nothing from the wire (where that is
+    known; where it is not, an empty read is the end, as urllib3's own read1 promises)."""
+    if getattr(raw, "closed", False) is True:
+        return True
+    taken_after = _wire_position(raw)
+    return taken_before is None or taken_after is None or taken_after == taken_before
 
 
 CONNECT_SECONDS = 5.0  # the connect part of a total deadline, at most

@@ -86,7 +86,7 @@ from controller.loop.incident_ports import incident_layer
 from controller.loop.incidents import EscalationDecision, IncidentKeeper
 from controller.loop.metrics import ControllerMetrics
 from controller.tools.backtest_coverage import TargetsSeen
-from controller.tools.backtest_feed import PolicyFeed, QuietRun, chunk_times
+from controller.tools.backtest_feed import QUERIES_AT_ONCE, PolicyFeed, QuietRun, chunk_times
 from controller.tools.backtest_world import RecordedAlert, RecordedRollouts, WouldRun, dispatch_outcome, load_alerts
 
 EXIT_OK = 0
@@ -470,6 +470,7 @@ def run_backtest(
     errors: list[str] = []
     schedule: list[_Evaluation] = []
     fetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tailguard-backtest-fetch")
+    querier = ThreadPoolExecutor(max_workers=QUERIES_AT_ONCE, thread_name_prefix="tailguard-backtest-query")
     feeds: list[PolicyFeed] = []
     entries: dict[str, BacktestEntry] = {}
     seen = TargetsSeen()
@@ -478,7 +479,7 @@ def run_backtest(
             policy_step = policy.interval if step is None else step
             times = evaluation_times(start, end, policy_step)
             predicted, notes = historical.predict_range(source, policy, times, policy_step)
-            feed = PolicyFeed(source, policy, start, end, policy_step, predicted, fetcher)
+            feed = PolicyFeed(source, policy, start, end, policy_step, predicted, fetcher, querier)
             _chunk_errors(policy, feed.first(), errors)
             seen.record(policy, feed.grids)
             errors.extend(notes)
@@ -533,6 +534,7 @@ def run_backtest(
         for feed in feeds:
             feed.close()
         fetcher.shutdown(wait=True, cancel_futures=True)
+        querier.shutdown(wait=True, cancel_futures=True)
     ordered = sorted(entries.values(), key=lambda e: (e.onset, e.policy, e.condition, e.target))
     triggered = sum(1 for evaluation in schedule if evaluation.trigger != TRIGGER_SCHEDULE)
     return BacktestReport(

@@ -192,7 +192,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--scrape", type=float, default=300.0, help="seconds between backfilled samples")
     parser.add_argument("--step", type=float, default=60.0, help="the policy's interval (seconds)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each side; medians are reported")
+    parser.add_argument("--smoke", action="store_true", help="a tiny run (seconds): that it runs, figures meaningless")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.days, args.targets, args.scrape, args.step, args.repeats = 1, 3, 300.0, 300.0, 1
     # A SIGTERM (e.g. from `timeout`) unwinds like an exception, so the Prometheus this started is stopped.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
 

@@ -136,7 +136,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--cycles", type=int, default=3, help="cycles per mode; the fastest is reported")
     parser.add_argument("--json", type=Path, default=None, help="also write the table as JSON here")
     parser.add_argument("--child", nargs=3, metavar=("MODE", "URL", "TARGETS"), help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help="a tiny run (seconds): that it runs, figures meaningless")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.targets, args.cycles = [5], 1
     if args.child:
         mode, url, targets = args.child
         print(json.dumps(child(mode, url, int(targets), args.cycles)))

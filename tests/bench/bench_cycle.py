@@ -17,10 +17,15 @@ ratio, an HBM ratio) are backfilled into a real Prometheus (promtool); then, sid
   per-target  Flagger/Argo style: the 4 queries once per target (selector on its service), 8 at a time (1 run)
   paired      the median of each cycle's ratio to the floors measured right after it (less exposed to the host's
               drift than the ratio of the medians), and the cycle's own share: from the last answer to its end
-and the ratios. Reaction: evaluation start -> the rollback port's call when one target among N breaches (a real
-Dispatcher over a fresh journal, the rollback a recording fake), for the bench policy (the breach in its slowest
-query, the P99) and for a policy of one cheap gauge signal (an HBM ratio). Figures only, nothing asserted. CPU is also
-shown as a share of one core at a 15 s interval.
+and the ratios; for two sets of 4 queries: the bench signals (three of them precomputed gauges) and the shipped
+policies' own queries (rules/examples: p99-rollback's P99 over histogram buckets, error-rate-shift's ratio of two
+rates, queue-scale's sum over a count, hbm-headroom's DCGM used / (used + free) joined with vLLM's KV gauge), with
+their series backfilled too. Targets (issue 22): cycle <= 1.2x "bare once" at 1,000 and 5,000 targets, the
+cycle's own share after the last answer <= 30 ms at 1,000.
+Reaction: evaluation start -> the rollback port's call when one target among N breaches (a real Dispatcher over a
+fresh journal, the rollback a recording fake), for the bench policy (the breach in its slowest query, the P99),
+for a policy of one cheap gauge signal (an HBM ratio) and for the shipped P99-histogram and HBM-ratio queries
+alone. Figures only, nothing asserted. CPU is also shown as a share of one core at a 15 s interval.
 
     python tests/bench/bench_cycle.py [--targets 100 1000 5000] [--repeats 5] [--per-target-max 5000]
 """
@@ -72,13 +77,44 @@ SIGNALS = {
     "errors": "max by ({{ by }}) (bench_error_ratio{ {{ selector }} })",
     "hbm": "max by ({{ by }}) (bench_hbm_ratio{ {{ selector }} })",
 }
+# The shipped policies' own queries (rules/examples), read from their files: the P99 over histogram buckets, the
+# error ratio of two rates, the queue per replica (a sum over a count) and the HBM used / (used + free) ratio under
+# KV-cache pressure (DCGM's two gauges, vLLM's KV gauge, joined `on` the target labels).
+SHIPPED_FILES = {
+    "p99": "p99-rollback.yaml",
+    "errors": "error-rate-shift.yaml",
+    "queue": "queue-scale.yaml",
+    "hbm": "hbm-headroom.yaml",
+}
+
+
+def shipped_queries() -> dict[str, str]:
+    from controller.core.policy_files import load_policies
+
+    queries: dict[str, str] = {}
+    for name, file in SHIPPED_FILES.items():
+        loaded, errors = load_policies([ROOT / "rules" / "examples" / file])
+        if errors or not loaded:
+            raise SystemExit(f"bench: cannot read rules/examples/{file}: {errors}")
+        queries[name] = loaded[0].policy.signals[0].query
+    return queries
+
+
+QUERY_SETS = {"bench signals": SIGNALS, "shipped queries": shipped_queries()}
 THRESHOLDS = {"p99": 10.0, "queue": 1000.0, "errors": 0.5, "hbm": 0.99}  # nothing fires
 BREACHING = 7  # the one target whose P99 (6 s) breaches a 5 s threshold: the reaction measurement's
 BREACHING_HBM = 0.97  # and its HBM ratio (under the healthy 0.99), above REACTION_HBM_THRESHOLD
 REACTION_HBM_THRESHOLD = 0.95
 # The reaction measurement's two policies: the bench policy (the breach is in its slowest query, the P99 over
 # histogram buckets) and one gauge signal (an HBM-ratio rollback: a cheap query).
-REACTIONS = {"p99 of 4 signals": ("p99", "queue", "errors", "hbm"), "HBM gauge alone": ("hbm",)}
+# The shipped ones: the P99 policy (p99-rollback's histogram query alone) and the HBM ratio policy (hbm-headroom's
+# used / (used + free) query alone).
+REACTIONS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
+    "p99 of 4 signals": (("p99", "queue", "errors", "hbm"), SIGNALS),
+    "HBM gauge alone": (("hbm",), SIGNALS),
+    "shipped P99 histogram": (("p99",), QUERY_SETS["shipped queries"]),
+    "shipped HBM ratio": (("hbm",), QUERY_SETS["shipped queries"]),
+}
 
 
 def policy(
@@ -87,6 +123,7 @@ def policy(
     p99_threshold: float = 10.0,
     signals: tuple[str, ...] = tuple(SIGNALS),
     hbm_threshold: float = THRESHOLDS["hbm"],
+    queries: dict[str, str] = SIGNALS,
 ) -> Policy:
     """The bench policy; with the default thresholds no target breaches (a healthy cycle), with a P99 threshold
     of 5 s or an HBM threshold of 0.95 the BREACHING target does (the reaction measurement)."""
@@ -98,7 +135,7 @@ def policy(
             "kind": "Policy",
             "name": f"bench{targets}",
             "targets": {"groupBy": ["service"], "match": {"namespace": f"bench{targets}"}},
-            "signals": [{"name": name, "query": SIGNALS[name]} for name in signals],
+            "signals": [{"name": name, "query": queries[name]} for name in signals],
             "conditions": [
                 {
                     "name": f"{name}-high",
@@ -129,6 +166,18 @@ def history(targets: int) -> tuple[str, int]:
         writer.gauge("bench_error_ratio", labels, [(t, 0.001 * (index % 5)) for t in times])
         hbm = BREACHING_HBM if index == BREACHING else 0.5 + 0.01 * (index % 30)
         writer.gauge("bench_hbm_ratio", labels, [(t, hbm) for t in times])
+        # the shipped queries' series: request outcomes (50 a scrape, 0.1% errors), DCGM's framebuffer gauges
+        # (MiB, used / (used + free) = the ratio above) and vLLM's KV-cache usage (above 0.85: under pressure)
+        for reason, share in (("stop", 0.999), ("error", 0.001 * (index % 5))):
+            writer.counter(
+                "vllm:request_success",
+                {**labels, "finished_reason": reason},
+                [(t, 50.0 * share * i) for i, t in enumerate(times)],
+            )
+        framebuffer = 81_920.0
+        writer.gauge("DCGM_FI_DEV_FB_USED", labels, [(t, framebuffer * hbm) for t in times])
+        writer.gauge("DCGM_FI_DEV_FB_FREE", labels, [(t, framebuffer * (1 - hbm)) for t in times])
+        writer.gauge("vllm:kv_cache_usage_perc", labels, [(t, 0.9) for t in times])
     return writer.render(), writer.sample_count
 
 
@@ -235,7 +284,9 @@ def per_target(url: str, the_policy: Policy, targets: int) -> float:
     return wall
 
 
-def reaction(url: str, targets: int, repeats: int, work: Path, signals: tuple[str, ...]) -> tuple[float, float]:
+def reaction(
+    url: str, targets: int, repeats: int, work: Path, signals: tuple[str, ...], queries: dict[str, str], tag: str
+) -> tuple[float, float]:
     """Evaluation start -> the rollback port's call, one target breaching among `targets` (median of `repeats`),
     and of that the part after the last of the evaluation's queries answered (the controller's own share):
     each repeat's third breaching evaluation (for: 3) fires; its incidents are hours apart (cooldown, budget).
@@ -248,11 +299,13 @@ def reaction(url: str, targets: int, repeats: int, work: Path, signals: tuple[st
         return result
 
     if "p99" in signals:
-        the_policy = policy(targets, action="rollback", p99_threshold=5.0, signals=signals)
+        the_policy = policy(targets, action="rollback", p99_threshold=5.0, signals=signals, queries=queries)
     else:
-        the_policy = policy(targets, action="rollback", signals=signals, hbm_threshold=REACTION_HBM_THRESHOLD)
+        the_policy = policy(
+            targets, action="rollback", signals=signals, hbm_threshold=REACTION_HBM_THRESHOLD, queries=queries
+        )
     source = PrometheusSource(PrometheusSettings(url=url, timeout=60), SystemClock())
-    journal = Journal(work / f"reaction-{targets}-{len(signals)}.db")
+    journal = Journal(work / f"reaction-{targets}-{tag}.db")
     clock = SystemClock()
     port = _TimedRollback()
     ports = EvaluationPorts(
@@ -290,11 +343,13 @@ def reaction(url: str, targets: int, repeats: int, work: Path, signals: tuple[st
     return statistics.median(latencies), statistics.median(after_queries)
 
 
-def measure(url: str, targets: int, repeats: int, work: Path, per_target_max: int) -> dict[str, Any]:
-    the_policy = policy(targets)
+def measure(
+    url: str, targets: int, repeats: int, work: Path, per_target_max: int, templates: dict[str, str], tag: str
+) -> dict[str, Any]:
+    the_policy = policy(targets, queries=templates)
     queries = list(render_signal_queries(the_policy).values())
     source = PrometheusSource(PrometheusSettings(url=url, timeout=60), SystemClock())
-    journal = Journal(work / f"journal-{targets}.db")
+    journal = Journal(work / f"journal-{targets}-{tag}.db")
     clock = SystemClock()
     answered: list[float] = []
 
@@ -363,9 +418,6 @@ def measure(url: str, targets: int, repeats: int, work: Path, per_target_max: in
         "after_s": statistics.median(after),
         "rules_s": rules,
         "per_target_s": per_target(url, the_policy, targets) if targets <= per_target_max else None,
-        "reactions": {
-            name: reaction(url, targets, max(3, repeats), work, signals) for name, signals in REACTIONS.items()
-        },
     }
 
 
@@ -376,7 +428,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--per-target-max", type=int, default=5000, help="largest N the per-target (8-way) queries run at (slow)"
     )
+    parser.add_argument("--smoke", action="store_true", help="a tiny run (seconds): that it runs, figures meaningless")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.targets, args.repeats, args.per_target_max = [20], 1, 20
     # A SIGTERM (e.g. from `timeout`) unwinds like an exception, so the Prometheus this started is stopped.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
     logging.disable(logging.INFO)  # the evaluation's log line is not printed (nor formatted)
@@ -386,6 +441,7 @@ def main(argv: list[str]) -> int:
     from serving.promstack import PrometheusServer, PromStackError
 
     rows: list[dict[str, Any]] = []
+    reactions: dict[int, dict[str, tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="tailguard-bench-cycle-") as tmp:
         work = Path(tmp)
         data = work / "data"
@@ -406,11 +462,21 @@ def main(argv: list[str]) -> int:
             return 2
         with server:
             for targets in args.targets:
-                rows.append(measure(server.url, targets, args.repeats, work, args.per_target_max))
+                for number, (name, templates) in enumerate(QUERY_SETS.items()):
+                    # per-target queries (slow) for the bench signals only: the comparison is the same for both
+                    most = args.per_target_max if number == 0 else 0
+                    row = measure(server.url, targets, args.repeats, work, most, templates, f"set{number}")
+                    rows.append({**row, "set": name})
+                reactions[targets] = {
+                    name: reaction(url=server.url, targets=targets, repeats=max(3, args.repeats), work=work,
+                                   signals=signals, queries=queries, tag=f"r{number}")
+                    for number, (name, (signals, queries)) in enumerate(REACTIONS.items())
+                }  # fmt: skip
                 print(f"measured N={targets}", flush=True)
     print(f"medians of {args.repeats} (per-target: one run); ratios to the cycle's own figures")
     print(
-        f"{'targets':>7} | {'cycle s':>8} | {'rule eng s':>10} | {'bare seq s':>10} | {'bare max s':>10} | "
+        f"{'queries':<15} | {'targets':>7} | {'cycle s':>8} | {'rule eng s':>10} | {'bare seq s':>10} | "
+        f"{'bare max s':>10} | "
         f"{'bare once s':>11} | {'per-target s':>12} | {'cyc/max':>7} | {'cyc/once':>8} | {'cyc/seq':>7} | "
         f"{'pt/cyc':>6}"
     )
@@ -419,27 +485,28 @@ def main(argv: list[str]) -> int:
         per_text = "-" if per is None else f"{per:.2f}"
         per_ratio = "-" if per is None else f"{per / row['cycle_s']:.1f}"
         print(
-            f"{row['targets']:>7} | {row['cycle_s']:>8.4f} | {row['rules_s']:>10.4f} | {row['bare_seq_s']:>10.4f} | "
-            f"{row['bare_max_s']:>10.4f} | {row['bare_once_s']:>11.4f} | {per_text:>12} | "
+            f"{row['set']:<15} | {row['targets']:>7} | {row['cycle_s']:>8.4f} | {row['rules_s']:>10.4f} | "
+            f"{row['bare_seq_s']:>10.4f} | {row['bare_max_s']:>10.4f} | {row['bare_once_s']:>11.4f} | {per_text:>12} | "
             f"{row['cycle_s'] / row['bare_max_s']:>7.2f} | {row['cycle_s'] / row['bare_once_s']:>8.2f} | "
             f"{row['cycle_s'] / row['bare_seq_s']:>7.2f} | "
             f"{per_ratio:>6}"
         )
     print(
-        f"{'targets':>7} | {'cyc/max paired':>14} | {'cyc/once paired':>15} | {'after last answer ms':>20} | "
+        f"{'queries':<15} | {'targets':>7} | {'cyc/max paired':>14} | {'cyc/once paired':>15} | "
+        f"{'after last answer ms':>20} | "
         f"{'CPU s/cycle':>11} | {'% core @15s':>11} | {'RSS MiB':>7} | {'written B/cycle':>15}"
     )
     for row in rows:
         print(
-            f"{row['targets']:>7} | {row['paired_max']:>14.2f} | {row['paired_once']:>15.2f} | "
+            f"{row['set']:<15} | {row['targets']:>7} | {row['paired_max']:>14.2f} | {row['paired_once']:>15.2f} | "
             f"{1000 * row['after_s']:>20.1f} | {row['cpu_s']:>11.4f} | {100 * row['cpu_s'] / 15:>11.2f} | "
             f"{row['rss_mib']:>7.0f} | {row['written_bytes']:>15,.0f}"
         )
     print("evaluation start -> the rollback call, one target breaching (and of it, after the last answer)")
     print(f"{'targets':>7} | " + " | ".join(f"{name + ' ms':>30}" for name in REACTIONS))
-    for row in rows:
-        cells = [f"{1000 * total:>12.1f} (after {1000 * after:>6.1f})" for total, after in row["reactions"].values()]
-        print(f"{row['targets']:>7} | " + " | ".join(f"{cell:>30}" for cell in cells))
+    for targets, measured in reactions.items():
+        cells = [f"{1000 * total:>12.1f} (after {1000 * after:>6.1f})" for total, after in measured.values()]
+        print(f"{targets:>7} | " + " | ".join(f"{cell:>30}" for cell in cells))
     return 0
 
 

@@ -41,7 +41,7 @@ from controller.core.actions import ActionStatus
 from controller.core.engine import ConditionState, Phase, PolicyState, transition
 from controller.core.model import Decision, SignalResult, TargetKey, target_key
 from controller.kit.clock import ManualClock
-from controller.kit.sqlite_store import json_column as _dumps  # the same serialisation as schema 1's
+from controller.kit.sqlite_store import json_column  # the same serialisation as schema 1's
 from controller.testing import make_decision
 from tests.support.flapping import flapping_policy, flapping_targets, flapping_values
 
@@ -135,7 +135,7 @@ def legacy_commit(journal: Journal) -> Callable[[str, PolicyState, list[Decision
             tx.execute(
                 "INSERT INTO policy_state (policy, state, updated_at) VALUES (?, ?, ?) "
                 "ON CONFLICT (policy) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at",
-                (policy, _dumps(state.to_json()), now),
+                (policy, json_column(state.to_json()), now),
             )
             for decision in decisions:
                 journal._insert_decision(tx, decision, now)
@@ -234,7 +234,10 @@ def main() -> None:
     parser.add_argument("--flapping", type=float, default=0.005, help="fraction of targets flapping")
     parser.add_argument("--engine-hours", type=float, default=2.0, help="simulated hours of issue 24's load")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--smoke", action="store_true", help="a tiny run (seconds): that it runs, figures meaningless")
     args = parser.parse_args()
+    if args.smoke:
+        args.days, args.before_hours, args.targets = 0.01, 0.05, 40
     flapping = max(1, round(args.targets * args.flapping))
     with tempfile.TemporaryDirectory() as tmp:
         after = run(Path(tmp) / "after.db", args.days * DAY, args.targets, flapping, legacy=False)

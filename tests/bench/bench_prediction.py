@@ -199,7 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers as JSON here")
     parser.add_argument("--check", action="store_true", help="exit 1 when the latency target is missed")
+    parser.add_argument("--smoke", action="store_true", help="a tiny run (seconds): that it runs, figures meaningless")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.targets, args.repeats, args.training_rows = [1, 10], 3, 300
     if any(count < 1 for count in args.targets) or args.repeats < 1:
         parser.error("--targets and --repeats must be positive")
     report = run(sorted(args.targets), args.repeats, args.training_rows, args.seed)

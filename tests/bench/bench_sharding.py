@@ -238,7 +238,10 @@ def main(argv: list[str]) -> int:
     for hidden in ("--identity", "--prometheus", "--kube", "--names", "--work"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     parser.add_argument("--shards", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help="a tiny run (seconds): that it runs, figures meaningless")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.targets, args.replicas, args.policies, args.repeats, args.extrapolate = 40, 2, 2, 1, 80
     logging.disable(logging.INFO)  # the evaluation's log line is formatted, not printed
     tune_for_long_running()  # as `tailguard run` does (controller/kit/gc_tuning.py)
     if args.worker:

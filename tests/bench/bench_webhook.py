@@ -297,7 +297,10 @@ def main() -> int:
     parser.add_argument("--alerts-per-post", default="1,10", help="comma-separated payload sizes")
     parser.add_argument("--servers", default="old,new", help="which servers: old, new or both")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--smoke", action="store_true", help="a tiny run (seconds): that it runs, figures meaningless")
     args = parser.parse_args()
+    if args.smoke:
+        args.seconds, args.connections, args.alerts_per_post, args.servers = 0.5, 2, "1", "new"
     if args.serve:
         serve(args.serve, args.max_connections)
         return 0

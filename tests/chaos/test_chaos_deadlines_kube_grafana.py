@@ -2,8 +2,9 @@
 loopback server that trickles its answer one byte at a time (or hangs after the headers) is cut at the call's
 total deadline. Kubernetes: `bounded_api_client` (what `cluster_api_client` returns) ends each request within its
 `_request_timeout` (a number or (connect, read)), and the adapters' kube_call reports a transient "no answer".
-Grafana: GrafanaHttp's session (DeadlineSession) ends each request within the configured timeout: a transient
-"timed out" answer, which the outbox retries later. Hang guards only (generous, above the deadline)."""
+Grafana: GrafanaHttp's session (`deadline_session`: the kit's DeadlineAdapter) ends each request within the
+configured timeout: a transient "timed out" answer, which the outbox retries later. Hang guards only (generous,
+above the deadline)."""
 
 from __future__ import annotations
 

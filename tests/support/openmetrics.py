@@ -93,6 +93,18 @@ class OpenMetricsWriter:
             lines.append(f"{name}{_labels(labels)} {_number(value)} {_time(timestamp)}")
             family.samples += 1
 
+    def counter(self, name: str, labels: Mapping[str, str], points: Iterable[tuple[float, float]]) -> None:
+        """A counter family `name`: its samples are `name_total` (OpenMetrics)."""
+        family = self._family(name, "counter")
+        lines = family.series.setdefault(tuple(sorted(labels.items())), [])
+        last = -math.inf
+        for timestamp, value in points:
+            if timestamp <= last:
+                raise ValueError(f"{name}{_labels(labels)}: timestamps must ascend ({timestamp} after {last})")
+            last = timestamp
+            lines.append(f"{name}_total{_labels(labels)} {_number(value)} {_time(timestamp)}")
+            family.samples += 1
+
     def histogram(
         self, name: str, labels: Mapping[str, str], bounds: Sequence[float], points: Iterable[HistogramPoint]
     ) -> None:

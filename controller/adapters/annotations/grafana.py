@@ -20,15 +20,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import niquests
+import requests
 from grafana_client.api import GrafanaApi
-from grafana_client.client import GrafanaException, GrafanaTimeoutError
+from grafana_client.client import GrafanaException
 
 from controller.adapters.annotations.settings import GrafanaSettings
 from controller.adapters.stores.outbox import Backoff, DeliveryResult, Outbox, OutboxItem, OutboxWorker, deliver_due
@@ -48,13 +47,11 @@ from controller.core.ports import (
 )
 from controller.kit.http import (
     TRANSIENT_STATUSES,
-    DeadlineExceeded,
+    DeadlineAdapter,
     HttpAnswer,
     RetryPolicy,
-    read_raw_within,
     redact_url,
     retrying,
-    total_seconds,
 )
 
 log = logging.getLogger(__name__)
@@ -74,13 +71,7 @@ class GrafanaHttp:
         self.clock = clock
         self.retry = RetryPolicy(attempts=retries, backoff=0.5)
         self.api = GrafanaApi.from_url(self.url, credential=token, timeout=timeout)
-        # grafana-client's timeout is niquests' per-read timeout: its session is swapped for one whose every
-        # request ends within `timeout` in total (a Grafana that trickles its answer is cut there).
-        client = self.api.client
-        session = DeadlineSession(pool_maxsize=client.session_pool_size)
-        session.headers.update(client.s.headers)
-        client.s.close()
-        client.s = session
+        self.api.client.s = deadline_session(self.api.client.s)
         self._shown = redact_url(self.url)
 
     def call(self, method: str, path: str, body: Mapping[str, Any] | None = None, *, retry: bool = False) -> HttpAnswer:
@@ -100,7 +91,7 @@ class GrafanaHttp:
         runner: Any = getattr(self.api.client, method)
         try:
             answer = runner(path, json=dict(body) if body is not None else None)
-        except GrafanaTimeoutError:
+        except requests.Timeout:  # the kit's DeadlineExceeded among them
             return HttpAnswer(None, None, "", f"{shown}: timed out", True, attempt)
         except GrafanaException as exc:
             status = int(exc.status_code or 0) or None
@@ -113,33 +104,21 @@ class GrafanaHttp:
         return HttpAnswer(200, answer, "", None, False, attempt)
 
 
-class DeadlineSession(niquests.Session):
-    """A niquests session whose every request ends within its `timeout` IN TOTAL: headers within it (per read),
-    then the body read under what is left (controller.kit.http.read_raw_within); a request cut at the deadline
-    raises niquests.Timeout (grafana-client: GrafanaTimeoutError), any other broken body niquests.ConnectionError.
-    The only way in grafana-client offers: its client keeps one session (`client.s`) and passes `timeout` to it."""
-
-    def request(self, method: Any, url: Any, *args: Any, **kwargs: Any) -> Any:
-        timeout = kwargs.get("timeout")
-        if timeout is None or kwargs.get("stream"):
-            return super().request(method, url, *args, **kwargs)
-        deadline = time.monotonic() + total_seconds(timeout)
-        kwargs["stream"] = True
-        response = super().request(method, url, *args, **kwargs)
-        try:
-            body = read_raw_within(response.raw, deadline)
-        except DeadlineExceeded as slow:
-            response.close()
-            raise niquests.Timeout("the answer did not arrive whole within its deadline") from slow
-        except Exception as broken:  # urllib3-future's read errors: a timeout at the deadline, or a broken body
-            response.close()
-            if "timeout" in type(broken).__name__.lower():
-                raise niquests.Timeout("the answer did not arrive whole within its deadline") from broken
-            raise niquests.ConnectionError(f"the answer broke off: {type(broken).__name__}") from broken
-        response._content = body
-        response._content_consumed = True
-        response.close()
-        return response
+def deadline_session(library_session: Any) -> requests.Session:
+    """The session grafana-client sends through, replaced by a `requests` one on the kit's DeadlineAdapter: every
+    request ends within grafana-client's `timeout` IN TOTAL (it is a per-read timeout to the library; a Grafana
+    that trickles its answer is cut there: requests.Timeout), and the body is read to its real end. The headers
+    the library set (User-Agent, an organisation) are kept. The library makes one attempt per call (retries: 0);
+    `GrafanaHttp.call` retries, through the clock. grafana-client 3.x is itself on `requests` (pinned below 4: 4
+    and later pull in niquests and urllib3-future, which installs itself as `urllib3`, docs/architecture.md); the
+    library calls `session.request(method, url, ...)` in every release, so the swap holds for either."""
+    session = requests.Session()
+    session.headers.update(library_session.headers)
+    adapter = DeadlineAdapter(max_retries=0)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    library_session.close()
+    return session
 
 
 def ms(seconds: float) -> int:

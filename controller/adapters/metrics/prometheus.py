@@ -1,4 +1,5 @@
-"""Prometheus as a MetricsSource, through prometheus-api-client's session (answers parsed with orjson).
+"""Prometheus as a MetricsSource through prometheus-api-client: instant queries by its `custom_query`, range
+queries through its session with the answer parsed by orjson (exact timestamps; straight to numpy grids).
 
 One call is one logical PromQL request. Transient failures (connection errors,
 timeouts, 5xx, 429) are retried a bounded number of times with exponential
@@ -292,7 +293,9 @@ class PrometheusSource:
 
     def instant(self, query: str, group_by: Sequence[str], at: float | None = None) -> SignalResult:
         params: dict[str, Any] = {} if at is None else {"time": _format_time(at)}
-        data, error = self._call(INSTANT, query, params, lambda: self._get("/api/v1/query", {"query": query, **params}))
+        # The library's own query method, through this session (auth, TLS, the total deadline, the idempotency
+        # key): as fast as parsing it ourselves at these sizes (tests/bench/bench_prometheus_client.py).
+        data, error = self._call(INSTANT, query, params, lambda: self._client.custom_query(query, params=dict(params)))
         if error is not None:
             return SignalResult.refused(error) if self._attempt.bad_data else SignalResult.failed(error)
         return vector_result(data, group_by)
@@ -320,8 +323,9 @@ class PrometheusSource:
         return self._call(RANGE, query, params, lambda: self._get("/api/v1/query_range", {"query": query, **params}))
 
     def _get(self, path: str, params: Mapping[str, Any]) -> Any:
-        """One GET as the client library sends it (its session: auth, TLS, our adapter), the body parsed with orjson
-        (several times faster than json on Prometheus' answers); non-200 raises as the library does."""
+        """One GET as the client library sends it (its session: auth, TLS, our adapter), the body parsed with orjson;
+        non-200 raises as the library does. For range queries: the library's custom_query_range rounds start and
+        end to whole seconds, and a backtest chunk's answer (~10 MB) goes straight to numpy (matrix_grid)."""
         response = self._session.get(f"{self._url}{path}", params=dict(params), timeout=self._settings.timeout)
         if response.status_code != 200:
             raise PrometheusApiClientException(f"HTTP Status Code {response.status_code}")
@@ -329,7 +333,7 @@ class PrometheusSource:
 
     def probe(self) -> str | None:
         """None when Prometheus answers a trivial query, else why not (for CLIs' start-up checks)."""
-        _data, error = self._call(INSTANT, "vector(1)", {}, lambda: self._get("/api/v1/query", {"query": "vector(1)"}))
+        _data, error = self._call(INSTANT, "vector(1)", {}, lambda: self._client.custom_query("vector(1)"))
         return error
 
     # -- internals --------------------------------------------------------------------------------
