@@ -932,7 +932,9 @@ def _handler_for(fake: FakeKubernetes) -> type[BaseHTTPRequestHandler]:
                 pass  # the client gave up (an injected delay made it time out)
 
         def _stream_watch(self) -> None:
-            """JSON lines until the watch's timeout; the connection closes at the end, as the server's does."""
+            """JSON lines until the watch's timeout, each event in its own HTTP chunk (as the API server streams a
+            watch: `Transfer-Encoding: chunked`; a client reading a close-delimited body whole would see nothing until
+            the timeout); the connection closes at the end, as the server's does."""
             parts = urlsplit(self.path)
             route = _parse_path(parts.path)
             assert route is not None
@@ -944,11 +946,15 @@ def _handler_for(fake: FakeKubernetes) -> type[BaseHTTPRequestHandler]:
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Connection", "close")
+                self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 self.wfile.flush()
                 for event in fake.watch_events(route[0], route[1], since, timeout):
-                    self.wfile.write(json.dumps(event).encode() + b"\n")
+                    line = json.dumps(event).encode() + b"\n"
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
                     self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
             except OSError:
                 pass  # the client closed the watch
 
