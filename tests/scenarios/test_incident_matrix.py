@@ -27,9 +27,11 @@ from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry
 
 from controller.adapters.annotations.grafana import DecisionAnnotatingDispatcher, GrafanaAnnotator, GrafanaHttp
+from controller.adapters.argocd.client import ArgoCDClient
+from controller.adapters.argocd.settings import ArgoCDApp
 from controller.adapters.lease.leader import LeaderElector
 from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.adapters.rollback.argocd import ArgoCDApp, ArgoCDClient, ArgoCDRollback, BadRevisionRecord
+from controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord
 from controller.adapters.scale.hpa import HpaBounds, HpaScaler
 from controller.adapters.stores.journal import Journal
 from controller.adapters.stores.outbox import Outbox
