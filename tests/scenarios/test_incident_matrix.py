@@ -26,7 +26,7 @@ import requests
 from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.annotations.grafana import DecisionAnnotatingDispatcher, GrafanaAnnotator, GrafanaHttp
+from controller.adapters.annotations.grafana import GrafanaAnnotator, GrafanaHttp
 from controller.adapters.argocd.client import ArgoCDClient
 from controller.adapters.argocd.settings import ArgoCDApp
 from controller.adapters.lease.leader import LeaderElector
@@ -41,6 +41,7 @@ from controller.core.model import SignalResult, TargetKey, target_key
 from controller.core.policy import Policy
 from controller.core.ports import Annotation, DispatcherPort, LeaderPort, MetricsSource
 from controller.kit.clock import ManualClock, ShutdownInterrupt
+from controller.loop.annotating_dispatcher import DecisionAnnotatingDispatcher
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
