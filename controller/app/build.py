@@ -219,7 +219,7 @@ def check_policies(settings: ControllerSettings) -> None:
         raise PolicyConfigError(errors)
 
 
-def build(
+def build(  # noqa: PLR0915 - the composition root open-codes every port's choice; issue 26 item 5 (a registry per port)
     settings: ControllerSettings, stack: ExitStack, *, webhook_token: str | None, new_journal: bool = False
 ) -> Application:
     """Every part of the controller from its settings; `ConfigError` names what is unusable (the caller
