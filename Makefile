@@ -60,10 +60,12 @@ bench: venv
 schema: venv
 	$(BIN)/python scripts/generate_schema.py
 
-# ruff, then the layer contracts of pyproject.toml [tool.importlinter] (docs/architecture.md).
+# ruff (with the 60-statement limit), the layer contracts of pyproject.toml [tool.importlinter], then the class
+# size limit (tests/unit/test_sizes.py) (docs/architecture.md).
 lint: venv
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/lint-imports --no-logo
+	$(BIN)/pytest -q tests/unit/test_sizes.py
 
 typecheck: venv
 	$(BIN)/mypy

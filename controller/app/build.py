@@ -51,6 +51,7 @@ from controller.core.unconfigured import ROLLBACK_MISSING, SCALE_MISSING, Unconf
 from controller.kit.clock import SystemClock
 from controller.kit.errors import ConfigError, StoreError
 from controller.loop.adoption import Adoption
+from controller.loop.annotating_dispatcher import DecisionAnnotatingDispatcher
 from controller.loop.dispatcher import Actuators, Dispatcher
 from controller.loop.evaluation import action_labels
 from controller.loop.housekeeping import Housekeeper, Task
@@ -218,7 +219,7 @@ def check_policies(settings: ControllerSettings) -> None:
         raise PolicyConfigError(errors)
 
 
-def build(
+def build(  # noqa: PLR0915 - the composition root open-codes every port's choice; issue 26 item 5 (a registry per port)
     settings: ControllerSettings, stack: ExitStack, *, webhook_token: str | None, new_journal: bool = False
 ) -> Application:
     """Every part of the controller from its settings; `ConfigError` names what is unusable (the caller
@@ -336,9 +337,6 @@ def build(
         # Sharded: an action runs only while this replica holds its policy's shard Lease.
         may_act_for=sharded.leads if sharded is not None else None,
     )
-    if grafana is not None:
-        # The cluster extra (grafana-client): imported only with an annotations.grafana section.
-        from controller.adapters.annotations.grafana import DecisionAnnotatingDispatcher
     # TailguardPolicy custom resources: listed now (their policies load with the files), then watched; the leader
     # writes their status.
     policy_paths = settings.policy_paths()

@@ -15,18 +15,14 @@ from pathlib import Path
 import yaml
 from kubernetes import client as k8s
 
+from controller.adapters.kube.api_client import cluster_api_client
+from controller.adapters.kube.events import EventRecorder
 from controller.adapters.lease.leader import LeaderElector
 from controller.adapters.lease.peers import PodPeerCheck
 from controller.adapters.lease.settings import LeaderElectionSettings
 from controller.adapters.lease.shards import ShardChange, ShardedElector
 from controller.adapters.rollback.deployment import DeploymentRef, DeploymentRollback, RollbackRecord
-from controller.adapters.scale.hpa import (
-    EventRecorder,
-    HpaBounds,
-    HpaScaler,
-    HpaTarget,
-    cluster_api_client,
-)
+from controller.adapters.scale.hpa import HpaBounds, HpaScaler, HpaTarget
 from controller.adapters.traffic.routes import HttpRouteRouter, Ramp, RouteRef, VirtualServiceRouter
 from controller.app.cluster_settings import KubernetesSettings
 from controller.core.ports import Clock

@@ -18,11 +18,11 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from controller.adapters.annotations.settings import GrafanaSettings
+from controller.adapters.argocd.settings import ArgoCDSettings
 from controller.adapters.changes.tracker import ChangeTrackingSettings
 from controller.adapters.lease.settings import LeaderElectionSettings
 from controller.adapters.metrics.prometheus import PrometheusSettings
 from controller.adapters.notify.webhook import LinkSettings, WebhookReceiver
-from controller.adapters.rollback.argocd import ArgoCDSettings
 from controller.adapters.stores.journal_retention import DEFAULT_RETENTION, MIN_RETENTION
 from controller.app.cluster_settings import KubernetesSettings
 from controller.core.policy import Duration

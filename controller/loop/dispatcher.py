@@ -500,7 +500,7 @@ class Dispatcher:
             with self._abort_guard:
                 self._signals.pop(key, None)
 
-    def _execute_with(self, record: ActionRecord, signal: ActionAbort) -> ActionRecord:
+    def _execute_with(self, record: ActionRecord, signal: ActionAbort) -> ActionRecord:  # noqa: PLR0915 - issue 26 item 3
         plan = dict(record.plan) if record.plan is not None else None
         if record.status is ActionStatus.STARTED:
             # A resume (after a restart, or a requeue): an abort journaled since it started ends it here, unrun.

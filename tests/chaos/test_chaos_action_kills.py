@@ -23,8 +23,11 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from controller.adapters.rollback.argocd import ArgoCDApp, ArgoCDClient, ArgoCDRollback, BadRevisionRecord
-from controller.adapters.scale.hpa import EventRecorder, HpaBounds, HpaScaler
+from controller.adapters.argocd.client import ArgoCDClient
+from controller.adapters.argocd.settings import ArgoCDApp
+from controller.adapters.kube.events import EventRecorder
+from controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord
+from controller.adapters.scale.hpa import HpaBounds, HpaScaler
 from controller.adapters.stores.journal import ActionStatus, Journal
 from controller.adapters.traffic.routes import HttpRouteRouter, Ramp
 from controller.core.engine import PolicyState

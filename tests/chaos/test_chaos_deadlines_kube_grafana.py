@@ -16,7 +16,8 @@ import yaml
 from kubernetes import client as k8s
 
 from controller.adapters.annotations.grafana import GrafanaHttp
-from controller.adapters.scale.hpa import KubeError, bounded_api_client, cluster_api_client, kube_call
+from controller.adapters.kube.api_client import bounded_api_client, cluster_api_client
+from controller.adapters.kube.calls import KubeError, kube_call
 from controller.kit.clock import ManualClock
 from controller.kit.http import DeadlinePoolManager, RetryPolicy
 from tests.chaos.test_chaos_deadlines import TricklingServer, timed

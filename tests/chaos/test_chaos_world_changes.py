@@ -28,7 +28,9 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.rollback.argocd import ArgoCDApp, ArgoCDClient, ArgoCDRollback, BadRevisionRecord
+from controller.adapters.argocd.client import ArgoCDClient
+from controller.adapters.argocd.settings import ArgoCDApp
+from controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord
 from controller.adapters.stores.journal import Journal
 from controller.core.actions import TERMINAL_STATUSES
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits

@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from controller.adapters.rollback.argocd import ArgoCDApp, ArgoCDClient, ArgoCDRollback, BadRevisionRecord
+from controller.adapters.argocd.client import ArgoCDClient
+from controller.adapters.argocd.settings import ArgoCDApp
+from controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord
 from controller.adapters.stores.journal import Journal
 from controller.adapters.traffic.routes import HttpRouteRouter, Ramp, VirtualServiceRouter
 from controller.core.actions import ActionStatus

@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
+from controller.adapters.argocd.client import ArgoCDClient
+from controller.adapters.argocd.settings import ArgoCDApp
 from controller.adapters.changes.tracker import ArgoCDHistorySource, ChangeTracker
 from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.adapters.rollback.argocd import ArgoCDApp, ArgoCDClient, ArgoCDRollback
+from controller.adapters.rollback.argocd import ArgoCDRollback
 from controller.adapters.stores.journal import Journal
 from controller.core.attribution import AttributedDecision, AttributionStatus
 from controller.core.model import DecisionKind

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 import requests
 
-from controller.adapters.scale.hpa import ANNOTATION_HUMAN_FLOOR, ANNOTATION_KEYS
+from controller.adapters.kube.action_keys import ANNOTATION_KEYS
+from controller.adapters.scale.hpa import ANNOTATION_HUMAN_FLOOR
 from controller.adapters.stores.journal import Journal
 from controller.core.handover import HANDOVER_ANNOTATION, decode_action_times
 from controller.core.model import target_key

@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from controller.adapters.argocd.client import ArgoCDClient
+from controller.adapters.argocd.settings import ArgoCDApp
 from controller.adapters.lease.leader import LeaderElector
-from controller.adapters.rollback.argocd import ArgoCDApp, ArgoCDClient, ArgoCDRollback, BadRevisionRecord
+from controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord
 from controller.adapters.stores.journal import ActionStatus, Journal
 from controller.core.engine import PolicyState
 from controller.core.handover import PENDING_ANNOTATION

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from controller.adapters.scale.hpa import EventRecorder, HpaBounds, HpaScaler
+from controller.adapters.kube.events import EventRecorder
+from controller.adapters.scale.hpa import HpaBounds, HpaScaler
 from controller.adapters.stores.journal import ActionStatus, Journal
 from controller.adapters.traffic.routes import HttpRouteRouter, Ramp
 from controller.kit.clock import ManualClock

@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from controller.adapters.rollback.argocd import ArgoCDApp, ArgoCDClient, ArgoCDRollback, BadRevisionRecord
+from controller.adapters.argocd.client import ArgoCDClient
+from controller.adapters.argocd.settings import ArgoCDApp
+from controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord
 from controller.adapters.rollback.deployment import CHANGE_CAUSE, DeploymentRollback, RollbackRecord
 from controller.adapters.stores.journal import ActionStatus, Journal
 from controller.core.engine import PolicyState

@@ -26,10 +26,12 @@ import requests
 from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.annotations.grafana import DecisionAnnotatingDispatcher, GrafanaAnnotator, GrafanaHttp
+from controller.adapters.annotations.grafana import GrafanaAnnotator, GrafanaHttp
+from controller.adapters.argocd.client import ArgoCDClient
+from controller.adapters.argocd.settings import ArgoCDApp
 from controller.adapters.lease.leader import LeaderElector
 from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.adapters.rollback.argocd import ArgoCDApp, ArgoCDClient, ArgoCDRollback, BadRevisionRecord
+from controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord
 from controller.adapters.scale.hpa import HpaBounds, HpaScaler
 from controller.adapters.stores.journal import Journal
 from controller.adapters.stores.outbox import Outbox
@@ -39,6 +41,7 @@ from controller.core.model import SignalResult, TargetKey, target_key
 from controller.core.policy import Policy
 from controller.core.ports import Annotation, DispatcherPort, LeaderPort, MetricsSource
 from controller.kit.clock import ManualClock, ShutdownInterrupt
+from controller.loop.annotating_dispatcher import DecisionAnnotatingDispatcher
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller

@@ -10,16 +10,9 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.rollback.argocd import (
-    ArgoCDApp,
-    ArgoCDClient,
-    ArgoCDRollback,
-    ArgoCDSettings,
-    AutoSyncMode,
-    BadRevisionRecord,
-    HistoryEntry,
-    pick_target,
-)
+from controller.adapters.argocd.client import ArgoCDClient, HistoryEntry
+from controller.adapters.argocd.settings import ArgoCDApp, ArgoCDSettings, AutoSyncMode
+from controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord, pick_target
 from controller.adapters.stores.journal import Journal
 from controller.core.ports import OutcomeStatus
 from controller.kit.clock import ManualClock

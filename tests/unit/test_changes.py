@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from controller.adapters.argocd.client import ArgoCDClient
+from controller.adapters.argocd.settings import ArgoCDApp
 from controller.adapters.changes.tracker import (
     ArgoCDHistorySource,
     ChangeSourceError,
@@ -19,7 +21,6 @@ from controller.adapters.changes.tracker import (
     parse_time,
     parse_vllm_args,
 )
-from controller.adapters.rollback.argocd import ArgoCDApp, ArgoCDClient
 from controller.core.attribution import Rollout
 from controller.kit.clock import ManualClock
 from serving.profiles import resolve_profile

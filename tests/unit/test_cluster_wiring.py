@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from controller.adapters.kube.action_keys import ANNOTATION_KEYS
 from controller.adapters.lease.settings import LeaderElectionSettings
-from controller.adapters.scale.hpa import ANNOTATION_KEYS, HpaScaler
+from controller.adapters.scale.hpa import HpaScaler
 from controller.adapters.stores.journal import ActionStatus, Journal
 from controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
 from controller.app import cli

@@ -9,16 +9,11 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from controller.adapters.scale.hpa import (
-    ANNOTATION_HUMAN_FLOOR,
-    ANNOTATION_KEYS,
-    EventRecorder,
-    HpaBounds,
-    HpaScaler,
-    KubernetesActuatorError,
-    cluster_api_client,
-    plan_replicas,
-)
+from controller.adapters.kube.action_keys import ANNOTATION_KEYS
+from controller.adapters.kube.api_client import cluster_api_client
+from controller.adapters.kube.calls import KubernetesActuatorError
+from controller.adapters.kube.events import EventRecorder
+from controller.adapters.scale.hpa import ANNOTATION_HUMAN_FLOOR, HpaBounds, HpaScaler, plan_replicas
 from controller.core.ports import OutcomeStatus
 from controller.kit.clock import ManualClock
 from controller.kit.http import RetryPolicy

@@ -6,9 +6,10 @@ import yaml
 from kubernetes import client as k8s
 
 from controller.adapters.changes.tracker import KubernetesDeploymentSource
+from controller.adapters.kube.events import EventRecorder
 from controller.adapters.lease.leader import LeaderElector
 from controller.adapters.rollback.deployment import DeploymentRollback
-from controller.adapters.scale.hpa import EventRecorder, HpaBounds, HpaScaler
+from controller.adapters.scale.hpa import HpaBounds, HpaScaler
 from controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
 from controller.core.ports import OutcomeStatus
 from controller.kit.clock import ManualClock

@@ -18,6 +18,12 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 # contract id -> (module file, the import that breaks it)
 FORBIDDEN = {
     "controller-layers": ("controller/kit/durations.py", "import controller.loop.metrics"),
+    "adapters-on-a-ground-floor": ("controller/adapters/kube/events.py", "import controller.adapters.lease.peers"),
+    # the sideways import the ground floor removed: change tracking reaching into the rollback adapter
+    "adapter-ports-independent": (
+        "controller/adapters/changes/tracker.py",
+        "import controller.adapters.rollback.argocd",
+    ),
     "core-layers": ("controller/core/model.py", "import controller.core.engine"),
     "controller-not-serving": ("controller/loop/metrics.py", "import serving.load"),
     "controller-reaches-models-through-the-app": ("controller/loop/metrics.py", "import predictors.modeling"),

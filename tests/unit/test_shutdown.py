@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.scale.hpa import ANNOTATION_KEYS
+from controller.adapters.kube.action_keys import ANNOTATION_KEYS
 from controller.adapters.stores.journal import ActionStatus, Journal
 from controller.adapters.traffic.routes import HttpRouteRouter, Ramp
 from controller.core.engine import PolicyState

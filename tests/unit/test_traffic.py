@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from controller.adapters.scale.hpa import ANNOTATION_KEYS, EventRecorder
+from controller.adapters.kube.action_keys import ANNOTATION_KEYS
+from controller.adapters.kube.events import EventRecorder
 from controller.adapters.traffic.routes import (
     HttpRouteRouter,
     Ramp,

@@ -31,19 +31,13 @@ from grafana_client.client import GrafanaException
 
 from controller.adapters.annotations.settings import GrafanaSettings
 from controller.adapters.stores.outbox import Backoff, DeliveryResult, Outbox, OutboxItem, OutboxWorker, deliver_due
-from controller.core.controls import AbortRequest, AbortResult, AbortState
-from controller.core.engine import PolicyState
-from controller.core.model import Decision, format_target, target_key
+from controller.core.model import format_target, target_key
 from controller.core.ports import (
     ActionOutcome,
     Annotation,
     Clock,
-    DecisionAborterPort,
-    DecisionSink,
-    DispatcherPort,
     GrafanaPort,
     OutcomeStatus,
-    RecentDecisions,
 )
 from controller.kit.http import (
     TRANSIENT_STATUSES,
@@ -402,55 +396,6 @@ class GrafanaAnnotator:
     def close(self) -> None:
         self.stop()
         self.outbox.close()
-
-
-class DecisionAnnotatingDispatcher:
-    """Wraps the dispatcher so every decision (with or without an annotate action) gets its Grafana region.
-
-    The region is enqueued in the outbox before the decision's actions run. `resume()` re-enqueues the
-    journal's recent decisions: a crash between the journal commit and the enqueue loses no region, and
-    what was enqueued before is deduplicated by its key.
-    """
-
-    def __init__(
-        self,
-        inner: DispatcherPort,
-        annotator: DecisionSink,
-        journal: RecentDecisions | None = None,
-        resume_window: int = 200,
-    ) -> None:
-        self.inner = inner
-        self.annotator = annotator
-        self.journal = journal
-        self.resume_window = resume_window
-
-    def _annotate(self, decision: Mapping[str, Any]) -> None:
-        outcome = self.annotator.annotate_decision(decision)
-        if outcome.status is OutcomeStatus.FAILED:
-            log.warning("decision %s: Grafana region not queued: %s", decision.get("id"), outcome.error)
-
-    def dispatch(self, decision: Decision) -> Sequence[Any]:
-        self._annotate(decision.to_json())
-        return self.inner.dispatch(decision)
-
-    def resume(self) -> Sequence[Any]:
-        if self.journal is not None:
-            # Oldest first, so an incident's opening is queued before its resolution.
-            for entry in reversed(self.journal.recent_decisions(self.resume_window)):
-                self._annotate(entry)
-        return self.inner.resume()
-
-    def retry_deferred(self, policy: str, state: PolicyState | None) -> Sequence[Any]:
-        return self.inner.retry_deferred(policy, state)  # no new decision: its region is already queued
-
-    def deferred_policies(self) -> set[str]:
-        return self.inner.deferred_policies()
-
-    def abort(self, request: AbortRequest) -> AbortResult:
-        """The inner dispatcher's abort (no new decision: nothing to annotate)."""
-        if not isinstance(self.inner, DecisionAborterPort):
-            return AbortResult(request.decision_id, AbortState.UNKNOWN, "this dispatcher cannot abort actions")
-        return self.inner.abort(request)
 
 
 def _failure(answer: HttpAnswer, doing: str) -> DeliveryResult:

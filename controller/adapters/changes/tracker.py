@@ -25,15 +25,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.adapters.rollback.argocd import (
-    ArgoCDApp,
-    ArgoCDClient,
-    ArgoCDError,
-    ArgoCDSettings,
-    HistoryEntry,
-    history_of,
-    read_token,
-)
+from controller.adapters.argocd.client import ArgoCDClient, ArgoCDError, HistoryEntry, history_of, read_token
+from controller.adapters.argocd.settings import ArgoCDApp, ArgoCDSettings
 from controller.core.attribution import ChangeFeed, Rollout
 from controller.core.policy import Duration
 from controller.core.ports import ChangeSource, Clock, TierReader

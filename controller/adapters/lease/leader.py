@@ -43,8 +43,8 @@ from typing import TypeVar
 
 from kubernetes import client as k8s
 
+from controller.adapters.kube.calls import KubeError, kube_call
 from controller.adapters.lease.settings import LeaderElectionSettings
-from controller.adapters.scale.hpa import KubeError, kube_call
 from controller.core.controls import CONTROLS_ANNOTATION, Controls, ControlsError
 from controller.core.handover import (
     HANDOVER_ANNOTATION,

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from kubernetes import client as k8s
 
-from controller.adapters.scale.hpa import KubeError, kube_call
+from controller.adapters.kube.calls import KubeError, kube_call
 from controller.core.ports import Clock
 from controller.kit.http import RetryPolicy
 

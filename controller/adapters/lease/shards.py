@@ -29,9 +29,9 @@ from collections.abc import Callable
 
 from kubernetes import client as k8s
 
+from controller.adapters.kube.calls import KubeError
 from controller.adapters.lease.leader import LeaderElector, RoundLoop, _view
 from controller.adapters.lease.settings import LeaderElectionSettings
-from controller.adapters.scale.hpa import KubeError
 from controller.core.controls import CONTROLS_ANNOTATION, Controls, ControlsError
 from controller.core.handover import ActionTimes
 from controller.core.ports import Clock, ControlsHandoverPort, HandoverPort

@@ -29,6 +29,9 @@ restart, or a failover in which the old leader later takes the Lease back) acts 
 application already running `to_revision` is done; one running neither `from_revision` nor `to_revision` was
 changed by someone else and is left alone. The current revision is never taken for the bad one on a resume (it
 is the good one by then: the bug of 894c662's probe, which rolled back to the bad revision).
+
+The Argo CD API client and the `argocd:` settings live on the adapters' ground floor (controller/adapters/argocd/),
+shared with change tracking; this module holds the rollback port's implementation only.
 """
 
 from __future__ import annotations
@@ -39,80 +42,29 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-from urllib.parse import quote
+from typing import Any
 
-import requests
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
+from controller.adapters.argocd.client import (
+    GRPC_FAILED_PRECONDITION,
+    GRPC_INVALID_ARGUMENT,
+    ArgoCDClient,
+    ArgoCDError,
+    HistoryEntry,
+    describe_failure,
+    error_message,
+    grpc_code,
+    history_of,
+    read_token,
+)
+from controller.adapters.argocd.settings import ArgoCDApp, ArgoCDSettings, AutoSyncMode
 from controller.core.controls import AbortRequest
 from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus
-from controller.kit.errors import ActuatorError
-from controller.kit.http import HttpAnswer, RetryPolicy, redact_url, request_with_retry
+from controller.kit.http import HttpAnswer, RetryPolicy
 
 log = logging.getLogger(__name__)
 
-AutoSyncMode = Literal["disableAutoSync", "notifyOnly"]
-GRPC_FAILED_PRECONDITION = 9
-GRPC_INVALID_ARGUMENT = 3
-GRPC_UNAUTHENTICATED = 16
 FINISHED_PHASES = frozenset({"Succeeded", "Failed", "Error"})
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ArgoCDApp(_Strict):
-    name: str = Field(min_length=1, description="the Argo CD application")
-    appNamespace: str | None = Field(default=None, description="the application's namespace (apps in any namespace)")
-    project: str | None = None
-    autoSync: AutoSyncMode | None = Field(default=None, description="overrides the global autoSync for this app")
-
-
-def _app(value: Any) -> Any:
-    return {"name": value} if isinstance(value, str) else value
-
-
-class ArgoCDSettings(_Strict):
-    """`argocd:` in the controller configuration. The token is never a value here: a file or an env variable."""
-
-    url: str = Field(pattern=r"^https?://", description="Argo CD API server, e.g. https://argocd.example")
-    tokenFile: str | None = Field(default=None, description="file holding the bearer token")
-    tokenEnv: str | None = Field(default=None, description="environment variable holding the bearer token")
-    apps: dict[str, ArgoCDApp] = Field(
-        min_length=1, description="service -> application (a name, or {name, appNamespace, project, autoSync})"
-    )
-    autoSync: AutoSyncMode = Field(
-        default="notifyOnly",
-        description="Argo CD refuses rollback while automated sync is on: disable it first, or only notify",
-    )
-    timeout: float = Field(default=10.0, gt=0, description="seconds per request")
-    retries: int = Field(default=3, ge=1, le=10, description="attempts in all, transient errors only")
-    waitTimeout: float = Field(default=300.0, gt=0, description="seconds to wait for the rollback to be Healthy")
-    pollInterval: float = Field(default=5.0, gt=0, description="seconds between status polls while waiting")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _app_names(cls, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("apps"), dict):
-            data = {**data, "apps": {k: _app(v) for k, v in data["apps"].items()}}
-        return data
-
-    @model_validator(mode="after")
-    def _one_token_source(self) -> ArgoCDSettings:
-        if (self.tokenFile is None) == (self.tokenEnv is None):
-            raise ValueError("argocd needs exactly one of tokenFile or tokenEnv (the bearer token is never inline)")
-        return self
-
-
-class ArgoCDError(ActuatorError):
-    """A read from Argo CD failed (reads raise; actions return outcomes)."""
-
-    def __init__(self, message: str, *, transient: bool) -> None:
-        super().__init__(message, transient=transient)
 
 
 class BadRevisionRecord:
@@ -148,125 +100,6 @@ class BadRevisionRecord:
                 scratch = self.path.with_suffix(self.path.suffix + ".tmp")
                 scratch.write_text(json.dumps(self._data, sort_keys=True, default=str), encoding="utf-8")
                 os.replace(scratch, self.path)
-
-
-def read_token(token_file: str | Path | None, token_env: str | None) -> str | None:
-    """The bearer token from its file or environment variable; None when absent (never logged)."""
-    if token_file is not None:
-        try:
-            token = Path(token_file).read_text(encoding="utf-8").strip()
-        except OSError:
-            return None
-        return token or None
-    if token_env is not None:
-        return os.environ.get(token_env, "").strip() or None
-    return None
-
-
-@dataclass(frozen=True)
-class HistoryEntry:
-    id: int
-    revision: str
-    deployed_at: str | None
-    source: Mapping[str, Any]
-
-
-def history_of(app: Mapping[str, Any]) -> list[HistoryEntry]:
-    """`status.history`, oldest first (ids ascend; int64 may arrive as a JSON string)."""
-    entries = []
-    for raw in (app.get("status") or {}).get("history") or []:
-        try:
-            entry_id = int(raw["id"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        entries.append(
-            HistoryEntry(entry_id, str(raw.get("revision", "")), raw.get("deployedAt"), dict(raw.get("source") or {}))
-        )
-    return sorted(entries, key=lambda e: e.id)
-
-
-def _grpc_code(answer: HttpAnswer) -> int | None:
-    body = answer.body
-    if isinstance(body, Mapping) and isinstance(body.get("code"), int):
-        return int(body["code"])
-    return None
-
-
-def _message(answer: HttpAnswer) -> str:
-    body = answer.body
-    if isinstance(body, Mapping):
-        text = body.get("message") or body.get("error")
-        if isinstance(text, str):
-            return text.strip()
-    return answer.error or answer.text[:200]
-
-
-class ArgoCDClient:
-    """The Argo CD REST calls tailguard makes: read an app, roll it back, merge-patch it."""
-
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        clock: Clock,
-        token: Callable[[], str | None],
-        timeout: float = 10.0,
-        retries: int = 3,
-        backoff: float = 0.5,
-        session: requests.Session | None = None,
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.clock = clock
-        self.token = token
-        self.timeout = timeout
-        self.retry = RetryPolicy(attempts=max(1, retries), backoff=backoff)
-        self.session = session or requests.Session()
-
-    def url(self, name: str, suffix: str = "", app_namespace: str | None = None) -> str:
-        url = f"{self.base_url}/api/v1/applications/{quote(name, safe='')}{suffix}"
-        return url + (f"?appNamespace={quote(app_namespace, safe='')}" if app_namespace else "")
-
-    def call(
-        self,
-        method: str,
-        url: str,
-        body: Mapping[str, Any] | None = None,
-        *,
-        idempotency_key: str | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> HttpAnswer:
-        token = self.token()
-        if token is None:
-            return HttpAnswer(None, None, "", f"{method} {redact_url(url)}: no Argo CD token configured", False, 0)
-        headers = {"Accept": "application/json", "Authorization": f"Bearer {token}"}
-        if idempotency_key is not None:
-            headers["Idempotency-Key"] = idempotency_key
-        return request_with_retry(
-            self.session,
-            method,
-            url,
-            clock=self.clock,
-            timeout=self.timeout,
-            retry=retry or self.retry,
-            json_body=dict(body) if body is not None else None,
-            headers=headers,
-        )
-
-    def get_app(self, name: str, app_namespace: str | None = None) -> dict[str, Any]:
-        answer = self.call("GET", self.url(name, app_namespace=app_namespace))
-        if not answer.ok:
-            raise ArgoCDError(_describe(answer, f"reading application {name!r}"), transient=answer.transient)
-        if not isinstance(answer.body, Mapping):
-            raise ArgoCDError(f"reading application {name!r}: expected a JSON object", transient=False)
-        return dict(answer.body)
-
-
-def _describe(answer: HttpAnswer, what: str) -> str:
-    if answer.status == 401 or _grpc_code(answer) == GRPC_UNAUTHENTICATED:
-        return f"{what}: unauthorized (HTTP 401: {_message(answer)}); check the Argo CD token"
-    if answer.status is None:
-        return f"{what}: {answer.error}"
-    return f"{what}: HTTP {answer.status}: {_message(answer)}"
 
 
 class ArgoCDRollback:
@@ -482,15 +315,17 @@ class ArgoCDRollback:
                 return disabled
             answer = self._post(url, body, idempotency_key, detail)
             if _auto_sync_refused(answer):
-                return ActionOutcome(OutcomeStatus.FAILED, detail, _describe(answer, f"rollback of {name!r}"), True)
+                return ActionOutcome(
+                    OutcomeStatus.FAILED, detail, describe_failure(answer, f"rollback of {name!r}"), True
+                )
         if answer.ok:
             log.info("Argo CD rollback of %s to %s (history id %d) started", name, target.revision, target.id)
             return None
         if not answer.transient:
             what = f"rollback of {name!r} to {target.revision} (history id {target.id})"
-            if _grpc_code(answer) == GRPC_INVALID_ARGUMENT:
-                return ActionOutcome(OutcomeStatus.FAILED, detail, f"{what} refused: {_message(answer)}", False)
-            return ActionOutcome(OutcomeStatus.FAILED, detail, _describe(answer, what), False)
+            if grpc_code(answer) == GRPC_INVALID_ARGUMENT:
+                return ActionOutcome(OutcomeStatus.FAILED, detail, f"{what} refused: {error_message(answer)}", False)
+            return ActionOutcome(OutcomeStatus.FAILED, detail, describe_failure(answer, what), False)
         # Ambiguous (a timeout, a 5xx): the POST may have taken effect. Read the app before reporting a transient
         # failure; the dispatcher's next attempt reads it again too and never POSTs a rollback that is running.
         try:
@@ -500,7 +335,7 @@ class ArgoCDRollback:
         if fresh is not None and target.revision in (_running_revision(fresh), _synced_revision(fresh, [])):
             log.info("Argo CD rollback of %s: the failed POST had taken effect; not repeating it", name)
             return None
-        return ActionOutcome(OutcomeStatus.FAILED, detail, _describe(answer, f"rollback of {name!r}"), True)
+        return ActionOutcome(OutcomeStatus.FAILED, detail, describe_failure(answer, f"rollback of {name!r}"), True)
 
     def _post(self, url: str, body: Mapping[str, Any], idempotency_key: str, detail: dict[str, Any]) -> HttpAnswer:
         answer = self.client.call("POST", url, body, idempotency_key=idempotency_key, retry=RetryPolicy(1))
@@ -536,7 +371,10 @@ class ArgoCDRollback:
         )
         if not answer.ok:
             return ActionOutcome(
-                OutcomeStatus.FAILED, detail, _describe(answer, f"disabling auto-sync of {name!r}"), answer.transient
+                OutcomeStatus.FAILED,
+                detail,
+                describe_failure(answer, f"disabling auto-sync of {name!r}"),
+                answer.transient,
             )
         detail["auto_sync_disabled"] = True
         detail["previous_automated"] = previous
@@ -664,7 +502,7 @@ def pick_target(history: Sequence[HistoryEntry], bad: str, known_bad: set[str]) 
 
 def _auto_sync_refused(answer: HttpAnswer) -> bool:
     """Argo CD's refusal to roll back while automated sync is on (gRPC FailedPrecondition)."""
-    return _grpc_code(answer) == GRPC_FAILED_PRECONDITION and "auto-sync" in _message(answer)
+    return grpc_code(answer) == GRPC_FAILED_PRECONDITION and "auto-sync" in error_message(answer)
 
 
 def _automated(app: Mapping[str, Any]) -> bool:

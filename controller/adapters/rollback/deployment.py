@@ -50,15 +50,9 @@ from typing import Any
 import yaml
 from kubernetes import client as k8s
 
-from controller.adapters.scale.hpa import (
-    ANNOTATION_KEYS,
-    EventRecorder,
-    KubeError,
-    ObjectRef,
-    kube_call,
-    recorded_keys,
-    with_key,
-)
+from controller.adapters.kube.action_keys import ANNOTATION_KEYS, recorded_keys, with_key
+from controller.adapters.kube.calls import KubeError, kube_call
+from controller.adapters.kube.events import EventRecorder, ObjectRef
 from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus
 from controller.kit.http import RetryPolicy
 

@@ -16,196 +16,30 @@ no-op. Reads retry transient errors (5xx, 429, timeouts, refused connections) wi
 clock; a write makes one attempt and reports a transient failure as `transient` (the dispatcher alone retries
 actions); 404 and other 4xx are reported at once. All of it comes back as an `ActionOutcome`, never an exception.
 
-This module also holds the small helpers the Kubernetes actuators share (traffic.py imports them):
-`kube_call` (retry/classification), `recorded_keys`/`with_key` (idempotency annotation) and
-`EventRecorder` (a core/v1 Event per action, best effort: it never blocks or fails the action).
+The helpers every Kubernetes actuator shares (`kube_call`, `recorded_keys`/`with_key`, `EventRecorder`, the
+bounded ApiClient) live on the adapters' ground floor, controller/adapters/kube/.
 """
 
 from __future__ import annotations
 
-import datetime
-import hashlib
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-import urllib3
 from kubernetes import client as k8s
 
+from controller.adapters.kube.action_keys import recorded_keys, with_key
+from controller.adapters.kube.calls import KubeError, KubernetesActuatorError, kube_call
+from controller.adapters.kube.events import EventRecorder, ObjectRef
 from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
-from controller.kit.errors import ActuatorError
-from controller.kit.http import DeadlinePoolManager, RetryPolicy, retrying
+from controller.kit.http import RetryPolicy
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-ANNOTATION_KEYS = "tailguard.io/action-keys"
 ANNOTATION_HUMAN_FLOOR = "tailguard.io/human-min-replicas"
 ANNOTATION_TAILGUARD_MIN = "tailguard.io/tailguard-min-replicas"
-KEYS_KEPT = 16  # enough for a burst of replays; the journal is the real record
-TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
-
-
-# ----- shared helpers ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class KubeError:
-    """A failed API call as data: what was attempted, the HTTP status (None: no answer) and whether it may pass."""
-
-    message: str
-    status: int | None
-    transient: bool
-
-    def outcome(self, detail: Mapping[str, Any] | None = None) -> ActionOutcome:
-        return ActionOutcome(OutcomeStatus.FAILED, dict(detail or {}), self.message, self.transient)
-
-
-class KubernetesActuatorError(ActuatorError):
-    """Raised only where a protocol returns a plain value (ScalePort.replicas); `transient` tells the dispatcher."""
-
-    def __init__(self, error: KubeError) -> None:
-        super().__init__(error.message, transient=error.transient)
-        self.status = error.status
-
-
-def _server_message(exc: k8s.ApiException) -> str:
-    try:
-        body = json.loads(exc.body or "")
-    except (TypeError, ValueError):
-        return str(exc.reason or "")
-    if isinstance(body, dict) and isinstance(body.get("message"), str):
-        return str(body["message"])
-    return str(exc.reason or "")
-
-
-def classify(exc: BaseException, what: str) -> KubeError:
-    if isinstance(exc, k8s.ApiException):
-        status = int(exc.status) if exc.status else None
-        return KubeError(f"{what}: HTTP {status}: {_server_message(exc)}", status, status in TRANSIENT_STATUSES)
-    if isinstance(exc, (urllib3.exceptions.HTTPError, OSError, TimeoutError)):
-        # Timeouts and refused connections: no answer at all. The text names no URL or credential.
-        return KubeError(f"{what}: no answer from the Kubernetes API ({type(exc).__name__})", None, True)
-    return KubeError(f"{what}: {type(exc).__name__}: {exc}", None, False)
-
-
-def kube_call(fn: Callable[[], T], *, what: str, clock: Clock, retry: RetryPolicy) -> T | KubeError:
-    """Call the API, retrying transient failures with the kit's backoff (through the clock); errors come back as
-    data. Reads pass the adapter's RetryPolicy; writes pass RetryPolicy(attempts=1) (one attempt)."""
-
-    def once(_attempt: int) -> T | KubeError:
-        try:
-            return fn()
-        except (k8s.ApiException, urllib3.exceptions.HTTPError, OSError, TimeoutError) as exc:
-            return classify(exc, what)
-
-    return retrying(
-        once,
-        retry=retry,
-        clock=clock,
-        failure=lambda answer: answer.message if isinstance(answer, KubeError) else None,
-        transient=lambda answer: isinstance(answer, KubeError) and answer.transient,
-        what=what,
-    )
-
-
-def recorded_keys(annotations: Mapping[str, str] | None) -> list[str]:
-    raw = (annotations or {}).get(ANNOTATION_KEYS)
-    if not raw:
-        return []
-    try:
-        keys = json.loads(raw)
-    except ValueError:
-        return []  # a human mangled it: treat as no record rather than failing the action
-    return [str(k) for k in keys] if isinstance(keys, list) else []
-
-
-def with_key(annotations: Mapping[str, str] | None, key: str) -> dict[str, str]:
-    """The annotations with `key` appended to the recorded idempotency keys (the last KEYS_KEPT kept)."""
-    keys = [k for k in recorded_keys(annotations) if k != key]
-    keys.append(key)
-    return {**(annotations or {}), ANNOTATION_KEYS: json.dumps(keys[-KEYS_KEPT:], separators=(",", ":"))}
-
-
-@dataclass(frozen=True)
-class ObjectRef:
-    api_version: str
-    kind: str
-    namespace: str
-    name: str
-
-
-class EventRecorder:
-    """Records a core/v1 Event per action. Best effort: one short try, every failure logged and swallowed."""
-
-    def __init__(self, api: k8s.CoreV1Api, clock: Clock, *, component: str = "tailguard", timeout: float = 2.0) -> None:
-        self.api = api
-        self.clock = clock
-        self.component = component
-        self.timeout = timeout
-
-    def record(self, involved: ObjectRef, reason: str, message: str, *, key: str, warning: bool = False) -> bool:
-        # A name derived from the idempotency key: a replayed action yields AlreadyExists, not a second Event.
-        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-        now = datetime.datetime.fromtimestamp(self.clock.now(), datetime.UTC)
-        event = k8s.CoreV1Event(
-            metadata=k8s.V1ObjectMeta(name=f"{involved.name}.tailguard.{digest}", namespace=involved.namespace),
-            involved_object=k8s.V1ObjectReference(
-                api_version=involved.api_version, kind=involved.kind, name=involved.name, namespace=involved.namespace
-            ),
-            reason=reason,
-            message=message[:1024],
-            type="Warning" if warning else "Normal",
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-            source=k8s.V1EventSource(component=self.component),
-            reporting_component=self.component,
-        )
-        try:
-            self.api.create_namespaced_event(involved.namespace, event, _request_timeout=self.timeout)
-        except k8s.ApiException as exc:
-            if exc.status == 409:
-                return True  # already recorded for this key
-            log.warning("could not record an Event for %s/%s: %s", involved.kind, involved.name, classify(exc, "event"))
-            return False
-        except Exception as exc:  # noqa: BLE001 - an Event must never fail or block the action it describes
-            log.warning("could not record an Event for %s/%s: %s", involved.kind, involved.name, type(exc).__name__)
-            return False
-        return True
-
-
-def cluster_api_client(*, in_cluster: bool = True, kubeconfig: str | None = None) -> k8s.ApiClient:
-    """An ApiClient for the cluster tailguard runs in (or a kubeconfig), without urllib3's own retries:
-    the actuators retry boundedly themselves, and two retry layers would multiply the attempts."""
-    from kubernetes import config as k8s_config  # only where a cluster is used
-
-    configuration = k8s.Configuration()
-    if in_cluster:
-        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, client_configuration=configuration
-        )
-    configuration.retries = 0
-    return bounded_api_client(k8s.ApiClient(configuration))
-
-
-KUBE_DEFAULT_TOTAL_SECONDS = 30.0  # a call made without `_request_timeout` (every adapter passes its own)
-
-
-def bounded_api_client(client: k8s.ApiClient, default_total: float = KUBE_DEFAULT_TOTAL_SECONDS) -> k8s.ApiClient:
-    """`client` with a TOTAL deadline per request: the Kubernetes client turns `_request_timeout` into urllib3
-    per-read timeouts, so a trickling API server (or a proxy in front of it) could hold a call far longer. Each
-    request now ends within its `_request_timeout` (connect at most 5 s of it, then headers and the whole body),
-    or `default_total` without one (controller.kit.http.DeadlinePoolManager)."""
-    rest = client.rest_client
-    if not isinstance(rest.pool_manager, DeadlinePoolManager):
-        rest.pool_manager = DeadlinePoolManager(rest.pool_manager, default_total)  # type: ignore[assignment]  # a wrapper
-    return client
 
 
 # ----- the HPA actuator ----------------------------------------------------------------------------------

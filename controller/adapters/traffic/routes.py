@@ -38,15 +38,9 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from controller.adapters.scale.hpa import (
-    EventRecorder,
-    KubeError,
-    KubernetesActuatorError,
-    ObjectRef,
-    kube_call,
-    recorded_keys,
-    with_key,
-)
+from controller.adapters.kube.action_keys import recorded_keys, with_key
+from controller.adapters.kube.calls import KubeError, KubernetesActuatorError, kube_call
+from controller.adapters.kube.events import EventRecorder, ObjectRef
 from controller.core.controls import AbortRequest
 from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus
 from controller.kit.errors import ActuatorError
