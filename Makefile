@@ -56,6 +56,7 @@ bench: venv
 	$(BIN)/python tests/bench/bench_sharding.py
 	$(BIN)/python tests/bench/bench_webhook.py
 	$(BIN)/python tests/bench/bench_prometheus_client.py
+	$(BIN)/python tests/bench/bench_incidents.py
 
 schema: venv
 	$(BIN)/python scripts/generate_schema.py

@@ -81,7 +81,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--services", type=int, nargs="+", default=[10, 100, 500])
     parser.add_argument("--cycles", type=int, default=40)
+    parser.add_argument("--smoke", action="store_true", help="a tiny run (seconds) that only shows the bench works")
     args = parser.parse_args()
+    if args.smoke:
+        args.services, args.cycles = [3], 5
     logging.disable(logging.WARNING)  # every escalation logs a warning: not what is measured
     print(f"{'services':>8} | {'plain ms':>9} | {'incidents ms':>12} | {'ratio':>5} | "
           f"{'plain fires ms':>14} | {'incident fires ms':>17} | {'ratio':>5}")  # fmt: skip

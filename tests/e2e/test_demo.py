@@ -30,8 +30,10 @@ def _descendants(pid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == pid:
+        state, parent_text = stat.rsplit(")", 1)[1].split()[:2]
+        parent = int(parent_text)
+        # A zombie has ended (not running): one another test of this pytest-xdist worker has not reaped yet.
+        if parent == pid and state != "Z":
             found.append(int(entry.name))
             found.extend(_descendants(int(entry.name)))
     return found

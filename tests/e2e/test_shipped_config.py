@@ -262,8 +262,9 @@ def test_the_rendered_deploy_base_rolls_back_the_seed_incident(stack: Stack) -> 
     assert rollout_note["time"] == round(stack.rollout_at * 1000)
     assert "rollout bad2 (from good1)" in rollout_note["text"] and "maxNumSeqs: 64 -> 2" in rollout_note["text"]
     # The journal: both shipped P99 policies fired on the one breach (p99-rollback and
-    # attributed-rollback-or-scale, evaluated concurrently: either may be first). The first rolled back; the
-    # second's rollback was refused by the global cooldown, so Argo CD saw one rollback.
+    # attributed-rollback-or-scale, evaluated concurrently: either may be first), both joining the service's one
+    # incident. The first rolled back; the incident refused the second's rollback (at most one rollback per
+    # incident, whichever policy asks: controller/loop/incident_ports.py), so Argo CD saw one rollback.
     with Journal(stack.tmp / "journal.db") as journal:
         decisions = journal.recent_decisions(100)
     fires = {d["policy"]: d for d in decisions if d["kind"] == "fire"}
@@ -271,9 +272,9 @@ def test_the_rendered_deploy_base_rolls_back_the_seed_incident(stack: Stack) -> 
     assert fires["attributed-rollback-or-scale"]["branch"]["name"] == "rollback-the-rollout"
     assert fires["attributed-rollback-or-scale"]["attribution"]["rollout"]["revision"] == "bad2"
     rollbacks = {name: next(r for r in d["action_records"] if r["type"] == "rollback") for name, d in fires.items()}
-    assert sorted(r["status"] for r in rollbacks.values()) == ["succeeded", "suppressed"]
-    (refused,) = [r for r in rollbacks.values() if r["status"] == "suppressed"]
-    assert "global cooldown" in refused["error"]
+    assert sorted(r["status"] for r in rollbacks.values()) == ["skipped", "succeeded"]
+    (refused,) = [r for r in rollbacks.values() if r["status"] == "skipped"]
+    assert '"refused_by": "incident"' in json.dumps(refused), refused
     assert sorted(d["policy"] for d in decisions if d["kind"] == "resolve") == sorted(fires)
 
     # Grafana, in order: the rollout of bad2; per decision its region (tagged with the decision id) and the
