@@ -22,7 +22,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,6 +178,24 @@ def _managed(process: ManagedProcess) -> Iterator[ManagedProcess]:
         yield process
     finally:
         process.stop()
+
+
+def _post_rollout(url: str, body: Mapping[str, Any], *, attempt_timeout: float, deadline_s: float) -> requests.Response:
+    """POST the rollout, again with the same idempotency key when an attempt timed out or the connection failed,
+    until `deadline_s`: the tier handles a key under its lock and answers a repeated key with its first answer
+    (serving/tier.py), so a retry never starts a second rollout; a loaded host only makes an attempt slow."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            answer = requests.post(url, json=dict(body), timeout=max(1.0, min(attempt_timeout, left)))
+        except (requests.Timeout, requests.ConnectionError) as failed:
+            if time.monotonic() + 1.0 >= deadline:
+                raise DemoError(f"the tier did not answer the rollout within {deadline_s:.0f}s: {failed}") from None
+            time.sleep(1.0)
+            continue
+        answer.raise_for_status()
+        return answer
 
 
 def _wait(predicate: Callable[[], bool], timeout: float, interval: float = 0.5) -> bool:
@@ -355,7 +373,9 @@ def run_demo(
         )
         if engine.engine != "simulator":
             _log(start, f"starting {engine.replicas} {engine.engine} replica(s) of {SERVICE} r1 (profile stable)")
+        tier_started = time.monotonic()
         ready = _read_ready_line(tier, engine.tier_ready_timeout_s)
+        tier_startup_s = time.monotonic() - tier_started  # this host's measure of a replica's cold start
         control_url, router_url = ready["control_url"], ready["router_url"]
         _log(
             start,
@@ -464,13 +484,14 @@ def run_demo(
                 raise DemoError(f"load replay stopped early: {load.log_tail()}")
             time.sleep(0.5)
 
-        rollout = requests.post(
+        rollout = _post_rollout(
             f"{control_url}/api/v1/services/{SERVICE}/rollout",
-            json={**engine.rollout_body(), "idempotency_key": "demo-rollout-r2"},
-            # engine: vllm validates the profile with vLLM's own parser first (a vLLM import: seconds).
-            timeout=HTTP_TIMEOUT if engine.engine == "simulator" else 180.0,
+            {**engine.rollout_body(), "idempotency_key": "demo-rollout-r2"},
+            # engine: vllm validates the profile with vLLM's own parser first (a vLLM import: seconds, and minutes
+            # on a loaded host): each attempt may take as long as the tier's own start took here, at least 180 s.
+            attempt_timeout=HTTP_TIMEOUT if engine.engine == "simulator" else max(180.0, 2.0 * tier_startup_s),
+            deadline_s=HTTP_TIMEOUT * 3 if engine.engine == "simulator" else engine.tier_ready_timeout_s,
         )
-        rollout.raise_for_status()
         bad_version = rollout.json()["version"]
         if engine.engine != "simulator":
             # The new version takes traffic only once warm; the regression starts then, not at the API call.
