@@ -107,8 +107,8 @@ def add_exposition(writer: OpenMetricsWriter, exposition: Exposition, rules: Seq
                 labels = relabel(sample.labels, sample.name, rules)
                 if labels is not None:
                     series.setdefault((sample.name, tuple(sorted(labels.items()))), []).append((at, sample.value))
-    for (name, labels), points in series.items():
-        writer.gauge(name, dict(labels), points)
+    for (name, label_items), points in series.items():
+        writer.gauge(name, dict(label_items), points)
     return len(series)
 
 
