@@ -156,6 +156,8 @@ class ScenarioConfig:
     # The tuned requests/s baseline: 70% of a replica's capacity (baseline 3x the trace's 5.5 requests/s is
     # ~45% of a replica: ~37 requests/s per replica at saturation).
     tuned_rps: float = 26.0
+    # Only these controllers (names of `evaluated_controllers`); empty: all.
+    controllers: tuple[str, ...] = ()
     # The model's label horizon: a breach within the next 90 s. Longer than a replica's start-up and warm-up
     # (19-54 s), so an alarm can come early enough for the new replica to take traffic before the queue builds.
     horizon_s: float = 90.0
@@ -708,8 +710,15 @@ def prediction_provider(model_dir: Path) -> Callable[[Clock], Any]:
 
 
 def evaluated_controllers(config: ScenarioConfig) -> list[tuple[str, Baseline | None]]:
-    """Every evaluated controller: the reactive baselines, the shipped rule and the SLA model's policy."""
-    return [*((b.name, b) for b in baselines(config.tuned_rps)), ("reactive", None), ("predictive", None)]
+    """The evaluated controllers (config.controllers, or all): the reactive baselines, the shipped rule and the SLA
+    model's policy."""
+    every = [*((b.name, b) for b in baselines(config.tuned_rps)), ("reactive", None), ("predictive", None)]
+    if not config.controllers:
+        return every
+    unknown = set(config.controllers) - {name for name, _ in every}
+    if unknown:
+        raise SurgeError(f"unknown controllers {sorted(unknown)}; expected some of {[name for name, _ in every]}")
+    return [(name, baseline) for name, baseline in every if name in config.controllers]
 
 
 @dataclass
@@ -796,6 +805,7 @@ def run_scenario(
         config.check()
     except ProtocolError as refused:
         raise SurgeError(str(refused)) from refused
+    evaluated_controllers(config)  # an unknown name is refused before anything runs
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="tailguard-surge-"))
     trace = read_trace(BUILTIN_TRACES["conv"])
@@ -1004,8 +1014,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("surge-report"), help="report directory")
     parser.add_argument("--short", action="store_true", help="two seeds, one shape each (the e2e test's variant)")
     parser.add_argument("--seeds", type=int, default=None, help="evaluated seeds (default 5; the first is plotted)")
+    parser.add_argument(
+        "--controllers", default="", help="comma-separated controllers to evaluate (default: all; see the report)"
+    )
     args = parser.parse_args(list(argv) if argv is not None else None)
     config = ScenarioConfig.short() if args.short else ScenarioConfig()
+    if args.controllers:
+        config = dataclasses.replace(config, controllers=tuple(n.strip() for n in args.controllers.split(",")))
     if args.seeds is not None:
         if args.seeds < 1:
             print("tailguard demo: error: --seeds must be at least 1", file=sys.stderr)

@@ -166,6 +166,10 @@ class HpaLike:
 
 QUEUE_TOTAL = f'sum(vllm:num_requests_waiting{{namespace="{NAMESPACE}"}})'
 FINISHED_RATE_TOTAL = f'sum(rate(vllm:request_success_total{{namespace="{NAMESPACE}"}}[1m]))'
+# Requests in the engines (running + waiting): by Little's law arrival rate x time in the engine, so it grows with
+# the arrival rate while the batch still has room, before any request waits (Knative's concurrency target).
+_SELECTOR = f'{{namespace="{NAMESPACE}"}}'
+CONCURRENCY_TOTAL = f"sum(vllm:num_requests_running{_SELECTOR}) + sum(vllm:num_requests_waiting{_SELECTOR})"
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,12 @@ def baselines(tuned_rps: float) -> tuple[Baseline, ...]:
         Baseline("hpa-queue-5", "HPA (KEDA defaults) on waiting requests, target 5 per replica", QUEUE_TOTAL, 5.0),
         Baseline(
             "hpa-rps-50", "HPA on finished requests/s, the seed's target 50 per replica", FINISHED_RATE_TOTAL, 50.0
+        ),
+        Baseline(
+            "hpa-concurrency-48",
+            "HPA on requests in the engine (running + waiting), target 48 per replica (75% of max_num_seqs 64)",
+            CONCURRENCY_TOTAL,
+            48.0,
         ),
         Baseline(
             "hpa-rps-tuned",

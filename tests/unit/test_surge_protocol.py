@@ -135,3 +135,9 @@ def test_the_table_counts_surge_and_calm_together() -> None:
     assert table["scale_outs_before_onset"] == 1
     assert table["outcomes"] == {"acted before": 1, "missed": 1}
     assert table["lead_to_violation_s"]["median"] == 60.0 and table["lead_to_violation_s"]["n"] == 1
+
+
+def test_an_unknown_controller_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    with pytest.raises(SurgeError, match=r"unknown controllers \['hpa-magic'\]"):
+        run_scenario(dataclasses.replace(ScenarioConfig(), controllers=("hpa-magic",)), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
