@@ -147,7 +147,7 @@ class ScenarioConfig:
     recovery_hold_s: float | None = 150.0
     train_seeds: tuple[int, ...] = (101, 102, 103, 104, 105, 106)
     eval_seeds: tuple[int, ...] = (1, 2, 3, 4, 5)
-    # Evaluated shapes; seed i runs `shapes_per_seed` of them, starting at shape i (so every shape is run).
+    # Evaluated shapes; seed s runs `shapes_per_seed` of them, starting at shape s - 1 (so every shape is run).
     shapes: tuple[str, ...] = SHAPES
     shapes_per_seed: int = 4
     # The trace regions (seconds of the 58-minute conv trace): training slices never overlap evaluated ones.
@@ -166,9 +166,9 @@ class ScenarioConfig:
     def short() -> ScenarioConfig:
         return ScenarioConfig(eval_seeds=(1, 2), shapes=("sudden", "bad-config"), shapes_per_seed=1)
 
-    def seed_shapes(self, index: int) -> list[str]:
+    def seed_shapes(self, seed: int) -> list[str]:
         count = min(self.shapes_per_seed, len(self.shapes))
-        return [self.shapes[(index + k) % len(self.shapes)] for k in range(count)]
+        return [self.shapes[(seed - 1 + k) % len(self.shapes)] for k in range(count)]
 
     def shape(self, seed: int, kind: str = "ramp", *, bump: bool = False) -> LoadShape:
         """The seed's onset of `kind` ("calm": the control trace, the same arrivals without it); `bump`: a
@@ -754,23 +754,7 @@ class ScenarioResult:
             table[name] = controller_table([r.summary(cfg.queue_slo_s, cfg.e2e_slo_s) for r in runs], onsets)
             leads[name] = [dataclasses.asdict(lead) | {"lead_to_violation_s": lead.lead_to_violation_s,
                                                         "outcome": lead.outcome} for lead in onsets]  # fmt: skip
-        reactive_names = [n for n in table if n not in ("predictive", "none")]
-        best = min(reactive_names, key=lambda n: table[n]["violation_minutes"]) if reactive_names else None
-        targets: dict[str, Any] = {"best_reactive": best}
-        if best is not None and "predictive" in table:
-            ours, theirs = table["predictive"], table[best]
-            targets |= {
-                "violation_reduction_vs_best_reactive": (
-                    round(1.0 - ours["violation_minutes"] / theirs["violation_minutes"], 3)
-                    if theirs["violation_minutes"]
-                    else None
-                ),
-                "extra_replica_minutes_vs_best_reactive": round(
-                    ours["replica_minutes"] / theirs["replica_minutes"] - 1.0, 3
-                ),
-                "false_scale_outs_per_calm_hour": ours["false_scale_outs_per_calm_hour"],
-                "median_lead_to_violation_s": ours["lead_to_violation_s"]["median"],
-            }
+        targets = targets_against_best_reactive(table)
         return {
             "protocol": {
                 "train_seeds": list(cfg.train_seeds),
@@ -779,6 +763,10 @@ class ScenarioResult:
                 "eval_segments": [dataclasses.asdict(cfg.trace_segment(s)) for s in cfg.eval_seeds],
                 "shapes": list(cfg.shapes),
                 "run_minutes": cfg.duration_s / 60.0,
+                "config": {
+                    key: getattr(cfg, key)
+                    for key in ("baseline", "floor", "peak", "shapes", "duration_s", "queue_slo_s", "e2e_slo_s")
+                },
             },
             "runs": summaries,
             "table": table,
@@ -828,9 +816,9 @@ def run_scenario(
             }
             runs: list[RunResult] = []
             at += WINDOW_S
-            for index, seed in enumerate(config.eval_seeds):
+            for seed in config.eval_seeds:
                 seed_trace = trace_slice(trace, config.trace_segment(seed))
-                for kind in [*config.seed_shapes(index), "calm"]:
+                for kind in [*config.seed_shapes(seed), "calm"]:
                     for name, baseline in evaluated_controllers(config):
                         result = run_closed_loop(
                             server.url,
@@ -873,10 +861,74 @@ def _cell(value: Any, unit: str = "") -> str:
     return f"{value}{unit}"
 
 
+def merge_figures(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Reports of the same protocol run on different evaluated seeds (in parallel), as one: runs and onsets
+    together, the table and the targets recomputed. Refuses parts of different training or trace regions."""
+    first = parts[0]
+    for part in parts[1:]:
+        for key in ("train_seeds", "train_segments", "shapes", "run_minutes"):
+            if part["protocol"][key] != first["protocol"][key]:
+                raise ValueError(f"the reports differ in {key}: not the same protocol")
+    runs = [run for part in parts for run in part["runs"]]
+    names = list(dict.fromkeys(name for part in parts for name in part["table"]))
+    leads = {name: [lead for part in parts for lead in part["leads"].get(name, [])] for name in names}
+    table = {
+        name: controller_table(
+            [r for r in runs if r["controller"] == name],
+            [OnsetLead(x["seed"], x["shape"], x["first_action_s"], x["first_violation_s"]) for x in leads[name]],
+        )
+        for name in names
+    }
+    protocol = dict(first["protocol"])
+    protocol["eval_seeds"] = [seed for part in parts for seed in part["protocol"]["eval_seeds"]]
+    protocol["eval_segments"] = [segment for part in parts for segment in part["protocol"]["eval_segments"]]
+    check_disjoint(
+        [TraceSegment(**segment) for segment in protocol["train_segments"]],
+        [TraceSegment(**segment) for segment in protocol["eval_segments"]],
+    )
+    return {
+        "protocol": protocol,
+        "runs": runs,
+        "table": table,
+        "leads": leads,
+        "model": first["model"],
+        "targets": targets_against_best_reactive(table),
+        "seconds": round(sum(part["seconds"] for part in parts), 1),
+    }
+
+
+def targets_against_best_reactive(table: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Issue 27's targets: the SLA model's policy against the reactive controller with the fewest violation
+    minutes."""
+    reactive_names = [n for n in table if n not in ("predictive", "none")]
+    best = min(reactive_names, key=lambda n: table[n]["violation_minutes"]) if reactive_names else None
+    targets: dict[str, Any] = {"best_reactive": best}
+    if best is not None and "predictive" in table:
+        ours, theirs = table["predictive"], table[best]
+        targets |= {
+            "violation_reduction_vs_best_reactive": (
+                round(1.0 - ours["violation_minutes"] / theirs["violation_minutes"], 3)
+                if theirs["violation_minutes"]
+                else None
+            ),
+            "extra_replica_minutes_vs_best_reactive": round(
+                ours["replica_minutes"] / theirs["replica_minutes"] - 1.0, 3
+            ),
+            "false_scale_outs_per_calm_hour": ours["false_scale_outs_per_calm_hour"],
+            "median_lead_to_violation_s": ours["lead_to_violation_s"]["median"],
+        }
+    return targets
+
+
 def render_markdown(result: ScenarioResult) -> str:
-    figures = result.figures()
     cfg = result.config
+    plotted = f"seed {cfg.eval_seeds[0]}, {cfg.seed_shapes(cfg.eval_seeds[0])[0]}"
+    return render_table(result.figures()) + f"\n![surge](surge.png) ({plotted})\n"
+
+
+def render_table(figures: Mapping[str, Any]) -> str:
     protocol = figures["protocol"]
+    cfg = argparse.Namespace(**protocol["config"])
     spans = ", ".join(f"{s['start_s']:.0f}-{s['end_s']:.0f}" for s in protocol["eval_segments"])
     train_spans = ", ".join(f"{s['start_s']:.0f}-{s['end_s']:.0f}" for s in protocol["train_segments"])
     intro = (
@@ -950,8 +1002,6 @@ def render_markdown(result: ScenarioResult) -> str:
     )
     lines.append(f"- median lead before the first violation: {_cell(targets.get('median_lead_to_violation_s'), ' s')}"
                  " (target >= 30 s)")  # fmt: skip
-    lines.append("")
-    lines.append(f"![surge](surge.png) (seed {cfg.eval_seeds[0]}, {cfg.seed_shapes(0)[0]})")
     return "\n".join(lines) + "\n"
 
 
@@ -961,7 +1011,7 @@ def render_plot(result: ScenarioResult, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    seed, shape = result.config.eval_seeds[0], result.config.seed_shapes(0)[0]
+    seed, shape = result.config.eval_seeds[0], result.config.seed_shapes(result.config.eval_seeds[0])[0]
     palette = ["#888888", "#9467bd", "#8c564b", "#2ca02c", "#ff7f0e", "#d62728", "#1f77b4"]
     fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
     for color, name in zip(palette, result.controllers(), strict=False):
@@ -1014,6 +1064,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("surge-report"), help="report directory")
     parser.add_argument("--short", action="store_true", help="two seeds, one shape each (the e2e test's variant)")
     parser.add_argument("--seeds", type=int, default=None, help="evaluated seeds (default 5; the first is plotted)")
+    parser.add_argument("--seed-list", default="", help="evaluated seeds by number, comma-separated (e.g. 4,5)")
+    parser.add_argument(
+        "--merge", type=Path, nargs="+", default=None, help="merge these report directories' surge.json into --out"
+    )
     parser.add_argument(
         "--controllers", default="", help="comma-separated controllers to evaluate (default: all; see the report)"
     )
@@ -1026,6 +1080,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("tailguard demo: error: --seeds must be at least 1", file=sys.stderr)
             return 2
         config = dataclasses.replace(config, eval_seeds=tuple(range(1, args.seeds + 1)))
+    if args.seed_list:
+        try:
+            config = dataclasses.replace(config, eval_seeds=tuple(int(n) for n in args.seed_list.split(",")))
+        except ValueError:
+            print(f"tailguard demo: error: --seed-list {args.seed_list!r}: expected numbers", file=sys.stderr)
+            return 2
+    if args.merge:
+        try:
+            merged = merge_figures([json.loads((d / "surge.json").read_text(encoding="utf-8")) for d in args.merge])
+        except (OSError, ValueError, KeyError) as failed:
+            print(f"tailguard demo: error: cannot merge {args.merge}: {failed}", file=sys.stderr)
+            return 1
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "surge.json").write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
+        print(render_table(merged))
+        return 0
 
     def terminate(signum: int, _frame: object) -> None:
         # SIGTERM's default action would skip the cleanup and leave Prometheus behind.

@@ -37,8 +37,8 @@ def test_short_surge_scenario_runs_the_protocol_and_prints_the_table(
     expected = {
         (name, seed, shape)
         for name in controllers
-        for index, seed in enumerate(config.eval_seeds)
-        for shape in [*config.seed_shapes(index), "calm"]
+        for seed in config.eval_seeds
+        for shape in [*config.seed_shapes(seed), "calm"]
     }
     assert set(runs) == expected
     assert {shape for _, _, shape in expected} == {"sudden", "bad-config", "calm"}

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from serving.load import BUILTIN_TRACES, read_trace
-from serving.surge import ScenarioConfig, SurgeError, run_scenario, shape_segments, trace_slice
+from serving.surge import (
+    ScenarioConfig,
+    SurgeError,
+    merge_figures,
+    render_table,
+    run_scenario,
+    shape_segments,
+    trace_slice,
+)
 from serving.surge_protocol import (
     SHAPES,
     HpaLike,
@@ -141,3 +149,58 @@ def test_an_unknown_controller_is_refused_before_anything_runs(tmp_path: Path) -
     with pytest.raises(SurgeError, match=r"unknown controllers \['hpa-magic'\]"):
         run_scenario(dataclasses.replace(ScenarioConfig(), controllers=("hpa-magic",)), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def _part(seed: int, start_s: float, violation: float) -> dict[str, object]:
+    run = {
+        "controller": "hpa-queue-5",
+        "seed": seed,
+        "trace": "surge",
+        "shape": "sudden",
+        "minutes": 10.0,
+        "slo_violation_minutes": violation,
+        "replica_minutes": 20.0,
+        "scale_outs": 1,
+        "scale_outs_before_onset": 0,
+    }
+    lead = {"seed": seed, "shape": "sudden", "first_action_s": 30.0, "first_violation_s": 60.0 + seed}
+    return {
+        "protocol": {
+            "train_seeds": [101],
+            "train_segments": [{"seed": 101, "role": "train", "start_s": 0.0, "end_s": 600.0}],
+            "eval_seeds": [seed],
+            "eval_segments": [{"seed": seed, "role": "eval", "start_s": start_s, "end_s": start_s + 600.0}],
+            "shapes": ["sudden"],
+            "run_minutes": 10.0,
+            "config": {
+                "baseline": 3.0,
+                "floor": 1,
+                "peak": [9.0, 11.0],
+                "shapes": ["sudden"],
+                "duration_s": 600.0,
+                "queue_slo_s": 1.0,
+                "e2e_slo_s": 5.0,
+            },
+        },
+        "runs": [run],
+        "table": {"hpa-queue-5": {}},
+        "leads": {"hpa-queue-5": [lead]},
+        "model": {"train_seeds": [101], "rows": 1, "breach_rows": 1, "cpu_cut": 0.5},
+        "seconds": 1.0,
+    }
+
+
+def test_reports_of_seeds_run_in_parallel_merge_into_one_table() -> None:
+    merged = merge_figures([_part(1, 2000.0, 1.0), _part(4, 2700.0, 2.0)])
+    row = merged["table"]["hpa-queue-5"]
+    assert row["violation_minutes"] == 3.0 and row["onsets"] == 2
+    assert row["lead_to_violation_s"]["median"] == 32.5  # 31 and 34 s
+    assert merged["protocol"]["eval_seeds"] == [1, 4]
+    assert merged["targets"]["best_reactive"] == "hpa-queue-5"
+    assert "| hpa-queue-5 | 3 (3 + 0) |" in render_table(merged)
+    with pytest.raises(ProtocolError, match="must not share trace segments"):
+        merge_figures([_part(1, 2000.0, 1.0), _part(4, 300.0, 2.0)])
+    other = _part(4, 2700.0, 2.0)
+    other["protocol"]["train_seeds"] = [102]  # type: ignore[index]
+    with pytest.raises(ValueError, match="train_seeds"):
+        merge_figures([_part(1, 2000.0, 1.0), other])
