@@ -92,6 +92,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RULES = PROJECT_ROOT / "rules" / "examples"
 REACTIVE_POLICY = RULES / "queue-scale.yaml"
 PREDICTIVE_POLICY = RULES / "predicted-queue-breach-scale.yaml"
+CONCURRENCY_POLICY = RULES / "concurrency-scale.yaml"
 # The shipped rule and the SLA model's policy; the reactive baselines (serving.surge_protocol) run beside them.
 CONTROLLERS = ("none", "reactive", "predictive")
 STEP_S = 15.0
@@ -712,7 +713,12 @@ def prediction_provider(model_dir: Path) -> Callable[[Clock], Any]:
 def evaluated_controllers(config: ScenarioConfig) -> list[tuple[str, Baseline | None]]:
     """The evaluated controllers (config.controllers, or all): the reactive baselines, the shipped rule and the SLA
     model's policy."""
-    every = [*((b.name, b) for b in baselines(config.tuned_rps)), ("reactive", None), ("predictive", None)]
+    every = [
+        *((b.name, b) for b in baselines(config.tuned_rps)),
+        ("reactive", None),
+        ("concurrency-rule", None),
+        ("predictive", None),
+    ]
     if not config.controllers:
         return every
     unknown = set(config.controllers) - {name for name, _ in every}
@@ -812,6 +818,7 @@ def run_scenario(
             provider = prediction_provider(model.directory)
             policies = {
                 "reactive": load_policy(REACTIVE_POLICY, recovery_hold_s=config.recovery_hold_s),
+                "concurrency-rule": load_policy(CONCURRENCY_POLICY, recovery_hold_s=config.recovery_hold_s),
                 "predictive": load_policy(PREDICTIVE_POLICY, cut=model.cut, recovery_hold_s=config.recovery_hold_s),
             }
             runs: list[RunResult] = []
