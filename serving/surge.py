@@ -788,8 +788,26 @@ class ScenarioResult:
         }
 
 
+def reuse_model(directory: Path, config: ScenarioConfig) -> TrainedModel:
+    """A model this scenario trained before on the same training seeds (verified as the controller loads it)."""
+    from predictors.artifact import ArtifactError, load_artifact
+
+    try:
+        artifact = load_artifact(directory)
+    except ArtifactError as bad:
+        raise SurgeError(f"--model {directory}: {bad}") from bad
+    if "cpu" not in artifact.decision_thresholds:
+        raise SurgeError(f"--model {directory}: the model has no queue-time (cpu) dimension")
+    return TrainedModel(directory, float(artifact.decision_thresholds["cpu"]), config.train_seeds, 0, 0, None)
+
+
 def run_scenario(
-    config: ScenarioConfig, out: Path, *, log: Callable[[str], None] = print, keep_prometheus: bool = False
+    config: ScenarioConfig,
+    out: Path,
+    *,
+    log: Callable[[str], None] = print,
+    keep_prometheus: bool = False,
+    model_dir: Path | None = None,
 ) -> ScenarioResult:
     """Train on config.train_seeds (their trace slices in the training region), then every controller on every
     evaluated seed's shapes and its calm control trace (slices in the evaluation region); every run in its own
@@ -812,9 +830,16 @@ def run_scenario(
             extra_args=["--web.enable-remote-write-receiver"],
         )
         with server.start():
-            log(f"surge: training the SLA model on seeds {list(config.train_seeds)} (never evaluated)")
-            model, at = train_model(server.url, config, START, out / "model", work, trace)
-            log(f"surge: model trained on {model.rows} rows ({model.breaches} breach rows); cpu cut {model.cut:.3f}")
+            if model_dir is not None:
+                model, at = reuse_model(model_dir, config), START
+                log(f"surge: reusing the SLA model in {model_dir} (trained on seeds {list(config.train_seeds)})")
+            else:
+                log(f"surge: training the SLA model on seeds {list(config.train_seeds)} (never evaluated)")
+                model, at = train_model(server.url, config, START, out / "model", work, trace)
+            if model_dir is None:
+                log(
+                    f"surge: model trained on {model.rows} rows ({model.breaches} breach rows); cpu cut {model.cut:.3f}"
+                )
             provider = prediction_provider(model.directory)
             policies = {
                 "reactive": load_policy(REACTIVE_POLICY, recovery_hold_s=config.recovery_hold_s),
@@ -887,8 +912,10 @@ def merge_figures(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         for name in names
     }
     protocol = dict(first["protocol"])
-    protocol["eval_seeds"] = [seed for part in parts for seed in part["protocol"]["eval_seeds"]]
-    protocol["eval_segments"] = [segment for part in parts for segment in part["protocol"]["eval_segments"]]
+    # Parts may split the seeds (in parallel) or the controllers (a controller added later) of one protocol.
+    protocol["eval_seeds"] = sorted({seed for part in parts for seed in part["protocol"]["eval_seeds"]})
+    segments = {s["seed"]: s for part in parts for s in part["protocol"]["eval_segments"]}
+    protocol["eval_segments"] = [segments[seed] for seed in protocol["eval_seeds"]]
     check_disjoint(
         [TraceSegment(**segment) for segment in protocol["train_segments"]],
         [TraceSegment(**segment) for segment in protocol["eval_segments"]],
@@ -1071,6 +1098,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("surge-report"), help="report directory")
     parser.add_argument("--short", action="store_true", help="two seeds, one shape each (the e2e test's variant)")
     parser.add_argument("--seeds", type=int, default=None, help="evaluated seeds (default 5; the first is plotted)")
+    parser.add_argument("--model", type=Path, default=None, help="reuse a model this scenario trained before")
+    parser.add_argument("--shapes-per-seed", type=int, default=None, help="onset shapes per evaluated seed")
     parser.add_argument("--seed-list", default="", help="evaluated seeds by number, comma-separated (e.g. 4,5)")
     parser.add_argument(
         "--merge", type=Path, nargs="+", default=None, help="merge these report directories' surge.json into --out"
@@ -1093,6 +1122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError:
             print(f"tailguard demo: error: --seed-list {args.seed_list!r}: expected numbers", file=sys.stderr)
             return 2
+    if args.shapes_per_seed is not None:
+        config = dataclasses.replace(config, shapes_per_seed=max(1, args.shapes_per_seed))
     if args.merge:
         try:
             merged = merge_figures([json.loads((d / "surge.json").read_text(encoding="utf-8")) for d in args.merge])
@@ -1110,7 +1141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, terminate)
     try:
-        result = run_scenario(config, args.out)
+        result = run_scenario(config, args.out, model_dir=args.model)
     except (SurgeError, LabError, OSError) as failed:
         print(f"tailguard demo: error: {failed}", file=sys.stderr)
         return 1
