@@ -93,8 +93,6 @@ RULES = PROJECT_ROOT / "rules" / "examples"
 REACTIVE_POLICY = RULES / "queue-scale.yaml"
 PREDICTIVE_POLICY = RULES / "predicted-queue-breach-scale.yaml"
 CONCURRENCY_POLICY = RULES / "concurrency-scale.yaml"
-# The shipped rule and the SLA model's policy; the reactive baselines (serving.surge_protocol) run beside them.
-CONTROLLERS = ("none", "reactive", "predictive")
 STEP_S = 15.0
 START = 1_767_225_600.0  # 2026-01-01T00:00:00Z; run k lives in [START + k * WINDOW_S, ...)
 WINDOW_S = 2 * 3600.0
