@@ -157,6 +157,8 @@ class ScenarioConfig:
     tuned_rps: float = 26.0
     # Only these controllers (names of `evaluated_controllers`); empty: all.
     controllers: tuple[str, ...] = ()
+    # Completes an earlier run of one shape per seed: each seed's shapes after its first, without the calm trace.
+    after_first_shape: bool = False
     # The model's label horizon: a breach within the next 90 s. Longer than a replica's start-up and warm-up
     # (19-54 s), so an alarm can come early enough for the new replica to take traffic before the queue builds.
     horizon_s: float = 90.0
@@ -848,7 +850,10 @@ def run_scenario(
             at += WINDOW_S
             for seed in config.eval_seeds:
                 seed_trace = trace_slice(trace, config.trace_segment(seed))
-                for kind in [*config.seed_shapes(seed), "calm"]:
+                kinds = (
+                    config.seed_shapes(seed)[1:] if config.after_first_shape else [*config.seed_shapes(seed), "calm"]
+                )
+                for kind in kinds:
                     for name, baseline in evaluated_controllers(config):
                         result = run_closed_loop(
                             server.url,
@@ -1098,6 +1103,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=None, help="evaluated seeds (default 5; the first is plotted)")
     parser.add_argument("--model", type=Path, default=None, help="reuse a model this scenario trained before")
     parser.add_argument("--shapes-per-seed", type=int, default=None, help="onset shapes per evaluated seed")
+    parser.add_argument(
+        "--after-first-shape",
+        action="store_true",
+        help="each seed's shapes after its first, no calm trace: completes a --shapes-per-seed 1 run (then --merge)",
+    )
     parser.add_argument("--seed-list", default="", help="evaluated seeds by number, comma-separated (e.g. 4,5)")
     parser.add_argument(
         "--merge", type=Path, nargs="+", default=None, help="merge these report directories' surge.json into --out"
@@ -1120,6 +1130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError:
             print(f"tailguard demo: error: --seed-list {args.seed_list!r}: expected numbers", file=sys.stderr)
             return 2
+    if args.after_first_shape:
+        config = dataclasses.replace(config, after_first_shape=True)
     if args.shapes_per_seed is not None:
         config = dataclasses.replace(config, shapes_per_seed=max(1, args.shapes_per_seed))
     if args.merge:

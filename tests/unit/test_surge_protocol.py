@@ -204,3 +204,16 @@ def test_reports_of_seeds_run_in_parallel_merge_into_one_table() -> None:
     other["protocol"]["train_seeds"] = [102]  # type: ignore[index]
     with pytest.raises(ValueError, match="train_seeds"):
         merge_figures([_part(1, 2000.0, 1.0), other])
+
+
+def test_each_seed_runs_its_own_shapes_so_every_shape_is_run() -> None:
+    config = ScenarioConfig()
+    assert config.seed_shapes(1) == ["sudden", "slow-ramp", "two-steps", "diurnal"]
+    assert config.seed_shapes(2) == ["slow-ramp", "two-steps", "diurnal", "bad-config"]
+    assert {shape for seed in config.eval_seeds for shape in config.seed_shapes(seed)} == set(SHAPES)
+    # A one-shape run and its completion (--after-first-shape) together are the four shapes of the seed.
+    one = dataclasses.replace(config, shapes_per_seed=1)
+    assert one.seed_shapes(3) + config.seed_shapes(3)[1:] == config.seed_shapes(3)
+    assert ScenarioConfig.short().seed_shapes(1) == ["sudden"] and ScenarioConfig.short().seed_shapes(2) == [
+        "bad-config"
+    ]
