@@ -958,8 +958,8 @@ def targets_against_best_reactive(table: Mapping[str, Mapping[str, Any]]) -> dic
 
 
 def render_markdown(result: ScenarioResult) -> str:
-    cfg = result.config
-    plotted = f"seed {cfg.eval_seeds[0]}, {cfg.seed_shapes(cfg.eval_seeds[0])[0]}"
+    first = next((r for r in result.runs if not r.calm), result.runs[0])
+    plotted = f"seed {first.seed}, {first.shape.kind}"
     return render_table(result.figures()) + f"\n![surge](surge.png) ({plotted})\n"
 
 
@@ -1048,7 +1048,9 @@ def render_plot(result: ScenarioResult, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    seed, shape = result.config.eval_seeds[0], result.config.seed_shapes(result.config.eval_seeds[0])[0]
+    # The first onset this run evaluated (a completing run, --after-first-shape, has no seed's first shape).
+    first = next((r for r in result.runs if not r.calm), result.runs[0])
+    seed, shape = first.seed, first.shape.kind
     palette = ["#888888", "#9467bd", "#8c564b", "#2ca02c", "#ff7f0e", "#d62728", "#1f77b4"]
     fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
     for color, name in zip(palette, result.controllers(), strict=False):
