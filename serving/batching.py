@@ -23,8 +23,8 @@ modes from configuration alone:
   (whole blocks, `hardware.prefix_cache_hit_ratio`) is a cache hit and is not
   recomputed;
 - step time = `decode_step_base_s + decode_per_seq_s * decoding sequences +
-  prefill tokens / prefill_tokens_per_s`, each scaled for quantization (weight
-  bytes), the KV dtype (fp8: KV bytes per token) and tensor parallelism by
+  decode_kv_s_per_token * their context tokens + prefill tokens / prefill_tokens_per_s`,
+  each scaled for quantization (weight bytes), the KV dtype (fp8: KV bytes per token) and tensor parallelism by
   `EngineProfile.step_costs()` (estimates until calibrated on a GPU); the same
   factors size the KV cache (`num_gpu_blocks`).
 Every request generates exactly `max_tokens` tokens (the simulator never emits
@@ -127,6 +127,7 @@ class BatchingModel:
         self.priority_scheduling = args.scheduling_policy == "priority"
         # Quantization, KV dtype and tensor parallelism scale the hardware's step costs (estimates).
         self._step_costs = profile.step_costs()
+        self._kv_s_per_token = profile.decode_kv_s_per_token()
         self.running: list[SimRequest] = []
         self._waiting: list[tuple[int, float, int, SimRequest]] = []
         self._order = itertools.count()
@@ -259,6 +260,10 @@ class BatchingModel:
         duration = 0.0
         if decode or prefill:
             duration = base_s + per_seq_s * len(decode) + prefill_tokens / prefill_tokens_per_s
+            if self._kv_s_per_token and decode:
+                # Memory-bound decode: each running sequence's whole KV cache (prompt + output) is read once.
+                context = sum(request.prompt_tokens + request.generated for request in decode)
+                duration += self._kv_s_per_token * context
         return StepPlan(now, duration, tuple(decode), tuple(prefill), self.num_preemptions - preempted_before)
 
     @property

@@ -376,7 +376,7 @@ class VirtualTier:
         )
         replica.prefix_seen = (core.prefix_cache_queries, core.prefix_cache_hits)
         kv_tokens = (core.num_blocks - core.free_blocks) * core.block_size
-        replica.hbm.record_step(ended, plan.num_tokens, kv_tokens)
+        replica.hbm.record_step(ended, kv_tokens)
         # The engine's scheduler/tokenizer CPU per step grows with the batch; contention stretches it too.
         replica.cpu.inc(plan.duration * 0.25 + 0.0004 * (len(plan.decode) + len(plan.prefill)) * self.contention)
         for request in outcome.finished:

@@ -641,7 +641,7 @@ SCENARIOS = ("rollback", "surge")
 
 
 def main(argv: list[str] | None = None) -> int:
-    # `--scenario surge` is serving/surge.py (prevention: none vs reactive vs predictive scaling, virtual time);
+    # `--scenario surge` is serving/surge.py (prevention: reactive baselines vs the SLA model, virtual time);
     # the default scenario is the rollback below.
     chooser = argparse.ArgumentParser(add_help=False)
     chooser.add_argument("--scenario", choices=SCENARIOS, default="rollback")
@@ -656,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
         "--scenario",
         choices=SCENARIOS,
         default="rollback",
-        help="rollback: a bad rollout rolled back (this); surge: no controller vs reactive vs predictive scaling",
+        help="rollback: a bad rollout rolled back (this); surge: reactive baselines vs the SLA model on one protocol",
     )
     parser.add_argument("--out", default="demo-output", help="directory for logs, journal and the incident report")
     parser.add_argument("--warmup", type=float, default=DemoTimings.warmup_s, help="seconds of load before the rollout")

@@ -98,9 +98,13 @@ class Hardware(_Strict):
     """The simulated GPU and the step-time cost model.
 
     One engine step (one forward pass of the continuous batch) takes
-    `decode_step_base_s + decode_per_seq_s * running + prefill_tokens / prefill_tokens_per_s`, with the three
-    values as written here for 16-bit weights, a 16-bit KV cache and one GPU; `EngineProfile.step_costs()`
-    scales them for the profile's quantization, kv_cache_dtype and tensor_parallel_size.
+    `decode_step_base_s + decode_per_seq_s * running + KV bytes of the running sequences' contexts /
+    decode_kv_bandwidth_gbps + prefill_tokens / prefill_tokens_per_s`, with the values as written here for
+    16-bit weights, a 16-bit KV cache and one GPU; `EngineProfile.step_costs()` scales them for the profile's
+    quantization, kv_cache_dtype and tensor_parallel_size. Decoding is memory-bound: the base is the weights
+    streamed once per step, the KV term each sequence's cache streamed once (fitted on an H200:
+    serving/calibrations/h200-llama-3-8b.yaml). Without `decode_kv_bandwidth_gbps` the KV read is folded into
+    `decode_per_seq_s` (a step's cost does not grow with context: the tiny-model CPU calibrations).
     """
 
     gpu_model: str = "NVIDIA H100 80GB HBM3"
@@ -113,7 +117,13 @@ class Hardware(_Strict):
     hbm_bandwidth_gbps: float = Field(3350.0, gt=0)
     decode_step_base_s: float = Field(0.007, gt=0)
     decode_per_seq_s: float = Field(0.00015, ge=0)
+    # Effective HBM bandwidth at which a decode step reads the KV cache of each running sequence's context
+    # (context tokens x kv_bytes_per_token); None: no context-dependent term.
+    decode_kv_bandwidth_gbps: float | None = Field(None, gt=0)
     prefill_tokens_per_s: float = Field(60000.0, gt=0)
+    # Framebuffer the driver keeps for itself (DCGM_FI_DEV_FB_RESERVED): neither used nor free; hbm_gib is
+    # what CUDA sees (FB_USED + FB_FREE), the base of gpu_memory_utilization.
+    fb_reserved_mib: float = Field(0.0, ge=0)
     # Fraction of prompt tokens found in the prefix cache when enable_prefix_caching is on.
     prefix_cache_hit_ratio: float = Field(0.12, ge=0.0, lt=1.0)
     # Client-observed minus engine-reported latency per request (HTTP, tokenization), fitted by
@@ -168,6 +178,27 @@ class EngineProfile(_Strict):
         if tp == 1:
             return base, per_seq, prefill
         return base / tp * communication, per_seq / tp * communication, prefill * tp / communication
+
+    def decode_kv_s_per_token(self) -> float:
+        """Seconds a decode step spends reading one token of a running sequence's KV cache (0: not modelled).
+
+        The per-GPU KV bytes per token (fp8 halves them, tensor parallelism splits them) over the effective
+        bandwidth, times fp8's dequantization overhead and the all-reduce share of tensor parallelism.
+        """
+        bandwidth = self.hardware.decode_kv_bandwidth_gbps
+        if bandwidth is None:
+            return 0.0
+        seconds = self.kv_bytes_per_token() / (bandwidth * 1e9)
+        if self.engineArgs.kv_cache_dtype.startswith("fp8"):
+            seconds *= FP8_KV_ATTENTION_OVERHEAD
+        return seconds * (1.0 + TP_COMMUNICATION_OVERHEAD * (self.engineArgs.tensor_parallel_size - 1))
+
+    def decode_step_s(self, batch: int, context_tokens: int) -> float:
+        """A pure decode step of `batch` sequences, each attending over `context_tokens` tokens of KV cache."""
+        base, per_seq, _ = self.step_costs()
+        if batch <= 0:
+            return 0.0
+        return base + per_seq * batch + self.decode_kv_s_per_token() * batch * context_tokens
 
     def kv_cache_bytes(self) -> float:
         """The KV pool vLLM preallocates: HBM * gpu_memory_utilization - weights - overhead."""

@@ -125,7 +125,7 @@ class ReplicaEngine:
             self.metrics.observe_step(outcome, queries - self._prefix_seen[0], hits - self._prefix_seen[1])
             self._prefix_seen = (queries, hits)
             kv_tokens = (self.core.num_blocks - self.core.free_blocks) * self.core.block_size
-            self.hbm.record_step(outcome.ended_at, plan.num_tokens, kv_tokens)
+            self.hbm.record_step(outcome.ended_at, kv_tokens)
             for request in outcome.finished:
                 self.metrics.observe_finished(request)
                 future = self._futures.get(request.request_id)

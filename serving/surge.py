@@ -9,28 +9,34 @@ same recorded arrivals of a load surge, in a closed loop, in virtual time.
          |                                                                 engine, journal, dispatcher, limits)
          +--- scale / restore (ScalePort) sets the tier's replica count ------------+
 
-The three controllers: none; reactive (rules/examples/queue-scale.yaml: waiting > 20 per replica, like an HPA on
-queue length); predictive (rules/examples/predicted-queue-breach-scale.yaml: the SLA model's queue-time breach
-probability over its trained cut). Both restore the pre-surge replica count after a sustained calm (their
-`recovery`). The SLA model is trained by this pipeline on other seeds of the same generator (never the evaluated
-one): `train_model`. Each run lives in its own time window of the one Prometheus, so every figure is read back
-with PromQL exactly as an operator would read it.
+The protocol (serving.surge_protocol, issue 27): the SLA model is trained by this pipeline on training seeds whose
+trace slices lie in the first half of the Azure conv trace; every controller is evaluated on other seeds whose
+slices lie in the second half (the harness refuses overlapping slices before it runs anything), on onsets of
+several shapes (sudden, slow ramp, two steps, diurnal rise, a bad config rolled out under steady load) and on each
+seed's calm control trace (the same arrivals, no onset). The controllers: a static floor of 2 replicas; HPAs with
+Kubernetes/KEDA defaults on waiting requests (target 5 per replica) and on finished requests/s (the seed's target
+50, and 26: 70% of a replica's capacity); the shipped rule (rules/examples/queue-scale.yaml: waiting > 20 per
+replica for 30 s); the SLA model's policy (rules/examples/predicted-queue-breach-scale.yaml: the queue-time breach
+probability over its trained cut). The policies restore the floor after a sustained calm (their `recovery`). Each
+run lives in its own time window of the one Prometheus, so every figure is read back with PromQL exactly as an
+operator would read it.
 
-Figures per controller: SLO-violation minutes (queue-time P99 or e2e P99 over its threshold, per 15 s step), the
-first violation, the first scale-out relative to the surge, replica-minutes (every replica from its start request
-to its retirement: start-up and warm-up are paid for), and on a calm control trace the scale-outs (all false).
+Figures per controller, over surge and calm runs together: SLO-violation minutes (queue-time P99 or e2e P99 over
+its threshold, per 15 s step), replica-minutes (every replica from its start request to its retirement: start-up
+and warm-up are paid for), false scale-outs per calm hour, scale-outs before an onset, and per onset the time
+from the first scale-out to the first violation (the lead) and to the onset.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import random
 import shutil
 import signal
-import statistics
 import struct
 import sys
 import tempfile
@@ -66,12 +72,27 @@ from serving.dataset import (
 )
 from serving.load import BUILTIN_TRACES, TraceRequest, read_trace
 from serving.promstack import PrometheusServer, write_prometheus_config
+from serving.surge_protocol import (
+    SHAPES,
+    Baseline,
+    HpaLike,
+    LoadShape,
+    OnsetLead,
+    ProtocolError,
+    TraceSegment,
+    baselines,
+    check_disjoint,
+    controller_table,
+    draw_segment,
+    make_shape,
+    onset_lead,
+)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RULES = PROJECT_ROOT / "rules" / "examples"
 REACTIVE_POLICY = RULES / "queue-scale.yaml"
 PREDICTIVE_POLICY = RULES / "predicted-queue-breach-scale.yaml"
-CONTROLLERS = ("none", "reactive", "predictive")
+CONCURRENCY_POLICY = RULES / "concurrency-scale.yaml"
 STEP_S = 15.0
 START = 1_767_225_600.0  # 2026-01-01T00:00:00Z; run k lives in [START + k * WINDOW_S, ...)
 WINDOW_S = 2 * 3600.0
@@ -93,48 +114,30 @@ class SurgeError(LabError, RuntimeError):
 # -- the load ----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SurgeShape:
-    """Load in multiples of the trace's own rate (~5 requests/s): calm `baseline`, then from `start_s` a ramp over
-    `ramp_s` to `peak`, held `hold_s`, back to baseline over `ramp_s`. peak == baseline: the calm control trace."""
+def shape_segments(shape: LoadShape, duration_s: float, replicas: int) -> list[Segment]:
+    """The shape's piecewise-linear load as the tier's segments (the stable profile; a rollout is the run's)."""
 
-    baseline: float
-    peak: float
-    start_s: float
-    ramp_s: float
-    hold_s: float
+    def seg(start: float, end: float, rate_from: float, rate_to: float) -> Segment:
+        return Segment(start, end, "stable", replicas, rate_from, rate_to, 1.0, 1.0, 0.005, 0.005, 0.002)
 
-    @property
-    def surge(self) -> bool:
-        return self.peak > self.baseline
-
-    def segments(self, duration_s: float, replicas: int) -> list[Segment]:
-        def seg(start: float, end: float, rate_from: float, rate_to: float) -> Segment:
-            return Segment(start, end, "stable", replicas, rate_from, rate_to, 1.0, 1.0, 0.005, 0.005, 0.002)
-
-        b, p = self.baseline, self.peak
-        up, top = self.start_s + self.ramp_s, self.start_s + self.ramp_s + self.hold_s
-        down = top + self.ramp_s
-        return [
-            seg(0.0, self.start_s, b, b),
-            seg(self.start_s, up, b, p),
-            seg(up, top, p, p),
-            seg(top, down, p, b),
-            seg(down, max(duration_s, down + 1.0), b, b),
-        ]
+    points = [point for point in shape.points if point[0] < duration_s]
+    out = [seg(t0, t1, r0, r1) for (t0, r0), (t1, r1) in itertools.pairwise(points) if t1 > t0]
+    last_t, last_rate = points[-1]
+    out.append(seg(last_t, max(duration_s, last_t + 1.0), last_rate, last_rate))
+    if out[0].start > 0.0:
+        out.insert(0, seg(0.0, out[0].start, points[0][1], points[0][1]))
+    return out
 
 
 @dataclass(frozen=True)
 class ScenarioConfig:
-    """The scenario's sizes. `short()` is the end-to-end test's variant (one evaluated seed)."""
+    """The scenario's sizes. `short()` is the end-to-end test's variant (two evaluated seeds, two shapes)."""
 
     duration_s: float = 10 * 60.0
     floor: int = 1  # the operator's replica count / HPA floor before the surge
     baseline: float = 3.0  # ~45% of one stable replica
     peak: tuple[float, float] = (9.0, 11.0)  # drawn per seed: 1.3-1.6x one replica's capacity
     surge_start_s: tuple[float, float] = (120.0, 150.0)
-    ramp_s: tuple[float, float] = (60.0, 90.0)
-    hold_s: float = 120.0
     calm_bump: tuple[float, float] = (3.8, 5.0)  # training only: a load bump one replica absorbs
     queue_slo_s: float = 1.0  # queue-time P99 (the model's cpu dimension)
     e2e_slo_s: float = 5.0  # calm: 1.5-2.3 s
@@ -142,39 +145,66 @@ class ScenarioConfig:
     # (and its simulation of up to 8 replicas) to 10 virtual minutes; the restore path is the same.
     recovery_hold_s: float | None = 150.0
     train_seeds: tuple[int, ...] = (101, 102, 103, 104, 105, 106)
-    eval_seeds: tuple[int, ...] = (1, 2, 3)
+    eval_seeds: tuple[int, ...] = (1, 2, 3, 4, 5)
+    # Evaluated shapes; seed s runs `shapes_per_seed` of them, starting at shape s - 1 (so every shape is run).
+    shapes: tuple[str, ...] = SHAPES
+    shapes_per_seed: int = 4
+    # The trace regions (seconds of the 58-minute conv trace): training slices never overlap evaluated ones.
+    train_region: tuple[float, float] = (0.0, 1750.0)
+    eval_region: tuple[float, float] = (1750.0, 3502.0)
+    # The tuned requests/s baseline: 70% of a replica's capacity (baseline 3x the trace's 5.5 requests/s is
+    # ~45% of a replica: ~37 requests/s per replica at saturation).
+    tuned_rps: float = 26.0
+    # Only these controllers (names of `evaluated_controllers`); empty: all.
+    controllers: tuple[str, ...] = ()
+    # Completes an earlier run of one shape per seed: each seed's shapes after its first, without the calm trace.
+    after_first_shape: bool = False
     # The model's label horizon: a breach within the next 90 s. Longer than a replica's start-up and warm-up
     # (19-54 s), so an alarm can come early enough for the new replica to take traffic before the queue builds.
     horizon_s: float = 90.0
 
     @staticmethod
     def short() -> ScenarioConfig:
-        return ScenarioConfig(eval_seeds=(1,))
+        return ScenarioConfig(eval_seeds=(1, 2), shapes=("sudden", "bad-config"), shapes_per_seed=1)
 
-    def shape(self, seed: int, *, calm: bool = False, bump: bool = False) -> SurgeShape:
-        """The seed's surge; `calm`: the control trace (the same arrivals, no surge); `bump`: a training trace
-        whose load rises at the same point to a bump one replica absorbs (rising load that must not read as a
-        breach)."""
+    def seed_shapes(self, seed: int) -> list[str]:
+        count = min(self.shapes_per_seed, len(self.shapes))
+        return [self.shapes[(seed - 1 + k) % len(self.shapes)] for k in range(count)]
+
+    def shape(self, seed: int, kind: str = "ramp", *, bump: bool = False) -> LoadShape:
+        """The seed's onset of `kind` ("calm": the control trace, the same arrivals without it); `bump`: a
+        training trace whose load rises at the same point to a bump one replica absorbs (rising load that must
+        not read as a breach)."""
         rng = random.Random(seed * 7907 + 13)
-        start = rng.uniform(*self.surge_start_s)
-        ramp = rng.uniform(*self.ramp_s)
+        onset = rng.uniform(*self.surge_start_s)
         peak = rng.uniform(*self.peak)
-        if calm:
-            return SurgeShape(self.baseline, self.baseline, start, ramp, self.hold_s)
         if bump:
-            return SurgeShape(self.baseline, rng.uniform(*self.calm_bump), start, ramp, self.hold_s)
-        return SurgeShape(self.baseline, peak, start, ramp, self.hold_s)
+            return make_shape("ramp", self.baseline, rng.uniform(*self.calm_bump), onset, self.duration_s)
+        return make_shape(kind, self.baseline, peak, onset, self.duration_s)
+
+    def trace_segment(self, seed: int) -> TraceSegment:
+        train = seed in self.train_seeds
+        region = self.train_region if train else self.eval_region
+        return draw_segment(seed, "train" if train else "eval", region, self.duration_s)
+
+    def check(self) -> None:
+        """The protocol: no evaluated seed trained on, no evaluated slice of the trace seen in training."""
+        check_disjoint(
+            [self.trace_segment(seed) for seed in self.train_seeds],
+            [draw_segment(seed, "eval", self.eval_region, self.duration_s) for seed in self.eval_seeds],
+        )
 
 
-def rotated_trace(trace: Sequence[TraceRequest], seed: int) -> list[TraceRequest]:
-    """The trace started at a seed's own point (wrapping around): every seed sees different bursts before its
-    surge, so a model cannot learn where in the trace the surges of its training seeds happened to start."""
-    if not trace:
-        return []
-    period = trace[-1].offset + 1.0
-    cut = random.Random(seed * 104729 + 7).uniform(0.0, period)
-    shifted = [dataclasses.replace(item, offset=(item.offset - cut) % period) for item in trace]
-    return sorted(shifted, key=lambda item: item.offset)
+def trace_slice(trace: Sequence[TraceRequest], segment: TraceSegment) -> list[TraceRequest]:
+    """The requests of the trace inside the segment, from 0 (never wrapping around the trace's end)."""
+    out = [
+        dataclasses.replace(item, offset=item.offset - segment.start_s)
+        for item in trace
+        if segment.start_s <= item.offset < segment.end_s
+    ]
+    if not out:
+        raise SurgeError(f"the trace has no request in {segment.start_s:.0f}-{segment.end_s:.0f} s")
+    return out
 
 
 # -- Prometheus remote write (the virtual scrape) ---------------------------------------------------------
@@ -349,7 +379,7 @@ class RunResult:
     calm: bool
     start: float
     end: float
-    shape: SurgeShape
+    shape: LoadShape
     replica_timeline: list[tuple[float, int]] = field(default_factory=list)  # (at, replicas paid for)
     desired_timeline: list[tuple[float, int]] = field(default_factory=list)  # (at, count the controller set)
     changes: list[tuple[float, int, int, str]] = field(default_factory=list)
@@ -361,13 +391,19 @@ class RunResult:
 
     @property
     def surge_at(self) -> float:
-        return self.start + self.shape.start_s
+        """The onset (on the calm trace: where the seed's onsets start)."""
+        return self.start + self.shape.onset_s
 
     def replica_minutes(self) -> float:
         return sum(count for _, count in self.replica_timeline) * STEP_S / 60.0
 
     def scale_outs(self) -> list[float]:
         return [at for at, before, after, _ in self.changes if after > before]
+
+    def onset_lead(self, queue_slo: float, e2e_slo: float) -> OnsetLead:
+        return onset_lead(
+            self.seed, self.shape.kind, self.surge_at, self.scale_outs(), self.violations(queue_slo, e2e_slo)
+        )
 
     def scale_ins(self) -> list[float]:
         return [at for at, before, after, _ in self.changes if after < before]
@@ -391,6 +427,9 @@ class RunResult:
             "controller": self.controller,
             "seed": self.seed,
             "trace": "calm" if self.calm else "surge",
+            "shape": self.shape.kind,
+            "minutes": round((self.end - self.start) / 60.0, 2),
+            "scale_outs_before_onset": sum(1 for at in outs if at < self.surge_at),
             "slo_violation_minutes": len(bad) * STEP_S / 60.0,
             "queue_violation_minutes": len(queue_bad) * STEP_S / 60.0,
             "e2e_violation_minutes": len(e2e_bad) * STEP_S / 60.0,
@@ -439,22 +478,26 @@ def run_closed_loop(
     policy: Policy | None,
     controller: str,
     *,
+    shape: LoadShape,
     calm: bool = False,
-    bump: bool = False,
     predictions: Callable[[Clock], Any] | None = None,
     journal_dir: Path,
-    trace: Sequence[TraceRequest] | None = None,
+    trace: Sequence[TraceRequest],
+    hpa: HpaLike | None = None,
+    floor: int | None = None,
 ) -> RunResult:
-    """One run: the tier replays the arrivals of `seed` from `start`; every 15 s its scrape is written into
-    Prometheus and `policy` (None: no controller) is evaluated by the controller's own evaluation, whose scale
-    actions set the tier's replica count. The SLIs are read back from Prometheus at the end."""
-    shape = config.shape(seed, calm=calm, bump=bump)
-    segments = shape.segments(config.duration_s, config.floor)
-    requests_trace = rotated_trace(trace if trace is not None else read_trace(BUILTIN_TRACES["conv"]), seed)
+    """One run: the tier replays `trace` (the seed's slice) under `shape` from `start`; every 15 s its scrape is
+    written into Prometheus and `policy` is evaluated by the controller's own evaluation, or `hpa` (a reactive
+    baseline) takes its sync, whose scale actions set the tier's replica count (neither: no controller, at
+    `floor` replicas, config.floor by default). A bad-config shape rolls its profile out at the onset. The SLIs
+    are read back from Prometheus at the end."""
+    replicas = config.floor if floor is None else floor
+    segments = shape_segments(shape, config.duration_s, replicas)
     clock = ManualClock(start)
     tier = VirtualTier(seed, start)
     tier.configure(segments[0])
-    scaler = TierScaler(tier, config.floor, clock)
+    scaler = TierScaler(tier, replicas, clock)
+    rollout_at = start + shape.onset_s if shape.rollout_profile is not None and not calm else math.inf
     writer = RemoteWriter(prometheus_url)
     result = RunResult(controller, seed, calm, start, start + config.duration_s, shape)
     journal: Journal | None = None
@@ -480,7 +523,7 @@ def run_closed_loop(
             predictions=predictions(clock) if predictions is not None else _NoPredictions(),
         )
     rng = random.Random(seed + 2)
-    pending = arrivals(requests_trace, segments, config.duration_s)
+    pending = arrivals(trace, segments, config.duration_s)
     next_arrival = next(pending, None)
     next_scrape = start
     end = start + config.duration_s
@@ -490,6 +533,13 @@ def run_closed_loop(
             next_step = min(steps) if steps else None
             arrival_at = start + next_arrival.at if next_arrival is not None else math.inf
             step_at = next_step[0] if next_step is not None else math.inf
+            if rollout_at <= min(next_scrape, arrival_at, step_at):
+                assert shape.rollout_profile is not None
+                tier.now = rollout_at
+                tier.configure(dataclasses.replace(segments[0], profile=shape.rollout_profile, replicas=scaler.count))
+                result.decisions.append((rollout_at, "rollout", shape.rollout_profile))
+                rollout_at = math.inf
+                continue
             if next_scrape <= arrival_at and next_scrape <= step_at:
                 if next_scrape > clock.now():
                     clock.advance(next_scrape - clock.now())
@@ -501,6 +551,11 @@ def run_closed_loop(
                     state = outcome.state
                     for decision in outcome.decisions:
                         result.decisions.append((decision.at, decision.kind.value, decision.condition))
+                if hpa is not None:
+                    desired = hpa.decide(next_scrape, scaler.count, _scalar(prometheus_url, hpa.query, next_scrape))
+                    if desired != scaler.count:
+                        scaler.set_replicas("chat", desired, idempotency_key=f"{hpa.name}-{next_scrape}")
+                        result.decisions.append((next_scrape, "hpa", f"{hpa.name} -> {desired}"))
                 result.desired_timeline.append((next_scrape, scaler.count))
                 next_scrape += STEP_S
                 continue
@@ -524,6 +579,20 @@ def run_closed_loop(
     result.queue_p99 = _series(source, QUEUE_P99, start, end)
     result.e2e_p99 = _series(source, E2E_P99, start, end)
     return result
+
+
+def _scalar(prometheus_url: str, query: str, at: float) -> float | None:
+    """One instant value from Prometheus (the HPA's metrics adapter); None when absent or unreadable."""
+    try:
+        response = requests.get(
+            f"{prometheus_url}/api/v1/query", params={"query": query, "time": f"{at:.3f}"}, timeout=HTTP_TIMEOUT
+        )
+        result = response.json()["data"]["result"]
+    except (requests.RequestException, ValueError, KeyError) as exc:
+        raise SurgeError(f"the HPA baseline's query {query!r} at {at:.0f} failed: {exc}") from exc
+    if not result:
+        return None
+    return float(result[0]["value"][1])
 
 
 class _NoPredictions:
@@ -587,9 +656,9 @@ def train_model(
             at,
             reactive if scaled else None,
             "reactive" if scaled else "none",
-            bump=index % 2 == 1,
+            shape=config.shape(seed, "ramp", bump=index % 2 == 1),
             journal_dir=journal_dir,
-            trace=trace,
+            trace=trace_slice(trace, config.trace_segment(seed)),
         )
         at += config.duration_s + STEP_S
     end = at - STEP_S
@@ -641,6 +710,23 @@ def prediction_provider(model_dir: Path) -> Callable[[Clock], Any]:
 # -- the scenario ---------------------------------------------------------------------------------------
 
 
+def evaluated_controllers(config: ScenarioConfig) -> list[tuple[str, Baseline | None]]:
+    """The evaluated controllers (config.controllers, or all): the reactive baselines, the shipped rule and the SLA
+    model's policy."""
+    every = [
+        *((b.name, b) for b in baselines(config.tuned_rps)),
+        ("reactive", None),
+        ("concurrency-rule", None),
+        ("predictive", None),
+    ]
+    if not config.controllers:
+        return every
+    unknown = set(config.controllers) - {name for name, _ in every}
+    if unknown:
+        raise SurgeError(f"unknown controllers {sorted(unknown)}; expected some of {[name for name, _ in every]}")
+    return [(name, baseline) for name, baseline in every if name in config.controllers]
+
+
 @dataclass
 class ScenarioResult:
     config: ScenarioConfig
@@ -648,62 +734,90 @@ class ScenarioResult:
     runs: list[RunResult]
     seconds: float = 0.0
 
-    def run(self, controller: str, seed: int, *, calm: bool = False) -> RunResult:
-        return next(r for r in self.runs if r.controller == controller and r.seed == seed and r.calm == calm)
+    def run(self, controller: str, seed: int, *, calm: bool = False, shape: str | None = None) -> RunResult:
+        return next(
+            r
+            for r in self.runs
+            if r.controller == controller
+            and r.seed == seed
+            and r.calm == calm
+            and (shape is None or r.shape.kind == shape)
+        )
+
+    def controllers(self) -> list[str]:
+        return list(dict.fromkeys(r.controller for r in self.runs))
 
     def figures(self) -> dict[str, Any]:
-        """Per run its summary; the targets of issue 13 read over the first seed and over all seeds."""
+        """Per run its summary; per controller the protocol's table (surge and calm runs together, per-onset
+        leads); the issue's targets for the predictive policy against the best reactive baseline."""
         cfg = self.config
         summaries = [r.summary(cfg.queue_slo_s, cfg.e2e_slo_s) for r in self.runs]
-        surge = [s for s in summaries if s["trace"] == "surge"]
-
-        def total(controller: str, key: str) -> float:
-            return sum(float(s[key]) for s in surge if s["controller"] == controller)
-
-        leads = []
-        for seed in cfg.eval_seeds:
-            # Each run lives in its own time window: compare times relative to each run's surge.
-            reactive_run, predictive_run = self.run("reactive", seed), self.run("predictive", seed)
-            reactive, predictive = reactive_run.scale_outs(), predictive_run.scale_outs()
-            if reactive and predictive:
-                leads.append((reactive[0] - reactive_run.surge_at) - (predictive[0] - predictive_run.surge_at))
-        reactive_minutes, predictive_minutes = (
-            total("reactive", "slo_violation_minutes"),
-            total("predictive", "slo_violation_minutes"),
-        )
-        reactive_cost, predictive_cost = total("reactive", "replica_minutes"), total("predictive", "replica_minutes")
-        calm = [s for s in summaries if s["trace"] == "calm"]
+        table: dict[str, Any] = {}
+        leads: dict[str, list[dict[str, Any]]] = {}
+        for name in self.controllers():
+            runs = [r for r in self.runs if r.controller == name]
+            onsets = [r.onset_lead(cfg.queue_slo_s, cfg.e2e_slo_s) for r in runs if not r.calm]
+            table[name] = controller_table([r.summary(cfg.queue_slo_s, cfg.e2e_slo_s) for r in runs], onsets)
+            leads[name] = [dataclasses.asdict(lead) | {"lead_to_violation_s": lead.lead_to_violation_s,
+                                                        "outcome": lead.outcome} for lead in onsets]  # fmt: skip
+        targets = targets_against_best_reactive(table)
         return {
+            "protocol": {
+                "train_seeds": list(cfg.train_seeds),
+                "eval_seeds": list(cfg.eval_seeds),
+                "train_segments": [dataclasses.asdict(cfg.trace_segment(s)) for s in cfg.train_seeds],
+                "eval_segments": [dataclasses.asdict(cfg.trace_segment(s)) for s in cfg.eval_seeds],
+                "shapes": list(cfg.shapes),
+                "run_minutes": cfg.duration_s / 60.0,
+                "config": {
+                    key: getattr(cfg, key)
+                    for key in ("baseline", "floor", "peak", "shapes", "duration_s", "queue_slo_s", "e2e_slo_s")
+                },
+            },
             "runs": summaries,
+            "table": table,
+            "leads": leads,
             "model": {
                 "train_seeds": list(self.model.seeds),
                 "rows": self.model.rows,
                 "breach_rows": self.model.breaches,
                 "cpu_cut": round(self.model.cut, 4),
             },
-            "targets": {
-                "violation_reduction_vs_reactive": (
-                    round(1.0 - predictive_minutes / reactive_minutes, 3) if reactive_minutes else None
-                ),
-                "extra_replica_minutes_vs_reactive": (
-                    round(predictive_cost / reactive_cost - 1.0, 3) if reactive_cost else None
-                ),
-                "false_scale_outs_on_calm": {s["controller"]: s["scale_outs"] for s in calm},
-                "lead_s_per_seed": [round(lead, 1) for lead in leads],
-                "median_lead_s": round(statistics.median(leads), 1) if leads else None,
-            },
+            "targets": targets,
             "seconds": round(self.seconds, 1),
         }
 
 
+def reuse_model(directory: Path, config: ScenarioConfig) -> TrainedModel:
+    """A model this scenario trained before on the same training seeds (verified as the controller loads it)."""
+    from predictors.artifact import ArtifactError, load_artifact
+
+    try:
+        artifact = load_artifact(directory)
+    except ArtifactError as bad:
+        raise SurgeError(f"--model {directory}: {bad}") from bad
+    if "cpu" not in artifact.decision_thresholds:
+        raise SurgeError(f"--model {directory}: the model has no queue-time (cpu) dimension")
+    return TrainedModel(directory, float(artifact.decision_thresholds["cpu"]), config.train_seeds, 0, 0, None)
+
+
 def run_scenario(
-    config: ScenarioConfig, out: Path, *, log: Callable[[str], None] = print, keep_prometheus: bool = False
+    config: ScenarioConfig,
+    out: Path,
+    *,
+    log: Callable[[str], None] = print,
+    keep_prometheus: bool = False,
+    model_dir: Path | None = None,
 ) -> ScenarioResult:
-    """Train on config.train_seeds, then the controllers on config.eval_seeds (none as well on the first seed, and
-    reactive and predictive on its calm control trace); every run in its own window of one Prometheus."""
+    """Train on config.train_seeds (their trace slices in the training region), then every controller on every
+    evaluated seed's shapes and its calm control trace (slices in the evaluation region); every run in its own
+    window of one Prometheus. Refuses a plan that breaks the protocol before anything runs."""
     began = time.monotonic()
-    if set(config.train_seeds) & set(config.eval_seeds):
-        raise SurgeError("the model must never be trained on an evaluated seed")
+    try:
+        config.check()
+    except ProtocolError as refused:
+        raise SurgeError(str(refused)) from refused
+    evaluated_controllers(config)  # an unknown name is refused before anything runs
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="tailguard-surge-"))
     trace = read_trace(BUILTIN_TRACES["conv"])
@@ -716,42 +830,55 @@ def run_scenario(
             extra_args=["--web.enable-remote-write-receiver"],
         )
         with server.start():
-            log(f"surge: training the SLA model on seeds {list(config.train_seeds)} (never evaluated)")
-            model, at = train_model(server.url, config, START, out / "model", work, trace)
-            log(f"surge: model trained on {model.rows} rows ({model.breaches} breach rows); cpu cut {model.cut:.3f}")
+            if model_dir is not None:
+                model, at = reuse_model(model_dir, config), START
+                log(f"surge: reusing the SLA model in {model_dir} (trained on seeds {list(config.train_seeds)})")
+            else:
+                log(f"surge: training the SLA model on seeds {list(config.train_seeds)} (never evaluated)")
+                model, at = train_model(server.url, config, START, out / "model", work, trace)
+            if model_dir is None:
+                log(
+                    f"surge: model trained on {model.rows} rows ({model.breaches} breach rows); cpu cut {model.cut:.3f}"
+                )
             provider = prediction_provider(model.directory)
-            reactive = load_policy(REACTIVE_POLICY, recovery_hold_s=config.recovery_hold_s)
-            predictive = load_policy(PREDICTIVE_POLICY, cut=model.cut, recovery_hold_s=config.recovery_hold_s)
+            policies = {
+                "reactive": load_policy(REACTIVE_POLICY, recovery_hold_s=config.recovery_hold_s),
+                "concurrency-rule": load_policy(CONCURRENCY_POLICY, recovery_hold_s=config.recovery_hold_s),
+                "predictive": load_policy(PREDICTIVE_POLICY, cut=model.cut, recovery_hold_s=config.recovery_hold_s),
+            }
             runs: list[RunResult] = []
             at += WINDOW_S
-            plan: list[tuple[int, bool, str]] = []
-            for index, seed in enumerate(config.eval_seeds):
-                controllers = CONTROLLERS if index == 0 else ("reactive", "predictive")
-                plan.extend((seed, False, name) for name in controllers)
-                if index == 0:
-                    plan.extend((seed, True, name) for name in ("reactive", "predictive"))
-            for seed, calm, name in plan:
-                policy = {"none": None, "reactive": reactive, "predictive": predictive}[name]
-                result = run_closed_loop(
-                    server.url,
-                    config,
-                    seed,
-                    at,
-                    policy,
-                    name,
-                    calm=calm,
-                    predictions=provider if name == "predictive" else None,
-                    journal_dir=work,
-                    trace=trace,
+            for seed in config.eval_seeds:
+                seed_trace = trace_slice(trace, config.trace_segment(seed))
+                kinds = (
+                    config.seed_shapes(seed)[1:] if config.after_first_shape else [*config.seed_shapes(seed), "calm"]
                 )
-                runs.append(result)
-                summary = result.summary(config.queue_slo_s, config.e2e_slo_s)
-                log(
-                    f"surge: seed {seed} {'calm' if calm else 'surge'} {name:10s} violation "
-                    f"{summary['slo_violation_minutes']:5.2f} min, scale-out {summary['first_scale_out_s']} s, "
-                    f"replica-minutes {summary['replica_minutes']:.1f}"
-                )
-                at += config.duration_s + WINDOW_S
+                for kind in kinds:
+                    for name, baseline in evaluated_controllers(config):
+                        result = run_closed_loop(
+                            server.url,
+                            config,
+                            seed,
+                            at,
+                            policies.get(name),
+                            name,
+                            shape=config.shape(seed, kind),
+                            calm=kind == "calm",
+                            predictions=provider if name == "predictive" else None,
+                            journal_dir=work,
+                            trace=seed_trace,
+                            hpa=baseline.hpa(config.floor) if baseline is not None else None,
+                            floor=baseline.static_replicas if baseline is not None else None,
+                        )
+                        runs.append(result)
+                        summary = result.summary(config.queue_slo_s, config.e2e_slo_s)
+                        log(
+                            f"surge: seed {seed} {kind:10s} {name:13s} violation "
+                            f"{summary['slo_violation_minutes']:5.2f} min, scale-outs {summary['scale_outs']} "
+                            f"(first {summary['first_scale_out_s']} s), "
+                            f"replica-minutes {summary['replica_minutes']:.1f}"
+                        )
+                        at += config.duration_s + WINDOW_S
     finally:
         if not keep_prometheus:
             shutil.rmtree(work, ignore_errors=True)
@@ -769,55 +896,149 @@ def _cell(value: Any, unit: str = "") -> str:
     return f"{value}{unit}"
 
 
+def merge_figures(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Reports of the same protocol run on different evaluated seeds (in parallel), as one: runs and onsets
+    together, the table and the targets recomputed. Refuses parts of different training or trace regions."""
+    first = parts[0]
+    for part in parts[1:]:
+        for key in ("train_seeds", "train_segments", "shapes", "run_minutes"):
+            if part["protocol"][key] != first["protocol"][key]:
+                raise ValueError(f"the reports differ in {key}: not the same protocol")
+    runs = [run for part in parts for run in part["runs"]]
+    names = list(dict.fromkeys(name for part in parts for name in part["table"]))
+    leads = {name: [lead for part in parts for lead in part["leads"].get(name, [])] for name in names}
+    table = {
+        name: controller_table(
+            [r for r in runs if r["controller"] == name],
+            [OnsetLead(x["seed"], x["shape"], x["first_action_s"], x["first_violation_s"]) for x in leads[name]],
+        )
+        for name in names
+    }
+    protocol = dict(first["protocol"])
+    # Parts may split the seeds (in parallel) or the controllers (a controller added later) of one protocol.
+    protocol["eval_seeds"] = sorted({seed for part in parts for seed in part["protocol"]["eval_seeds"]})
+    segments = {s["seed"]: s for part in parts for s in part["protocol"]["eval_segments"]}
+    protocol["eval_segments"] = [segments[seed] for seed in protocol["eval_seeds"]]
+    check_disjoint(
+        [TraceSegment(**segment) for segment in protocol["train_segments"]],
+        [TraceSegment(**segment) for segment in protocol["eval_segments"]],
+    )
+    return {
+        "protocol": protocol,
+        "runs": runs,
+        "table": table,
+        "leads": leads,
+        "model": first["model"],
+        "targets": targets_against_best_reactive(table),
+        "seconds": round(sum(part["seconds"] for part in parts), 1),
+    }
+
+
+def targets_against_best_reactive(table: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Issue 27's targets: the SLA model's policy against the reactive controller with the fewest violation
+    minutes."""
+    reactive_names = [n for n in table if n not in ("predictive", "none")]
+    best = min(reactive_names, key=lambda n: table[n]["violation_minutes"]) if reactive_names else None
+    targets: dict[str, Any] = {"best_reactive": best}
+    if best is not None and "predictive" in table:
+        ours, theirs = table["predictive"], table[best]
+        targets |= {
+            "violation_reduction_vs_best_reactive": (
+                round(1.0 - ours["violation_minutes"] / theirs["violation_minutes"], 3)
+                if theirs["violation_minutes"]
+                else None
+            ),
+            "extra_replica_minutes_vs_best_reactive": round(
+                ours["replica_minutes"] / theirs["replica_minutes"] - 1.0, 3
+            ),
+            "false_scale_outs_per_calm_hour": ours["false_scale_outs_per_calm_hour"],
+            "median_lead_to_violation_s": ours["lead_to_violation_s"]["median"],
+        }
+    return targets
+
+
 def render_markdown(result: ScenarioResult) -> str:
-    figures = result.figures()
-    cfg = result.config
-    targets = figures["targets"]
+    first = next((r for r in result.runs if not r.calm), result.runs[0])
+    plotted = f"seed {first.seed}, {first.shape.kind}"
+    return render_table(result.figures()) + f"\n![surge](surge.png) ({plotted})\n"
+
+
+def render_table(figures: Mapping[str, Any]) -> str:
+    protocol = figures["protocol"]
+    cfg = argparse.Namespace(**protocol["config"])
+    spans = ", ".join(f"{s['start_s']:.0f}-{s['end_s']:.0f}" for s in protocol["eval_segments"])
+    train_spans = ", ".join(f"{s['start_s']:.0f}-{s['end_s']:.0f}" for s in protocol["train_segments"])
     intro = (
-        f"Azure conv trace at {cfg.baseline:g}x its rate on {cfg.floor} replica(s), surging to "
-        f"{cfg.peak[0]:g}-{cfg.peak[1]:g}x (more than one replica absorbs); replicas start in 17-48 s and warm up "
-        "2-6 s before they take traffic. Same arrivals for every controller; closed loop in virtual time. SLO: "
-        f"queue-time P99 <= {cfg.queue_slo_s:g} s and e2e P99 <= {cfg.e2e_slo_s:g} s (1m windows). "
-        f"Model trained on seeds {figures['model']['train_seeds']} (never evaluated), queue-time cut "
-        f"{figures['model']['cpu_cut']}. Calm control trace: the same arrivals without the surge. Times are relative "
-        "to the surge's start (on the calm trace: to where it would have started)."
+        f"Azure conv trace at {cfg.baseline:g}x its rate on {cfg.floor} replica(s); onsets to "
+        f"{cfg.peak[0]:g}-{cfg.peak[1]:g}x (more than one replica absorbs) of shapes {', '.join(cfg.shapes)} "
+        f"(bad-config: max_num_seqs 2 rolled out under steady load); replicas start in 17-48 s and warm up 2-6 s. "
+        f"Closed loop in virtual time, {cfg.duration_s / 60:g}-minute runs. SLO: queue-time P99 <= "
+        f"{cfg.queue_slo_s:g} s and e2e P99 <= {cfg.e2e_slo_s:g} s (1m windows). Model trained on seeds "
+        f"{protocol['train_seeds']} (trace seconds {train_spans}), evaluated on seeds {protocol['eval_seeds']} "
+        f"(trace seconds {spans}: disjoint, checked), each also run calm (the same arrivals, no onset). "
+        f"Queue-time cut {figures['model']['cpu_cut']}."
     )
-    header = (
-        "| seed | trace | controller | SLO-violation min | queue / e2e min | first violation | first scale-out "
-        "| back to floor | peak replicas | replica-minutes |"
+    lines = ["# Surge: the reactive baselines, the shipped rule and the SLA model, on one protocol", "", intro, ""]
+    lines.append(
+        "| controller | violation min (surge + calm) | replica-min | false scale-outs / calm h | scale-outs before "
+        "onset | onsets: acted before / after violation, missed, prevented | lead to violation p25 / median / p75 "
+        "(n) | first action after onset, median |"
     )
-    lines = ["# Surge: no controller vs reactive vs predictive scaling", "", intro, "", header]
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
-    for run in figures["runs"]:
+    lines.append("|---|---|---|---|---|---|---|---|")
+    for name, row in figures["table"].items():
+        outcomes = row["outcomes"]
+        lead = row["lead_to_violation_s"]
         cells = [
-            run["seed"],
-            run["trace"],
-            run["controller"],
-            _cell(run["slo_violation_minutes"]),
-            f"{run['queue_violation_minutes']:g} / {run['e2e_violation_minutes']:g}",
-            _cell(run["first_violation_s"], " s"),
-            _cell(run["first_scale_out_s"], " s"),
-            _cell(run["scale_in_s"], " s"),
-            _cell(run["peak_replicas"]),
-            _cell(run["replica_minutes"]),
+            name,
+            f"{row['violation_minutes']:g} ({row['violation_minutes_surge']:g} + {row['violation_minutes_calm']:g})",
+            f"{row['replica_minutes']:g}",
+            (
+                f"{_cell(row['false_scale_outs_per_calm_hour'])} ({row['false_scale_outs_calm']} in "
+                f"{row['calm_hours']:g} h)"
+            ),
+            row["scale_outs_before_onset"],
+            (
+                f"{outcomes.get('acted before', 0)} / {outcomes.get('acted after', 0)}, {outcomes.get('missed', 0)}, "
+                f"{outcomes.get('prevented', 0)} of {row['onsets']}"
+            ),
+            f"{_cell(lead['p25'], ' s')} / {_cell(lead['median'], ' s')} / {_cell(lead['p75'], ' s')} ({lead['n']})",
+            _cell(row["action_after_onset_s"]["median"], " s"),
         ]
         lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
-    reduction = targets["violation_reduction_vs_reactive"]
-    extra = targets["extra_replica_minutes_vs_reactive"]
-    fewer = "-" if reduction is None else f"{reduction * 100:.0f}% fewer"
-    more = "-" if extra is None else f"{extra * 100:+.0f}%"
-    lines.append("")
-    lines.append("Targets (issue 13; all surge seeds together):")
-    lines.append("")
-    lines.append(f"- SLO-violation minutes, predictive vs reactive: {fewer} (target >= 50% fewer)")
-    lines.append(f"- replica-minutes, predictive vs reactive: {more} (target <= +20%)")
-    lines.append(f"- false scale-outs on the calm trace: {targets['false_scale_outs_on_calm']} (target 0)")
+    shapes = list(dict.fromkeys(r["shape"] for r in figures["runs"]))
+    names = list(figures["table"])
+    lines += ["", "SLO-violation minutes per shape (all evaluated seeds):", ""]
+    lines.append("| shape | " + " | ".join(names) + " |")
+    lines.append("|---" * (len(names) + 1) + "|")
+    for shape in shapes:
+        runs = [r for r in figures["runs"] if r["shape"] == shape]
+        cells = [f"{sum(r['slo_violation_minutes'] for r in runs if r['controller'] == n):g}" for n in names]
+        lines.append(f"| {shape} | " + " | ".join(cells) + " |")
+    targets = figures["targets"]
+    lines += [
+        "",
+        f"Targets (issue 27), the SLA model's policy against the best reactive baseline ({targets['best_reactive']}):",
+        "",
+    ]
+    reduction = targets.get("violation_reduction_vs_best_reactive")
+    extra = targets.get("extra_replica_minutes_vs_best_reactive")
     lines.append(
-        f"- lead of the first predictive scale-out over the reactive one, per seed: {targets['lead_s_per_seed']} s;"
-        f" median {_cell(targets['median_lead_s'], ' s')} (target >= 30 s)"
+        "- SLO-violation minutes: "
+        + (
+            "-"
+            if reduction is None
+            else f"{reduction * 100:+.0f}% fewer"
+            if reduction >= 0
+            else f"{-reduction * 100:.0f}% more"
+        )
+        + " (target >= 30% fewer)"
     )
-    lines.append("")
-    lines.append(f"![surge](surge.png) (seed {cfg.eval_seeds[0]})")
+    lines.append(f"- replica-minutes: {'-' if extra is None else f'{extra * 100:+.0f}%'} (target <= +10%)")
+    lines.append(
+        f"- false scale-outs per calm hour: {_cell(targets.get('false_scale_outs_per_calm_hour'))} (target <= 0.1)"
+    )
+    lines.append(f"- median lead before the first violation: {_cell(targets.get('median_lead_to_violation_s'), ' s')}"
+                 " (target >= 30 s)")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -827,36 +1048,38 @@ def render_plot(result: ScenarioResult, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    seed = result.config.eval_seeds[0]
-    colors = {"none": "#888888", "reactive": "#d62728", "predictive": "#1f77b4"}
+    # The first onset this run evaluated (a completing run, --after-first-shape, has no seed's first shape).
+    first = next((r for r in result.runs if not r.calm), result.runs[0])
+    seed, shape = first.seed, first.shape.kind
+    palette = ["#888888", "#9467bd", "#8c564b", "#2ca02c", "#ff7f0e", "#d62728", "#1f77b4"]
     fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
-    for name in CONTROLLERS:
-        run = result.run(name, seed)
+    for color, name in zip(palette, result.controllers(), strict=False):
+        run = result.run(name, seed, shape=shape)
         origin = run.surge_at
 
         def minutes(at: float, origin: float = origin) -> float:
             return (at - origin) / 60.0
 
-        top.plot([minutes(a) for a, _ in run.queue_p99], [v for _, v in run.queue_p99], color=colors[name], label=name)
-        middle.plot([minutes(a) for a, _ in run.e2e_p99], [v for _, v in run.e2e_p99], color=colors[name], label=name)
+        top.plot([minutes(a) for a, _ in run.queue_p99], [v for _, v in run.queue_p99], color=color, label=name)
+        middle.plot([minutes(a) for a, _ in run.e2e_p99], [v for _, v in run.e2e_p99], color=color, label=name)
         bottom.step(
             [minutes(a) for a, _ in run.replica_timeline],
             [c for _, c in run.replica_timeline],
             where="post",
-            color=colors[name],
+            color=color,
             label=name,
         )
-        for at in run.scale_outs():
+        for at in run.scale_outs()[:1]:
             for axis in (top, middle, bottom):
-                axis.axvline(minutes(at), color=colors[name], linestyle=":", linewidth=1)
+                axis.axvline(minutes(at), color=color, linestyle=":", linewidth=1)
     top.axhline(result.config.queue_slo_s, color="black", linestyle="--", linewidth=1, label="SLO")
     middle.axhline(result.config.e2e_slo_s, color="black", linestyle="--", linewidth=1, label="SLO")
     top.set_ylabel("queue-time P99 (s)")
     middle.set_ylabel("e2e P99 (s)")
     bottom.set_ylabel("replicas (paid)")
-    bottom.set_xlabel("minutes since the surge started (dotted: scale-outs)")
-    top.set_title(f"Surge, seed {seed}: none vs reactive (queue > 20) vs predictive (SLA model)")
-    top.legend(loc="upper right")
+    bottom.set_xlabel("minutes since the onset (dotted: first scale-out)")
+    top.set_title(f"Seed {seed}, {shape}: reactive baselines, the shipped rule and the SLA model")
+    top.legend(loc="upper right", fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -874,18 +1097,55 @@ def write_report(result: ScenarioResult, out: Path) -> dict[str, Path]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="tailguard demo --scenario surge",
-        description="No controller vs reactive vs predictive scaling on one load surge (closed loop, virtual time).",
+        description="Reactive baselines, the shipped rule and the SLA model on surges of several shapes and calm "
+        "control traces, on trace segments disjoint from training (closed loop, virtual time).",
     )
     parser.add_argument("--out", type=Path, default=Path("surge-report"), help="report directory")
-    parser.add_argument("--short", action="store_true", help="one evaluated seed (the e2e test's variant)")
-    parser.add_argument("--seeds", type=int, default=None, help="evaluated seeds (default 3; the first is plotted)")
+    parser.add_argument("--short", action="store_true", help="two seeds, one shape each (the e2e test's variant)")
+    parser.add_argument("--seeds", type=int, default=None, help="evaluated seeds (default 5; the first is plotted)")
+    parser.add_argument("--model", type=Path, default=None, help="reuse a model this scenario trained before")
+    parser.add_argument("--shapes-per-seed", type=int, default=None, help="onset shapes per evaluated seed")
+    parser.add_argument(
+        "--after-first-shape",
+        action="store_true",
+        help="each seed's shapes after its first, no calm trace: completes a --shapes-per-seed 1 run (then --merge)",
+    )
+    parser.add_argument("--seed-list", default="", help="evaluated seeds by number, comma-separated (e.g. 4,5)")
+    parser.add_argument(
+        "--merge", type=Path, nargs="+", default=None, help="merge these report directories' surge.json into --out"
+    )
+    parser.add_argument(
+        "--controllers", default="", help="comma-separated controllers to evaluate (default: all; see the report)"
+    )
     args = parser.parse_args(list(argv) if argv is not None else None)
     config = ScenarioConfig.short() if args.short else ScenarioConfig()
+    if args.controllers:
+        config = dataclasses.replace(config, controllers=tuple(n.strip() for n in args.controllers.split(",")))
     if args.seeds is not None:
         if args.seeds < 1:
             print("tailguard demo: error: --seeds must be at least 1", file=sys.stderr)
             return 2
         config = dataclasses.replace(config, eval_seeds=tuple(range(1, args.seeds + 1)))
+    if args.seed_list:
+        try:
+            config = dataclasses.replace(config, eval_seeds=tuple(int(n) for n in args.seed_list.split(",")))
+        except ValueError:
+            print(f"tailguard demo: error: --seed-list {args.seed_list!r}: expected numbers", file=sys.stderr)
+            return 2
+    if args.after_first_shape:
+        config = dataclasses.replace(config, after_first_shape=True)
+    if args.shapes_per_seed is not None:
+        config = dataclasses.replace(config, shapes_per_seed=max(1, args.shapes_per_seed))
+    if args.merge:
+        try:
+            merged = merge_figures([json.loads((d / "surge.json").read_text(encoding="utf-8")) for d in args.merge])
+        except (OSError, ValueError, KeyError) as failed:
+            print(f"tailguard demo: error: cannot merge {args.merge}: {failed}", file=sys.stderr)
+            return 1
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "surge.json").write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
+        print(render_table(merged))
+        return 0
 
     def terminate(signum: int, _frame: object) -> None:
         # SIGTERM's default action would skip the cleanup and leave Prometheus behind.
@@ -893,7 +1153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, terminate)
     try:
-        result = run_scenario(config, args.out)
+        result = run_scenario(config, args.out, model_dir=args.model)
     except (SurgeError, LabError, OSError) as failed:
         print(f"tailguard demo: error: {failed}", file=sys.stderr)
         return 1

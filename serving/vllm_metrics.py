@@ -319,29 +319,26 @@ class VllmMetrics:
 class HbmModel:
     """DCGM HBM signals derived from the profile's memory budget and the engine's recent steps.
 
-    FB_USED = weights + overhead + the KV pool vLLM preallocates + activation workspace for the
-    tokens of the last step (64 KiB per batched token). DRAM_ACTIVE = bytes the recent steps read
+    FB_USED = weights + overhead + the KV pool vLLM preallocates: flat at gpu_memory_utilization of the
+    CUDA-visible framebuffer from start-up, busy or idle, as measured on an H200 (the ratio stayed 0.900 while
+    decoding inside a 0.9 pool: tests/fixtures/dcgm/h200-2026-12-04/; vLLM sizes the pool after profiling
+    the activation peak, so activations live inside the budget). FB_RESERVED is the driver's share, neither
+    used nor free. DRAM_ACTIVE = bytes the recent steps read
     (weights once per step plus the KV of the tokens in use) over what the HBM bandwidth could move in
     the last `window_s` seconds, so it rises with load and with KV-cache usage and falls to 0 when idle.
     """
-
-    ACTIVATION_BYTES_PER_TOKEN = 64 * 1024
 
     def __init__(self, profile: EngineProfile, now: Callable[[], float], window_s: float = 2.0):
         self.profile = profile
         self.now = now
         self.window_s = window_s
         self._steps: collections.deque[tuple[float, float]] = collections.deque()  # (ended_at, bytes read)
-        self._last_step_tokens = 0
-        self._last_step_at = -1e18
         kv_pool = profile.num_gpu_blocks() * profile.engineArgs.block_size * profile.kv_bytes_per_token()
         self.static_bytes = (profile.weight_gib_per_gpu() + profile.hardware.overhead_gib) * GIB + kv_pool
 
-    def record_step(self, ended_at: float, tokens: int, kv_tokens_in_use: int) -> None:
+    def record_step(self, ended_at: float, kv_tokens_in_use: int) -> None:
         read = self.profile.weight_gib_per_gpu() * GIB + kv_tokens_in_use * self.profile.kv_bytes_per_token()
         self._steps.append((ended_at, read))
-        self._last_step_tokens = tokens
-        self._last_step_at = ended_at
         self._trim(ended_at)
 
     def _trim(self, now: float) -> None:
@@ -349,10 +346,7 @@ class HbmModel:
             self._steps.popleft()
 
     def fb_used_mib(self) -> float:
-        recent = self.now() - self._last_step_at < 1.0
-        activations = self._last_step_tokens * self.ACTIVATION_BYTES_PER_TOKEN if recent else 0
-        total = self.profile.hardware.hbm_gib * GIB
-        return min(total, self.static_bytes + activations) / MIB
+        return min(self.profile.hardware.hbm_gib * GIB, self.static_bytes) / MIB
 
     def fb_free_mib(self) -> float:
         return max(0.0, self.profile.hardware.hbm_gib * GIB / MIB - self.fb_used_mib())
@@ -378,6 +372,7 @@ class DcgmCollector(Collector):
         model = self.hbm.profile.hardware.gpu_model
         used = GaugeMetricFamily("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", labels=names)
         free = GaugeMetricFamily("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", labels=names)
+        reserved = GaugeMetricFamily("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).", labels=names)
         active = GaugeMetricFamily(
             "DCGM_FI_PROF_DRAM_ACTIVE",
             "Ratio of cycles the device memory interface is active sending or receiving data.",
@@ -388,5 +383,6 @@ class DcgmCollector(Collector):
             values = [gpu, gpu_uuid, f"nvidia{gpu}", model, self.hostname]
             used.add_metric(values, round(used_mib))
             free.add_metric(values, round(free_mib))
+            reserved.add_metric(values, round(self.hbm.profile.hardware.fb_reserved_mib))
             active.add_metric(values, dram)
-        return [used, free, active]
+        return [used, free, reserved, active]

@@ -21,7 +21,12 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("controller", "serving", "predictors")
 # The non-Python files the packages read at run time (serving.profiles, serving.calibration, serving.load).
-DATA_GLOBS = ("serving/profiles/*.yaml", "serving/calibrations/*.yaml", "serving/data/**/*")
+DATA_GLOBS = (
+    "serving/profiles/*.yaml",
+    "serving/calibrations/*.yaml",
+    "serving/calibrations/**/*",
+    "serving/data/**/*",
+)
 
 
 @pytest.fixture(scope="module")
