@@ -21,6 +21,9 @@ import pytest
 from kubernetes import client as k8s
 
 from controller.adapters.annotations.grafana import GrafanaHttp
+from controller.adapters.argocd.client import ArgoCDClient
+from controller.adapters.kube.api_client import bounded_api_client
+from controller.adapters.kube.calls import KubeError, kube_call
 from controller.adapters.metrics.prometheus import (
     PrometheusSettings,
     PrometheusSource,
@@ -28,8 +31,6 @@ from controller.adapters.metrics.prometheus import (
     matrix_result,
     vector_result,
 )
-from controller.adapters.rollback.argocd import ArgoCDClient
-from controller.adapters.scale.hpa import KubeError, bounded_api_client, kube_call
 from controller.kit.clock import ManualClock
 from controller.kit.http import RetryPolicy
 from tests.support.large_answers import TRANSFERS, LargeAnswerServer, Transfer

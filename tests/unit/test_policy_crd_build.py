@@ -176,7 +176,8 @@ def test_a_tailguard_policy_is_loaded_evaluated_and_its_status_shows_the_target_
         def decided() -> dict[str, Any] | None:
             row = with_phase("firing")
             actions = ((row or {}).get("lastDecision") or {}).get("actions") or []
-            return row if row and actions and all(a["status"] != "pending" for a in actions) else None
+            unfinished = ("pending", "planned", "started", "deferred")  # journaled, not yet run to its outcome
+            return row if row and actions and all(a["status"] not in unfinished for a in actions) else None
 
         last = poll("the fire decision and its action's outcome in the status", decided)["lastDecision"]
         assert last["kind"] == "fire" and last["actions"] == [{"type": "annotate", "status": "succeeded"}]
