@@ -736,7 +736,8 @@ class ControllerAPI:
 
 
 def _without_link_token(request: web.BaseRequest) -> str:
-    """The path and query to forward: the status page's `?token=` (a client credential) never leaves the standby."""
+    """The path and query to forward: a `?token=` a client put in the URL (a credential, never read as one) never
+    leaves the standby."""
     if "token" not in request.query:
         return request.raw_path
     kept = [(name, value) for name, value in request.query.items() if name != "token"]

@@ -4,7 +4,8 @@
 the Kubernetes API server's service proxy (`kubectl tailguard`, `kubectl proxy`) authenticates the user with the
 Authorization header and then removes it before it forwards the request to the Service (kube-apiserver's
 authentication filter deletes it so a user's cluster credential never reaches a workload), so through the proxy the
-controller's own token travels in its own header. (The status page still takes `?token=` for a browser link.)
+controller's own token travels in its own header. (A browser signs in to the status page by a form and a session
+cookie: controller/app/status_login.py; a token in a URL is never read.)
 """
 
 from __future__ import annotations
