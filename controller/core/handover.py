@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -78,18 +78,7 @@ def encode_action_times(times: ActionTimes, max_bytes: int = HANDOVER_MAX_BYTES)
 
 def decode_action_times(text: str) -> dict[str, dict[TargetKey, tuple[float, ...]]]:
     """The action times in an annotation written by encode_action_times; HandoverError if it is not one."""
-    try:
-        raw = json.loads(text)
-    except ValueError as bad:
-        raise HandoverError(f"not JSON ({bad})") from None
-    try:
-        handover = _Handover.model_validate(raw)
-    except ValidationError as invalid:
-        first = invalid.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
-        raise HandoverError(f"{where}: {first['msg']}") from None
-    if handover.v != HANDOVER_VERSION:
-        raise HandoverError(f"version {handover.v}, this controller reads version {HANDOVER_VERSION}")
+    handover = _parsed(text, _Handover, HANDOVER_VERSION)
     out: dict[str, dict[TargetKey, tuple[float, ...]]] = {}
     for policy, entries in handover.policies.items():
         by_target = out.setdefault(policy, {})
@@ -154,16 +143,25 @@ def encode_pending(entries: Sequence[Mapping[str, Any]], max_bytes: int = PENDIN
 
 def decode_pending(text: str) -> list[dict[str, dict[str, object]]]:
     """The entries written by encode_pending; HandoverError if the text is not one."""
+    pending = _parsed(text, _Pending, PENDING_VERSION)
+    return [{"action": dict(entry.action), "decision": dict(entry.decision)} for entry in pending.actions]
+
+
+_Versioned = TypeVar("_Versioned", "_Handover", "_Pending")
+
+
+def _parsed(text: str, model: type[_Versioned], version: int) -> _Versioned:
+    """An annotation's JSON as `model` of `version`; HandoverError (one line: where and what) if it is not one."""
     try:
         raw = json.loads(text)
     except ValueError as bad:
         raise HandoverError(f"not JSON ({bad})") from None
     try:
-        pending = _Pending.model_validate(raw)
+        parsed = model.model_validate(raw)
     except ValidationError as invalid:
         first = invalid.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "(top level)"
         raise HandoverError(f"{where}: {first['msg']}") from None
-    if pending.v != PENDING_VERSION:
-        raise HandoverError(f"version {pending.v}, this controller reads version {PENDING_VERSION}")
-    return [{"action": dict(entry.action), "decision": dict(entry.decision)} for entry in pending.actions]
+    if parsed.v != version:
+        raise HandoverError(f"version {parsed.v}, this controller reads version {version}")
+    return parsed
