@@ -83,26 +83,24 @@ class OpenMetricsWriter:
         return family
 
     def gauge(self, name: str, labels: Mapping[str, str], points: Iterable[tuple[float, float]]) -> None:
-        family = self._family(name, "gauge")
-        lines = family.series.setdefault(tuple(sorted(labels.items())), [])
-        last = -math.inf
-        for timestamp, value in points:
-            if timestamp <= last:
-                raise ValueError(f"{name}{_labels(labels)}: timestamps must ascend ({timestamp} after {last})")
-            last = timestamp
-            lines.append(f"{name}{_labels(labels)} {_number(value)} {_time(timestamp)}")
-            family.samples += 1
+        self._series(name, "gauge", name, labels, points)
 
     def counter(self, name: str, labels: Mapping[str, str], points: Iterable[tuple[float, float]]) -> None:
         """A counter family `name`: its samples are `name_total` (OpenMetrics)."""
-        family = self._family(name, "counter")
+        self._series(name, "counter", f"{name}_total", labels, points)
+
+    def _series(
+        self, name: str, kind: str, sample: str, labels: Mapping[str, str], points: Iterable[tuple[float, float]]
+    ) -> None:
+        """One series of family `name` (`kind`), its samples named `sample`, in ascending time."""
+        family = self._family(name, kind)
         lines = family.series.setdefault(tuple(sorted(labels.items())), [])
         last = -math.inf
         for timestamp, value in points:
             if timestamp <= last:
                 raise ValueError(f"{name}{_labels(labels)}: timestamps must ascend ({timestamp} after {last})")
             last = timestamp
-            lines.append(f"{name}_total{_labels(labels)} {_number(value)} {_time(timestamp)}")
+            lines.append(f"{sample}{_labels(labels)} {_number(value)} {_time(timestamp)}")
             family.samples += 1
 
     def histogram(
