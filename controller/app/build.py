@@ -1,10 +1,12 @@
 """The composition root: `build(settings, stack)` turns the controller configuration into running parts.
 
-Every edge (the Prometheus source, the journal, Argo CD, the cluster client, the Lease, Grafana, webhooks, the
-HTTP API) is made here and nowhere else, and each one that holds a resource is registered on the caller's
-`ExitStack` the moment it exists. A configuration that turns out to be unusable half-way raises `ConfigError`
-(one sentence, naming the file and section); the stack then closes exactly what was opened, in reverse order.
-`run_controller` (controller/app/cli.py) is the only caller: one `ConfigError` exit, one stack.
+Every edge (the Prometheus source, the journal, the cluster client, the Lease, the HTTP API) is made here and
+nowhere else; the actuators, annotators and notifiers come from their ports' registries
+(controller/app/registrations.py: which section selects which adapter, and its factory). Each part that holds a
+resource is registered on the caller's `ExitStack` the moment it exists. A configuration that turns out to be
+unusable half-way raises `ConfigError` (one sentence, naming the file and section); the stack then closes exactly
+what was opened, in reverse order. `run_controller` (controller/app/cli.py) is the only caller: one `ConfigError`
+exit, one stack.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,34 +22,32 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.annotations.jsonl import FanoutAnnotator, JsonlAnnotator
-from controller.adapters.annotations.settings import GrafanaTokenError
 from controller.adapters.changes.tracker import ChangeTracker, build_change_tracker
 from controller.adapters.metrics.prometheus import PrometheusSource, SourceConfigError
-from controller.adapters.notify.webhook import WebhookNotifier, decision_links
-from controller.adapters.rollback.argocd import ArgoCDRollback
+from controller.adapters.notify.webhook import decision_links
 from controller.adapters.stores.incidents import SqliteIncidentStore
 from controller.adapters.stores.journal import Journal, JournalError
-from controller.adapters.stores.outbox import OutboxError
 from controller.adapters.tier.local_tier import LocalTierClient
 from controller.app.api import ControllerAPI
 from controller.app.extras import CLUSTER, ML, require
 from controller.app.peer_auth import PeerKey
+from controller.app.registrations import (
+    ANNOTATIONS,
+    NOTIFY,
+    ROLLBACK,
+    SCALE,
+    SCALE_LIMITS,
+    TRAFFIC,
+    grafana_annotator,
+    tier_client,
+)
+from controller.app.registry import BuildContext, ClusterConnection, PortRegistry
 from controller.app.settings import ControllerSettings
 from controller.app.status_page import dashboard_link
 from controller.core.actions import ActionType
 from controller.core.policy import Condition
 from controller.core.policy_files import LoadedPolicy, PolicyError, load_policies
-from controller.core.ports import (
-    Annotator,
-    ChangeTrackerPort,
-    IncidentStorePort,
-    Notifier,
-    RollbackPort,
-    ScalePort,
-    TrafficRouter,
-)
-from controller.core.unconfigured import ROLLBACK_MISSING, SCALE_MISSING, UnconfiguredRollback, UnconfiguredScale
+from controller.core.ports import ChangeTrackerPort, IncidentStorePort
 from controller.kit.clock import SystemClock
 from controller.kit.errors import ConfigError, StoreError
 from controller.loop.adoption import Adoption
@@ -66,7 +66,6 @@ if TYPE_CHECKING:  # the cluster extra (kubernetes, grafana-client): imported wh
     from controller.adapters.lease.leader import LeaderElector
     from controller.adapters.lease.shards import ShardedElector
     from controller.adapters.policies.crd import CrdPolicySource
-    from controller.app.cluster import ClusterActuators
 
 logger = logging.getLogger("tailguard.cli")
 
@@ -135,28 +134,21 @@ def unknown_receivers(settings_receivers: Sequence[str], paths: Sequence[Path]) 
 
 
 # What provides each action type that needs more than the always-present journal (notify: unknown_receivers).
-_ACTUATOR_SECTIONS = {
-    ActionType.ROLLBACK: "an `argocd` or `kubernetes.rollback` section (or `tier`)",
-    ActionType.SCALE: "a `kubernetes.hpa` section (or `tier`)",
-    ActionType.SHIFT_TRAFFIC: "a `kubernetes.traffic` section (or `tier`)",
+_ACTUATOR_REGISTRIES: dict[ActionType, PortRegistry[Any]] = {
+    ActionType.ROLLBACK: ROLLBACK,
+    ActionType.SCALE: SCALE,
+    ActionType.SHIFT_TRAFFIC: TRAFFIC,
 }
 
 
 def missing_actuators(settings: ControllerSettings, loaded: Sequence[LoadedPolicy]) -> list[PolicyError]:
     """An action no configured actuator can run would only fail when the incident comes: refuse the policy now.
 
-    One error per policy and action type, naming the file, the type and the section that would provide it. A
-    policy in dry run (its own flag, or `dryRun` here) calls no actuator and needs none.
+    One error per policy and action type, naming the file, the type and the sections that would provide it (its
+    port's registry, controller/app/registrations.py). A policy in dry run (its own flag, or `dryRun` here) calls
+    no actuator and needs none.
     """
-    kubernetes = settings.kubernetes
-    tier = settings.tier is not None
-    provided = {
-        ActionType.ROLLBACK: settings.argocd is not None
-        or (kubernetes is not None and kubernetes.rollback is not None)
-        or tier,
-        ActionType.SCALE: (kubernetes is not None and kubernetes.hpa is not None) or tier,
-        ActionType.SHIFT_TRAFFIC: (kubernetes is not None and kubernetes.traffic is not None) or tier,
-    }
+    provided = {kind: registry.provided(settings) for kind, registry in _ACTUATOR_REGISTRIES.items()}
     problems: list[PolicyError] = []
     for entry in loaded:
         policy = entry.policy
@@ -171,7 +163,7 @@ def missing_actuators(settings: ControllerSettings, loaded: Sequence[LoadedPolic
                     entry.line,
                     "",
                     f"policy {policy.name} has a {kind.value} action, but no actuator for {kind.value} is "
-                    f"configured: add {_ACTUATOR_SECTIONS[kind]} to the controller configuration",
+                    f"configured: add {_ACTUATOR_REGISTRIES[kind].hint()} to the controller configuration",
                 )
             )
     return problems
@@ -219,109 +211,28 @@ def check_policies(settings: ControllerSettings) -> None:
         raise PolicyConfigError(errors)
 
 
-def build(  # noqa: PLR0915 - the composition root open-codes every port's choice; issue 26 item 5 (a registry per port)
+def build(
     settings: ControllerSettings, stack: ExitStack, *, webhook_token: str | None, new_journal: bool = False
 ) -> Application:
     """Every part of the controller from its settings; `ConfigError` names what is unusable (the caller
     prefixes the configuration file). `new_journal`: an empty or foreign file at the journal path is set aside
-    for a new journal instead of refused (`tailguard run --new-journal`)."""
+    for a new journal instead of refused (`tailguard run --new-journal`). Which adapter answers each port is the
+    registries' choice (controller/app/registrations.py)."""
     if settings.predictors:
         require(ML, "predictors")  # the artifacts load with scikit-learn and skops
     clock = SystemClock()
     metrics = ControllerMetrics(CollectorRegistry())
-    try:
-        settings.state_path().mkdir(parents=True, exist_ok=True)
-        source = PrometheusSource(settings.prometheus, clock)
-        journal = Journal(settings.journal_path(), new_journal=new_journal, now=clock.now())
-    except (OSError, SourceConfigError, JournalError) as unusable:
-        raise ConfigError(str(unusable)) from unusable
-    # Closed last (the controller's stop closes it too; closing twice is harmless).
-    stack.callback(journal.close)
-    tier = (
-        LocalTierClient(settings.tier.url, timeout=settings.tier.timeout, retries=settings.tier.retries, clock=clock)
-        if settings.tier is not None
-        else None
-    )
-    # Rollbacks go through Argo CD when it is configured (GitOps), else through the local serving tier.
-    rollback: RollbackPort = tier if tier is not None else UnconfiguredRollback(ROLLBACK_MISSING)
-    notifier: Notifier | None = WebhookNotifier(settings.receivers, clock) if settings.receivers else None
-    if settings.argocd is not None:
-        rollback = ArgoCDRollback.from_settings(
-            settings.argocd,
-            clock=clock,
-            record_path=settings.state_path() / "argocd-bad-revisions.json",
-            base_dir=settings.base_dir,
-            # Auto-sync switched off to roll back: every receiver hears it, so a human turns it back on.
-            notice=_notify_receivers(notifier, list(settings.receivers), clock) if notifier is not None else None,
-        )
-    grafana = _grafana(settings, clock, stack)
-    # The cluster (HPA scaling, route weights, the leader Lease): one ApiClient, built from `kubernetes`.
-    cluster: ClusterActuators | None = None
-    elector: LeaderElector | ShardedElector | None = None
-    sharded: ShardedElector | None = None
-    if settings.kubernetes is not None or settings.leaderElection is not None:
-        require(CLUSTER, "kubernetes" if settings.kubernetes is not None else "leaderElection")
-        # The cluster extra (kubernetes): imported only when a section needs it.
-        from controller.adapters.lease.shards import ShardedElector
-        from controller.app.cluster import build_cluster_actuators, build_leader_elector
-    try:
-        if settings.kubernetes is not None:
-            cluster = build_cluster_actuators(
-                settings.kubernetes, clock, base_dir=settings.base_dir, state_dir=settings.state_path()
-            )
-            stack.callback(cluster.api_client.close)
-            if cluster.rollback is not None:
-                if settings.argocd is not None:
-                    raise ConfigError("kubernetes.rollback and argocd both roll back: configure one of them")
-                # Rollbacks through Deployment revisions (and Helm-owned Deployments), instead of the tier.
-                rollback = cluster.rollback
-        if settings.leaderElection is not None:
-            elector = build_leader_elector(
-                settings.leaderElection,
-                settings.kubernetes,
-                clock,
-                api_client=cluster.api_client if cluster is not None else None,
-                # Each replica's journal records which shards it held when (a decision's shard is
-                # shard_of(policy, shards)): controls rows "shard-acquired" / "shard-released".
-                on_shard_change=_journal_shard_changes(journal, settings.leaderElection.resolved_identity(), clock),
-            )
-            # With shards (leaderElection.shards > 1): each policy is led through its shard's Lease.
-            sharded = elector if isinstance(elector, ShardedElector) else None
-            # After the controller stopped acting: releases the Lease so the standby leads at once (an elector
-            # that never started holds nothing, so a configuration error never touches the Lease).
-            stack.callback(_stop_if_running, elector)
-    except ConfigError as unreachable:  # ClusterConfigError
-        raise ConfigError(str(unreachable)) from unreachable
-    tracker: ChangeTrackerPort | None = _change_tracker(settings, clock, tier, cluster)
-    annotations_path = settings.annotations_path()
-    annotators: list[Annotator] = [JsonlAnnotator(annotations_path)] if annotations_path is not None else []
-    if grafana is not None:
-        annotators.append(grafana)
-    # Rollbacks to Argo CD (or the tier), replica counts to the HPA (or the tier), weights to the routes (or the tier).
-    router: TrafficRouter | None = cluster.router if cluster is not None and cluster.router is not None else tier
-    scale: ScalePort = (
-        cluster.scaler
-        if cluster is not None and cluster.scaler is not None
-        else tier or (UnconfiguredScale(SCALE_MISSING))
-    )
-    annotator: Annotator | None = (
-        FanoutAnnotator(annotators) if len(annotators) > 1 else (annotators[0] if annotators else None)
-    )
-    # A port left out answers with its "not configured" failure (controller/core/unconfigured.py).
-    unconfigured = Actuators()
-    actuators = Actuators(
-        rollback=rollback,
-        scale=scale,
-        router=router if router is not None else unconfigured.router,
-        annotator=annotator if annotator is not None else unconfigured.annotator,
-        notifier=notifier if notifier is not None else unconfigured.notifier,
-        # A scale's ceiling and metric targets: the HPA scaler only.
-        limits=cluster.scaler if cluster is not None else None,
-    )
+    source, journal = _source_and_journal(settings, clock, stack, new_journal)
+    context = BuildContext(settings, clock, settings.base_dir, settings.state_path(), stack)
+    grafana = grafana_annotator(context)
+    # The cluster (the actuators' connection, the leader Lease): one ApiClient, built from `kubernetes`.
+    context.cluster, lease = _cluster(settings, clock, journal, stack)
+    elector, sharded = lease.elector, lease.sharded
+    tracker: ChangeTrackerPort | None = _change_tracker(settings, clock, tier_client(context), context.cluster)
     # Incidents: one per service scope, in TailguardIncidents (every replica reads them) or in the journal's file;
     # rollbacks, scales, shifts and the change feed go through them (controller/loop/incident_ports.py).
-    keeper = IncidentKeeper(_incident_store(settings, cluster, stack), clock)
-    layer = incident_layer(keeper, actuators, tracker)
+    keeper = IncidentKeeper(_incident_store(settings, context.cluster, stack), clock)
+    layer = incident_layer(keeper, _actuators(context), tracker)
     actuators, tracker = layer.actuators, layer.change_tracker
     # Actions run on per-service workers, outside the evaluations (a rollback waiting on a sync holds neither its
     # policy's evaluations nor another service's actions); a replica that lost the Lease leaves them journaled.
@@ -339,29 +250,8 @@ def build(  # noqa: PLR0915 - the composition root open-codes every port's choic
     )
     # TailguardPolicy custom resources: listed now (their policies load with the files), then watched; the leader
     # writes their status.
-    policy_paths = settings.policy_paths()
-    crd_source: CrdPolicySource | None = None
-    if cluster is not None and settings.kubernetes is not None and settings.kubernetes.policies is not None:
-        # The cluster extra (kubernetes): imported only with a kubernetes.policies section.
-        from controller.adapters.policies.crd import CrdPolicySource
-
-        crd_source = CrdPolicySource(
-            cluster.api_client,
-            settings.kubernetes.policies.namespace,
-            settings.state_path() / "crd-policies",
-            clock,
-            journal=journal,
-            # Sharded: the holder of shard 0 writes the policies' status (one writer).
-            is_leader=(lambda: sharded.leads_shard(0))
-            if sharded is not None
-            else (elector.is_leader if elector is not None else (lambda: True)),
-            check=lambda loaded: missing_actuators(settings, loaded),
-            events=settings.kubernetes.events,
-            status_interval=settings.kubernetes.policies.statusInterval,
-        )
-        crd_source.start()
-        stack.callback(crd_source.stop)
-        policy_paths = [*policy_paths, crd_source.directory]
+    crd_source = _crd_policies(settings, clock, context.cluster, journal, elector, sharded, stack)
+    policy_paths = settings.policy_paths() + ([crd_source.directory] if crd_source is not None else [])
     controller = Controller(
         policy_paths=policy_paths,
         source=source,
@@ -389,12 +279,10 @@ def build(  # noqa: PLR0915 - the composition root open-codes every port's choic
     stack.callback(controller.stop)
     # An action's deadline is its policy's (limits.actionDeadline, default 3 intervals): looked up when it is
     # planned, so a reload's change applies to the next decision.
-    if elector is not None and not isinstance(elector, ShardedElector):
+    if lease.single is not None:
         # The unfinished actions travel in the Lease: published once planned, adopted by a successor (with
         # sharding each shard's Lease carries action times only; adoption there is not built yet).
-        leader = elector
-        leader.attach_pending(Adoption(journal, dispatcher.planner, clock))
-        dispatcher.on_planned = lambda _policy: leader.publish()
+        _attach_adoption(lease.single, journal, dispatcher, clock)
     dispatcher.planner.deadline_for = lambda name: (
         policy.action_deadline() if (policy := controller.policies().get(name)) is not None else None
     )
@@ -406,16 +294,146 @@ def build(  # noqa: PLR0915 - the composition root open-codes every port's choic
     # incremental vacuum) and the Grafana outbox's delivered entries. Stopped before the outbox and journal close.
     housekeeper = Housekeeper(_retention_tasks(settings, journal, grafana, keeper.store), clock)
     stack.callback(housekeeper.stop)
+    api = _api(settings, controller, lease, clock, webhook_token, stack)
+    return Application(settings, controller, api, grafana, elector, housekeeper)
+
+
+def _source_and_journal(
+    settings: ControllerSettings, clock: SystemClock, stack: ExitStack, new_journal: bool
+) -> tuple[PrometheusSource, Journal]:
+    try:
+        settings.state_path().mkdir(parents=True, exist_ok=True)
+        source = PrometheusSource(settings.prometheus, clock)
+        journal = Journal(settings.journal_path(), new_journal=new_journal, now=clock.now())
+    except (OSError, SourceConfigError, JournalError) as unusable:
+        raise ConfigError(str(unusable)) from unusable
+    # Closed last (the controller's stop closes it too; closing twice is harmless).
+    stack.callback(journal.close)
+    return source, journal
+
+
+def _actuators(context: BuildContext) -> Actuators:
+    """One port per action type, each its registry's choice; a port left out answers with its "not configured"
+    failure (controller/core/unconfigured.py)."""
+    unconfigured = Actuators()
+    return Actuators(
+        rollback=context.port(ROLLBACK) or unconfigured.rollback,
+        scale=context.port(SCALE) or unconfigured.scale,
+        router=context.port(TRAFFIC) or unconfigured.router,
+        annotator=context.port(ANNOTATIONS) or unconfigured.annotator,
+        notifier=context.port(NOTIFY) or unconfigured.notifier,
+        # A scale's ceiling and metric targets: the HPA scaler only.
+        limits=context.port(SCALE_LIMITS),
+    )
+
+
+@dataclass(frozen=True)
+class Leadership:
+    """The Lease elector of `leaderElection` (None without it), as the sharded one (with `shards` > 1) or the one
+    leader's (`single`)."""
+
+    elector: LeaderElector | ShardedElector | None = None
+    sharded: ShardedElector | None = None
+    single: LeaderElector | None = None
+
+
+def _cluster(
+    settings: ControllerSettings, clock: SystemClock, journal: Journal, stack: ExitStack
+) -> tuple[ClusterConnection | None, Leadership]:
+    """The connection of the `kubernetes` section (the actuators' ApiClient and Event recorder), and the Lease
+    elector of `leaderElection` (with shards: also as the sharded elector each policy is led through)."""
+    if settings.kubernetes is None and settings.leaderElection is None:
+        return None, Leadership()
+    require(CLUSTER, "kubernetes" if settings.kubernetes is not None else "leaderElection")
+    # The cluster extra (kubernetes): imported only when a section needs it.
+    from controller.adapters.lease.shards import ShardedElector
+    from controller.app.cluster import build_leader_elector, connect
+
+    cluster: ClusterConnection | None = None
+    elector: LeaderElector | ShardedElector | None = None
+    try:
+        if settings.kubernetes is not None:
+            cluster = connect(settings.kubernetes, clock, base_dir=settings.base_dir)
+            stack.callback(cluster.api_client.close)
+        if settings.leaderElection is not None:
+            elector = build_leader_elector(
+                settings.leaderElection,
+                settings.kubernetes,
+                clock,
+                api_client=cluster.api_client if cluster is not None else None,
+                # Each replica's journal records which shards it held when (a decision's shard is
+                # shard_of(policy, shards)): controls rows "shard-acquired" / "shard-released".
+                on_shard_change=_journal_shard_changes(journal, settings.leaderElection.resolved_identity(), clock),
+            )
+            # After the controller stopped acting: releases the Lease so the standby leads at once (an elector
+            # that never started holds nothing, so a configuration error never touches the Lease).
+            stack.callback(_stop_if_running, elector)
+    except ConfigError as unreachable:  # ClusterConfigError
+        raise ConfigError(str(unreachable)) from unreachable
+    if isinstance(elector, ShardedElector):
+        return cluster, Leadership(elector, sharded=elector)
+    return cluster, Leadership(elector, single=elector)
+
+
+def _crd_policies(
+    settings: ControllerSettings,
+    clock: SystemClock,
+    cluster: ClusterConnection | None,
+    journal: Journal,
+    elector: LeaderElector | ShardedElector | None,
+    sharded: ShardedElector | None,
+    stack: ExitStack,
+) -> CrdPolicySource | None:
+    """The TailguardPolicy source of `kubernetes.policies`, started (None without the section)."""
+    if cluster is None or settings.kubernetes is None or settings.kubernetes.policies is None:
+        return None
+    # The cluster extra (kubernetes): imported only with a kubernetes.policies section.
+    from controller.adapters.policies.crd import CrdPolicySource
+
+    crd_source = CrdPolicySource(
+        cluster.api_client,
+        settings.kubernetes.policies.namespace,
+        settings.state_path() / "crd-policies",
+        clock,
+        journal=journal,
+        # Sharded: the holder of shard 0 writes the policies' status (one writer).
+        is_leader=(lambda: sharded.leads_shard(0))
+        if sharded is not None
+        else (elector.is_leader if elector is not None else (lambda: True)),
+        check=lambda loaded: missing_actuators(settings, loaded),
+        events=settings.kubernetes.events,
+        status_interval=settings.kubernetes.policies.statusInterval,
+    )
+    crd_source.start()
+    stack.callback(crd_source.stop)
+    return crd_source
+
+
+def _attach_adoption(elector: LeaderElector, journal: Journal, dispatcher: Dispatcher, clock: SystemClock) -> None:
+    elector.attach_pending(Adoption(journal, dispatcher.planner, clock))
+    dispatcher.on_planned = lambda _policy: elector.publish()
+
+
+def _api(
+    settings: ControllerSettings,
+    controller: Controller,
+    lease: Leadership,
+    clock: SystemClock,
+    webhook_token: str | None,
+    stack: ExitStack,
+) -> ControllerAPI:
+    """The HTTP API, listening; with one leader (not sharded) a standby forwards to the leader's API, whose URL
+    the leader publishes."""
     # Replica-to-replica trust: the replicas' own key (else derived from the token inside the API), and which Lease
     # URL is a replica's (the holder's pod of this Deployment, on the API's port).
     peer_secret = settings.peer_secret()
+    single = lease.single
     peers = None
-    if elector is not None and sharded is None and settings.leaderElection is not None:
+    if single is not None and settings.leaderElection is not None:
         # The cluster extra (kubernetes): imported with the leaderElection section, as the elector was.
         from controller.app.cluster import build_peer_check
 
-        assert not isinstance(elector, ShardedElector)
-        peers = build_peer_check(elector, settings.leaderElection, clock, settings.listen.port)
+        peers = build_peer_check(single, settings.leaderElection, clock, settings.listen.port)
     try:
         api = ControllerAPI(
             controller,
@@ -423,7 +441,7 @@ def build(  # noqa: PLR0915 - the composition root open-codes every port's choic
             settings.listen.port,
             webhook_token=webhook_token,
             # A standby answers alerts with 503 (Alertmanager retries, through the Service, on the leader).
-            leader=elector,
+            leader=lease.elector,
             standby_retry_after=math.ceil(settings.leaderElection.retryPeriod) if settings.leaderElection else 2,
             status_links=dashboard_link(settings.links.grafanaUrl, settings.links.dashboardUid),
             forward_timeout=settings.leaderElection.forwardTimeout if settings.leaderElection else 5.0,
@@ -436,17 +454,17 @@ def build(  # noqa: PLR0915 - the composition root open-codes every port's choic
     stack.callback(api.stop)
     if peers is not None and peers.port == 0:
         peers.port = api.port  # `listen` port 0 (tests): the port the replicas' API was given
-    if elector is not None and not isinstance(elector, ShardedElector) and settings.leaderElection is not None:
+    if single is not None and settings.leaderElection is not None:
         # One view across replicas: the leader publishes where its API answers (the bound port: 0 picks one).
         # Sharded replicas each lead their own shards: there is no one leader to forward to, each answers itself.
         advertised = settings.leaderElection.advertised_url(api.port)
         if advertised is not None:
-            elector.advertise(advertised)
-    return Application(settings, controller, api, grafana, elector, housekeeper)
+            single.advertise(advertised)
+    return api
 
 
 def _incident_store(
-    settings: ControllerSettings, cluster: ClusterActuators | None, stack: ExitStack | None = None
+    settings: ControllerSettings, cluster: ClusterConnection | None, stack: ExitStack | None = None
 ) -> IncidentStorePort:
     incidents = settings.kubernetes.incidents if settings.kubernetes is not None else None
     if cluster is not None and incidents is not None:
@@ -483,7 +501,7 @@ def _retention_tasks(
 
 
 def _change_tracker(
-    settings: ControllerSettings, clock: SystemClock, tier: LocalTierClient | None, cluster: ClusterActuators | None
+    settings: ControllerSettings, clock: SystemClock, tier: LocalTierClient | None, cluster: ClusterConnection | None
 ) -> ChangeTracker | None:
     tracking = settings.changeTracking
     if tracking is None:
@@ -504,36 +522,6 @@ def _change_tracker(
         )
     except config_errors as missing:
         raise ConfigError(f"changeTracking: {missing}") from missing
-
-
-def _grafana(settings: ControllerSettings, clock: SystemClock, stack: ExitStack) -> GrafanaAnnotator | None:
-    grafana_settings = settings.annotations.grafana if settings.annotations is not None else None
-    if grafana_settings is None:
-        return None
-    require(CLUSTER, "annotations.grafana")
-    # The cluster extra (grafana-client): imported only with an annotations.grafana section.
-    from controller.adapters.annotations.grafana import GrafanaAnnotator
-
-    try:
-        grafana = GrafanaAnnotator.from_settings(grafana_settings, clock, settings.path(grafana_settings.outbox))
-    except (GrafanaTokenError, OutboxError) as unusable:
-        raise ConfigError(f"annotations.grafana: {unusable}") from unusable
-    # Closed after the elector released the Lease and before the journal (its outbox is its own file).
-    stack.callback(grafana.close)
-    return grafana
-
-
-def _notify_receivers(
-    notifier: Notifier, receivers: Sequence[str], clock: SystemClock
-) -> Callable[[str, Mapping[str, Any]], None]:
-    """The Argo CD rollback's notice (auto-sync disabled) as a notification to every configured receiver."""
-
-    def notice(text: str, detail: Mapping[str, Any]) -> None:
-        key = f"notice:auto-sync-disabled:{detail.get('application', '')}:{clock.now():.0f}"
-        for receiver in receivers:
-            notifier.notify(receiver, {"kind": "notice", "message": text, **detail}, idempotency_key=key)
-
-    return notice
 
 
 def _stop_if_running(elector: LeaderElector | ShardedElector) -> None:

@@ -1,6 +1,7 @@
-"""What `tailguard run` builds from the `kubernetes` and `leaderElection` sections: one ApiClient, the HPA
-scaler, the route weights, the Deployment rollback, the Event recorder and the Lease elector (the sections themselves:
-controller/app/cluster_settings.py).
+"""What `tailguard run` builds from the `kubernetes` and `leaderElection` sections: the connection (one ApiClient
+and the Event recorder its actuators share), the Lease elector and the peer check (the sections themselves:
+controller/app/cluster_settings.py; the actuators, the HPA scaler, the route weights and the Deployment rollback,
+are registered in controller/app/registrations.py and chosen by build()).
 
 Needs the cluster extra (kubernetes): controller/app/build.py imports this module only when a section asks for it.
 Building never raises a traceback at the operator: a cluster that cannot be reached from the configuration
@@ -9,6 +10,7 @@ Building never raises a traceback at the operator: a cluster that cannot be reac
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,10 +23,12 @@ from controller.adapters.lease.leader import LeaderElector
 from controller.adapters.lease.peers import PodPeerCheck
 from controller.adapters.lease.settings import LeaderElectionSettings
 from controller.adapters.lease.shards import ShardChange, ShardedElector
-from controller.adapters.rollback.deployment import DeploymentRef, DeploymentRollback, RollbackRecord
-from controller.adapters.scale.hpa import HpaBounds, HpaScaler, HpaTarget
-from controller.adapters.traffic.routes import HttpRouteRouter, Ramp, RouteRef, VirtualServiceRouter
+from controller.adapters.rollback.deployment import DeploymentRollback
+from controller.adapters.scale.hpa import HpaScaler
+from controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
 from controller.app.cluster_settings import KubernetesSettings
+from controller.app.registrations import deployment_rollback, hpa_scaler, route_router
+from controller.app.registry import BuildContext, ClusterConnection
 from controller.core.ports import Clock
 from controller.kit.errors import ConfigError
 from controller.kit.http import RetryPolicy
@@ -81,6 +85,25 @@ def _one_line(error: BaseException) -> str:
     return text[:300]
 
 
+def connect(
+    settings: KubernetesSettings,
+    clock: Clock,
+    *,
+    api_client: k8s.ApiClient | None = None,
+    base_dir: Path | None = None,
+) -> ClusterConnection:
+    """The one ApiClient the `kubernetes` section describes, and what its actuators share: the namespace, the
+    per-request timeout and retry, the Event recorder (`events: true`)."""
+    client = api_client if api_client is not None else cluster_client(settings, base_dir=base_dir)
+    return ClusterConnection(
+        api_client=client,
+        namespace=settings.namespace,
+        timeout=settings.timeout,
+        retry=RetryPolicy(attempts=settings.retries),
+        events=EventRecorder(k8s.CoreV1Api(client), clock) if settings.events else None,
+    )
+
+
 def build_cluster_actuators(
     settings: KubernetesSettings,
     clock: Clock,
@@ -90,66 +113,18 @@ def build_cluster_actuators(
     state_dir: Path | None = None,
 ) -> ClusterActuators:
     """The HPA scaler, the traffic router and the Deployment rollback the settings ask for, sharing one ApiClient
-    and Event recorder (the rollback's record of bad templates and plans lives in `state_dir`)."""
-    client = api_client if api_client is not None else cluster_client(settings, base_dir=base_dir)
-    retry = RetryPolicy(attempts=settings.retries)
-    events = EventRecorder(k8s.CoreV1Api(client), clock) if settings.events else None
-    scaler: HpaScaler | None = None
-    if settings.hpa is not None:
-        hpa = settings.hpa
-        scaler = HpaScaler(
-            k8s.AutoscalingV2Api(client),
-            clock=clock,
-            bounds=HpaBounds(
-                max_replicas=hpa.maxReplicas,
-                allow_below_human_floor=hpa.allowBelowHumanFloor,
-                min_replicas=hpa.minReplicas,
-                metric_targets={name: (b.min, b.max) for name, b in hpa.metricTargets.items()},
-            ),
-            targets={
-                service: HpaTarget(ref.namespace or settings.namespace, ref.name)
-                for service, ref in hpa.targets.items()
-            },
-            namespace=settings.namespace,
-            timeout=settings.timeout,
-            retry=retry,
-            events=events,
+    and Event recorder (the rollback's record of bad templates and plans lives in `state_dir`), made by their
+    registered factories (controller/app/registrations.py) as `tailguard run` makes them."""
+    cluster = connect(settings, clock, api_client=api_client, base_dir=base_dir)
+    with ExitStack() as unused:  # nothing these factories make registers a close
+        context = BuildContext(settings, clock, base_dir or Path("."), state_dir, unused, cluster)
+        return ClusterActuators(
+            scaler=hpa_scaler(settings.hpa, context) if settings.hpa is not None else None,
+            router=route_router(settings.traffic, context) if settings.traffic is not None else None,
+            events=cluster.events,
+            api_client=cluster.api_client,
+            rollback=deployment_rollback(settings.rollback, context) if settings.rollback is not None else None,
         )
-    router: HttpRouteRouter | VirtualServiceRouter | None = None
-    if settings.traffic is not None:
-        traffic = settings.traffic
-        router_class = HttpRouteRouter if traffic.kind == "httproute" else VirtualServiceRouter
-        router = router_class(
-            k8s.CustomObjectsApi(client),
-            clock=clock,
-            routes={
-                service: RouteRef(ref.namespace or settings.namespace, ref.name)
-                for service, ref in traffic.routes.items()
-            },
-            namespace=settings.namespace,
-            ramp=Ramp(tuple(traffic.ramp.steps), traffic.ramp.hold) if traffic.ramp is not None else None,
-            timeout=settings.timeout,
-            retry=retry,
-            events=events,
-        )
-    rollback: DeploymentRollback | None = None
-    if settings.rollback is not None:
-        rollback = DeploymentRollback(
-            k8s.AppsV1Api(client),
-            k8s.CoreV1Api(client) if settings.rollback.helm else None,
-            clock=clock,
-            targets={
-                service: DeploymentRef(ref.namespace or settings.namespace, ref.name)
-                for service, ref in settings.rollback.deployments.items()
-            },
-            namespace=settings.namespace,
-            helm=settings.rollback.helm,
-            record=RollbackRecord(state_dir / "deployment-rollbacks.json" if state_dir is not None else None),
-            timeout=settings.timeout,
-            retry=retry,
-            events=events,
-        )
-    return ClusterActuators(scaler=scaler, router=router, events=events, api_client=client, rollback=rollback)
 
 
 def build_leader_elector(

@@ -11,20 +11,24 @@ variable or a file holding them.
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from controller.adapters.annotations.settings import GrafanaSettings
+from controller.adapters.annotations.settings import AnnotationSettings
 from controller.adapters.argocd.settings import ArgoCDSettings
 from controller.adapters.changes.tracker import ChangeTrackingSettings
 from controller.adapters.lease.settings import LeaderElectionSettings
 from controller.adapters.metrics.prometheus import PrometheusSettings
 from controller.adapters.notify.webhook import LinkSettings, WebhookReceiver
 from controller.adapters.stores.journal_retention import DEFAULT_RETENTION, MIN_RETENTION
+from controller.adapters.tier.settings import TierSettings
 from controller.app.cluster_settings import KubernetesSettings
+from controller.app.registrations import REGISTRIES
+from controller.app.registry import Section, assemble, sections
 from controller.core.policy import Duration
 from controller.core.policy_files import PolicyError, _message
 from controller.kit.errors import ConfigError
@@ -69,17 +73,6 @@ class Listen(_Strict):
     def loopback(self) -> bool:
         """Whether only this machine can reach the address (127.0.0.0/8, ::1, localhost)."""
         return is_loopback_host(self.host)
-
-
-class TierSettings(_Strict):
-    url: str = Field(pattern=r"^https?://", description="the local serving tier's control API")
-    timeout: float = Field(default=5.0, gt=0, description="seconds per request")
-    retries: int = Field(default=3, ge=1, le=10, description="attempts in all, transient errors only")
-
-
-class AnnotationSettings(_Strict):
-    path: str = Field(min_length=1, description="JSONL file the annotations are appended to")
-    grafana: GrafanaSettings | None = Field(default=None, description="also annotate in Grafana (durable outbox)")
 
 
 class WebhookAuthSettings(_Strict):
@@ -216,6 +209,19 @@ class ControllerSettings(_Strict):
         return token
 
 
+def settings_model() -> type[ControllerSettings]:
+    """The configuration's schema: ControllerSettings with every section the ports' registries hold
+    (controller/app/registrations.py; one registered later, by an embedder or a test, is in it from then on).
+    The built-in sections are declared above with their registered models, so this is ControllerSettings itself
+    until an adapter with a new section is registered."""
+    return _assembled(tuple(sections(REGISTRIES)))
+
+
+@lru_cache(maxsize=8)
+def _assembled(registered: tuple[Section[Any], ...]) -> type[ControllerSettings]:
+    return assemble(ControllerSettings, registered)
+
+
 class SettingsError(ConfigError):
     """The configuration cannot be used; `errors` point at file, line and field."""
 
@@ -254,7 +260,7 @@ def parse_settings_text(text: str, file: str, base_dir: Path) -> ControllerSetti
             [PolicyError(file, line, "base_dir", "unknown field (not part of the controller configuration)")]
         )
     try:
-        return ControllerSettings.model_validate({**located.value, "base_dir": base_dir})
+        return settings_model().model_validate({**located.value, "base_dir": base_dir})
     except ValidationError as invalid:
         errors = []
         for error in invalid.errors():

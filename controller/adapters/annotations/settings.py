@@ -1,4 +1,5 @@
-"""The `annotations.grafana` section of the controller configuration (controller/app/settings.py).
+"""The `annotations` section of the controller configuration (controller/app/settings.py): the JSONL file, and
+`annotations.grafana`.
 
 Apart from the Grafana adapter (grafana.py) because it imports no client library: the configuration loads
 without the cluster extra (grafana-client), which is needed only when the section is present.
@@ -61,3 +62,13 @@ def read_token_file(path: Path) -> str:
     if not text:
         raise GrafanaTokenError(f"token file {path} is empty")
     return text
+
+
+class AnnotationSettings(BaseModel):
+    """`annotations:`: every annotation is appended to a JSONL file (jsonl.py), and also sent to Grafana when
+    `grafana` is set (grafana.py, through a durable outbox)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str = Field(min_length=1, description="JSONL file the annotations are appended to")
+    grafana: GrafanaSettings | None = Field(default=None, description="also annotate in Grafana (durable outbox)")
