@@ -1,5 +1,7 @@
 """The `kubernetes` section of the controller configuration (controller/app/settings.py); what `tailguard run`
-builds from it is in controller/app/cluster.py.
+builds from it: the connection in controller/app/cluster.py, the actuators in controller/app/registrations.py
+(a registered section under `kubernetes` that is not declared here, such as a new actuator's, is added to this
+model by the registry: controller/app/registry.py `assemble`).
 
 ```yaml
 kubernetes:
