@@ -37,90 +37,16 @@ Apart from cluster.py because it imports no client library: the configuration lo
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from controller.adapters.rollback.settings import RollbackSettings
+from controller.adapters.scale.settings import HpaSettings
+from controller.adapters.traffic.settings import TrafficSettings
 from controller.core.policy import Duration
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ObjectRefSettings(_Strict):
-    """One Kubernetes object of a service: its namespace (default: `kubernetes.namespace`) and name."""
-
-    namespace: str | None = Field(default=None, min_length=1, description="default: kubernetes.namespace")
-    name: str = Field(min_length=1)
-
-
-class MetricTargetBounds(_Strict):
-    min: float = Field(gt=0, description="the lowest AverageValue target tailguard may set")
-    max: float = Field(gt=0, description="the highest AverageValue target tailguard may set")
-
-    @model_validator(mode="after")
-    def _ordered(self) -> MetricTargetBounds:
-        if self.min > self.max:
-            raise ValueError(f"expected min <= max, got {self.min} > {self.max}")
-        return self
-
-
-class HpaSettings(_Strict):
-    maxReplicas: int = Field(ge=1, description="tailguard never sets minReplicas or maxReplicas above this")
-    minReplicas: int = Field(default=1, ge=1, description="tailguard never sets minReplicas below this")
-    allowBelowHumanFloor: bool = Field(
-        default=False, description="may scaling down go below the minReplicas a human set (recorded at first touch)"
-    )
-    targets: dict[str, ObjectRefSettings] = Field(
-        default_factory=dict, description="service -> its HPA; default: the HPA named like the service"
-    )
-    metricTargets: dict[str, MetricTargetBounds] = Field(
-        default_factory=dict,
-        description="HPA metric -> the bounds of the AverageValue target a scale's metricTargets may set; a metric "
-        "not named here is never changed",
-    )
-
-    @model_validator(mode="after")
-    def _ordered(self) -> HpaSettings:
-        if self.minReplicas > self.maxReplicas:
-            raise ValueError(f"expected minReplicas <= maxReplicas, got {self.minReplicas} > {self.maxReplicas}")
-        return self
-
-
-class RampSettings(_Strict):
-    steps: list[int] = Field(default_factory=lambda: [50], description="intermediate weights on the way up")
-    hold: Duration = Field(default=60.0, description="time at each step before the next")
-
-    @model_validator(mode="after")
-    def _in_range(self) -> RampSettings:
-        outside = [step for step in self.steps if not 0 < step < 100]
-        if outside:
-            raise ValueError(f"ramp steps are intermediate weights: expected 1..99, got {outside}")
-        return self
-
-
-class TrafficSettings(_Strict):
-    kind: Literal["httproute", "virtualservice"] = Field(
-        default="httproute", description="Gateway API HTTPRoute backendRefs or Istio VirtualService routes"
-    )
-    routes: dict[str, ObjectRefSettings] = Field(
-        default_factory=dict, description="service -> its route; default: the route named like the service"
-    )
-    ramp: RampSettings | None = Field(default=None, description="step increases of a weight; absent: one step")
-
-
-class RollbackSettings(_Strict):
-    """`kubernetes.rollback`: roll a Deployment back to its previous ReplicaSet revision (`kubectl rollout undo`)."""
-
-    deployments: dict[str, ObjectRefSettings] = Field(
-        default_factory=dict, description="service -> its Deployment; default: the Deployment named like the service"
-    )
-    helm: bool = Field(
-        default=False,
-        description="a Deployment Helm owns goes back to a previous Helm revision's template (read only, through "
-        "the release Secrets; needs the Secrets list permission of deploy/components/helm-rollback)",
-    )
 
 
 class PolicyResourceSettings(_Strict):

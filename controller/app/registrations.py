@@ -24,10 +24,12 @@ from controller.adapters.annotations.settings import AnnotationSettings, Grafana
 from controller.adapters.argocd.settings import ArgoCDSettings
 from controller.adapters.notify.webhook import WebhookNotifier, WebhookReceiver
 from controller.adapters.rollback.argocd import ArgoCDRollback
+from controller.adapters.rollback.settings import RollbackSettings
+from controller.adapters.scale.settings import HpaSettings
 from controller.adapters.stores.outbox import OutboxError
 from controller.adapters.tier.local_tier import LocalTierClient
 from controller.adapters.tier.settings import TierSettings
-from controller.app.cluster_settings import HpaSettings, RollbackSettings, TrafficSettings
+from controller.adapters.traffic.settings import TrafficSettings
 from controller.app.extras import CLUSTER, require
 from controller.app.registry import Adapter, BuildContext, PortRegistry, Section
 from controller.core.ports import Annotator, Notifier, RollbackPort, ScaleLimitsPort, ScalePort, TrafficRouter
@@ -47,7 +49,8 @@ NOTIFY: PortRegistry[Notifier] = PortRegistry("notify")
 ANNOTATIONS: PortRegistry[Annotator] = PortRegistry("annotate", combine=FanoutAnnotator)
 REGISTRIES: tuple[PortRegistry[Any], ...] = (ROLLBACK, SCALE, SCALE_LIMITS, TRAFFIC, NOTIFY, ANNOTATIONS)
 
-# The sections (declared in controller/app/settings.py and cluster_settings.py with these models).
+# The sections (declared in controller/app/settings.py and cluster_settings.py with these models, each model
+# beside its adapter).
 TIER = Section[TierSettings]("tier", TierSettings, "local serving tier (rollback, scale, traffic)")
 ARGOCD = Section[ArgoCDSettings]("argocd", ArgoCDSettings, "Argo CD: rollback of the mapped applications")
 RECEIVERS = Section[Mapping[str, WebhookReceiver]]("receivers", dict[str, WebhookReceiver], "notify receivers")
