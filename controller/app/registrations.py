@@ -42,9 +42,9 @@ if TYPE_CHECKING:  # the cluster extra: imported by the factories that need it
     from controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
 
 ROLLBACK: PortRegistry[RollbackPort] = PortRegistry("rollback", verb="roll back", exclusive=True)
-SCALE: PortRegistry[ScalePort] = PortRegistry("scale")
+SCALE: PortRegistry[ScalePort] = PortRegistry("scale", verb="scale", exclusive=True)
 SCALE_LIMITS: PortRegistry[ScaleLimitsPort] = PortRegistry("scale limits")
-TRAFFIC: PortRegistry[TrafficRouter] = PortRegistry("shift_traffic")
+TRAFFIC: PortRegistry[TrafficRouter] = PortRegistry("shift_traffic", verb="shift traffic", exclusive=True)
 NOTIFY: PortRegistry[Notifier] = PortRegistry("notify")
 ANNOTATIONS: PortRegistry[Annotator] = PortRegistry("annotate", combine=FanoutAnnotator)
 REGISTRIES: tuple[PortRegistry[Any], ...] = (ROLLBACK, SCALE, SCALE_LIMITS, TRAFFIC, NOTIFY, ANNOTATIONS)

@@ -108,7 +108,7 @@ class BuildContext:
 
     def port(self, registry: PortRegistry[P]) -> P | None:
         """Another port, as its registry chooses it (made once)."""
-        return self.once(f"port:{registry.port}", lambda: registry.choose(self))
+        return self.once(f"port:{registry.port}:{id(registry)}", lambda: registry.choose(self))
 
     def state_file(self, name: str) -> Path | None:
         return self.state_dir / name if self.state_dir is not None else None
@@ -133,9 +133,9 @@ class Adapter(Generic[S, P]):
 
 
 class PortRegistry(Generic[P]):
-    """The adapters of one port. `fan_out`: every configured one is used (combined by `combine`), else the first
-    configured one in registration order (fallbacks last); `exclusive`: two configured non-fallback entries are a
-    configuration error (`verb` says what they both do)."""
+    """The adapters of one port. With `combine`, every configured one is used (fanned out by `combine`); else the
+    first configured one in registration order (fallbacks last). `exclusive`: two configured non-fallback entries
+    are a configuration error (`verb` says what they both do), never a silent choice."""
 
     def __init__(
         self,
@@ -219,9 +219,9 @@ def sections(registries: Iterable[PortRegistry[Any]]) -> list[Section[Any]]:
     """Every registered section once (a section several ports share, such as `tier`, counts once)."""
     by_path: dict[str, Section[Any]] = {}
     for registry in registries:
-        for entry in registry._entries:
+        for entry in registry.entries:
             known = by_path.setdefault(entry.section.path, entry.section)
-            if known.model is not entry.section.model:
+            if known.model != entry.section.model:
                 raise RegistryError(f"{entry.section.path}: registered with two models")
     return list(by_path.values())
 

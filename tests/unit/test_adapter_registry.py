@@ -315,3 +315,15 @@ def test_two_exclusive_rollbacks_configured_is_one_clear_error(tmp_path: Path) -
             ConfigError, match=r"^kubernetes.rollback and argocd both roll back: configure one of them$"
         ):
             context.port(ROLLBACK)
+
+
+def test_a_registered_scaler_beside_the_hpa_is_one_clear_error(tmp_path: Path) -> None:
+    both = KEDA_SECTION + "  hpa: {maxReplicas: 8}\n"
+    text = write_config(tmp_path, "http://127.0.0.1:9", "http://127.0.0.1:9", both)
+    with SCALE.registered(keda_adapter(scaled_objects())), ExitStack() as stack:
+        settings = parse_settings_text(text, "controller.yaml", tmp_path)
+        context = BuildContext(settings, SystemClock(), tmp_path, None, stack)
+        with pytest.raises(
+            ConfigError, match=r"^kubernetes.hpa and kubernetes.keda both scale: configure one of them$"
+        ):
+            context.port(SCALE)
