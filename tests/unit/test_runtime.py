@@ -17,7 +17,8 @@ from controller.core.ports import TRIGGER_ALERT
 from controller.core.signals import render_signal_queries
 from controller.kit.clock import ManualClock
 from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller, PolicyLoadError
+from controller.loop.policy_set import PolicyLoadError
+from controller.loop.runtime import Controller
 from controller.testing import FakeDispatcher, FakeSource
 
 
