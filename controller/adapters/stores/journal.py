@@ -77,7 +77,6 @@ __all__ = [
 ]
 
 
-
 def action_resource(action: ActionRequest, decision: Decision) -> str:
     """The service an action is about: its `service` parameter, else the target's `service` label."""
     service = action.params.get("service")
@@ -98,8 +97,6 @@ def _json_value(value: float | None) -> float | None:
     if value is None or not math.isfinite(value):
         return None
     return value
-
-
 
 
 def _decision_body(decision: Decision) -> dict[str, Any]:
