@@ -1,7 +1,9 @@
 """The controller's HTTP API: health, readiness, metrics, the Alertmanager webhook, recent decisions.
 
-Served by aiohttp's low-level server on its own thread and event loop (`ControllerAPI`): idle/header and body
-timeouts, a connection cap, body and JSON-nesting limits, TCP_NODELAY; see the class for each limit.
+Served by aiohttp's low-level server on its own thread and event loop (`ApiServer`, controller/app/api_server.py):
+idle/header and body timeouts, a connection cap, body and JSON-nesting limits, TCP_NODELAY; `ControllerAPI` states
+each limit. `ControllerAPI` routes each request (authentication, the standby's forwarding, the webhook); the
+operator endpoints are controller/app/api_operator.py, the status page's sign-in controller/app/api_signin.py.
 
 Alertmanager webhooks (payload version "4") are a second, push trigger next to
 the schedule. Matching rule, alert -> policies (controller/core/alerts.py `policies_for_alert`, shared with the
@@ -56,21 +58,23 @@ whose controller gave it (`X-Tailguard-Answered-By`).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import socket
-import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
-from urllib.parse import parse_qs
+from typing import Any
 
 from aiohttp import web
 
-from controller.app.api_auth import presented_authorization
-from controller.app.capped_server import CappedServer
+from controller.app.api_answers import json_answer as _json
+from controller.app.api_answers import refusal as _refusal
+from controller.app.api_answers import refuse_body as _refuse_body
+from controller.app.api_answers import response as _response
+from controller.app.api_auth import BearerCheck, presented_authorization
+from controller.app.api_operator import OperatorEndpoints, abort_of, control_of
+from controller.app.api_server import ApiServer
+from controller.app.api_signin import StatusSignIn
 from controller.app.forwarding import (
     ANSWERED_BY_HEADER,
     FORWARD_TIMEOUT_SECONDS,
@@ -80,15 +84,7 @@ from controller.app.forwarding import (
 )
 from controller.app.peer_auth import PeerKey
 from controller.app.replica_gate import ReplicaGate
-from controller.app.status_login import (
-    AFTER_LOGIN,
-    LOGIN_PATH,
-    cookie_value,
-    issue_session,
-    login_page,
-    session_cookie_header,
-    session_valid,
-)
+from controller.app.status_login import LOGIN_PATH
 from controller.app.status_page import render_status_page
 from controller.core.alerts import (
     AlertmanagerPayload,
@@ -96,14 +92,11 @@ from controller.core.alerts import (
     alert_scopes,
     alertmanager_payload,
 )
-from controller.core.controls import MAX_ABORT_REASON, AbortState
 from controller.core.ports import (
     TRIGGER_ALERT,
-    AbortControlPort,
     ControllerPort,
     LeaderDirectoryPort,
     LeaderPort,
-    OperatorPort,
     PeerCheckPort,
 )
 from controller.kit.net import is_loopback_host
@@ -114,19 +107,13 @@ logger = logging.getLogger("tailguard.api")
 
 MAX_BODY_BYTES = 1 << 20  # Alertmanager batches alerts per group; a megabyte is thousands of them
 POLICY_LABEL = "tailguard_policy"
-DEFAULT_DECISIONS = 50
-MAX_DECISIONS = 1000
 STANDBY_RETRY_AFTER_SECONDS = 2  # about one leader-election retry period: the Lease is settled by then
 MAX_JSON_DEPTH = 32  # an Alertmanager payload is 4 levels deep (payload > alerts > alert > labels)
 MAX_CONNECTIONS = 1000  # open connections; past the cap new ones wait for a slot (controller/app/capped_server.py)
 IDLE_TIMEOUT_SECONDS = 30.0  # a connection with no complete request head (new or kept alive) is closed then
 BODY_TIMEOUT_SECONDS = 10.0  # the whole body of a POST within this (else 408)
 WORKER_THREADS = 4  # threads answering what asks the controller (readiness, metrics, decisions, alerts)
-LISTEN_BACKLOG = 1024
-MAX_LINE_BYTES = 8190  # request line and each header (aiohttp's defaults, stated)
-MAX_HEADERS = 64
 DRAIN_LIMIT_BYTES = 64 * 1024  # a refused POST's body up to this is read (the connection stays usable)
-SHUTDOWN_SECONDS = 2.0
 MAX_CONTROL_BYTES = 4096  # {"by": ..., "reason": ...}
 
 
@@ -155,9 +142,6 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
             return True
         pending.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return False
-
-
-R = TypeVar("R")
 
 
 class ControllerAPI:
@@ -229,114 +213,53 @@ class ControllerAPI:
         )
         self.status_links = dict(status_links or {})  # Grafana links on the status page
         self.wall_clock: Callable[[], float] = time.time  # the status page's session expiry (tests replace it)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
-        self._host, self._port = self._socket.getsockname()[:2]
-        self._workers = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tailguard-api-worker")
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: web.ServerRunner | None = None
-        self._server: CappedServer | None = None
-        self._thread: threading.Thread | None = None
+        self._bearer = BearerCheck(self._webhook_token, self._rejected)
+        self._sign_in = StatusSignIn(self._webhook_token, lambda: self.wall_clock(), body_timeout)
+        self._operator = OperatorEndpoints(
+            controller,
+            self.refuse_if_standby,
+            token_configured=self._webhook_token is not None,
+            status_links=self.status_links,
+        )
+        forwarder = self._forwarder
+        self._server = ApiServer(
+            host,
+            port,
+            self._handle,
+            max_connections=max_connections,
+            idle_timeout=idle_timeout,
+            workers=workers,
+            on_open=forwarder.open if forwarder is not None else None,
+            on_close=forwarder.close if forwarder is not None else None,
+        )
+
+    # ----- the server (controller/app/api_server.py) -------------------------------------------------------
 
     @property
     def host(self) -> str:
-        return str(self._host)
+        return self._server.host
 
     @property
     def port(self) -> int:
-        return int(self._port)
+        return self._server.port
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return self._server.url
 
     def start(self) -> None:
-        started = threading.Event()
-        failure: list[BaseException] = []
-
-        def serve() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            asyncio.set_event_loop(loop)
-            try:
-                loop.run_until_complete(self._serve())
-            except Exception as error:  # noqa: BLE001 - handed to start(), which raises it
-                failure.append(error)
-                started.set()
-                loop.close()
-                return
-            started.set()
-            try:
-                loop.run_forever()
-            finally:
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.close()
-
-        self._thread = threading.Thread(target=serve, name="tailguard-api", daemon=True)
-        self._thread.start()
-        started.wait()
-        if failure:
-            self._thread.join()
-            self._thread = None
-            raise failure[0]
-        logger.info("API listening on %s", self.url)
-
-    async def _serve(self) -> None:
-        self._server = CappedServer(
-            self._handle,
-            max_connections=self.max_connections,
-            max_waiting=LISTEN_BACKLOG,  # past the cap, new connections wait for a slot
-            keepalive_timeout=self.idle_timeout,  # also bounds an incomplete request head: see CappedServer
-            lingering_time=0,  # an unread body is never drained: the connection is closed instead
-            max_line_size=MAX_LINE_BYTES,
-            max_field_size=MAX_LINE_BYTES,
-            max_headers=MAX_HEADERS,
-            access_log=None,
-            logger=logging.getLogger("tailguard.api.http"),
-        )
-        self._runner = web.ServerRunner(self._server, shutdown_timeout=SHUTDOWN_SECONDS)
-        await self._runner.setup()
-        if self._forwarder is not None:
-            await self._forwarder.open()
-        site = web.SockSite(self._runner, self._socket, backlog=LISTEN_BACKLOG)
-        await site.start()
+        self._server.start()
 
     def stop(self) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is not None and thread is not None and self._runner is not None:
-            runner = self._runner
-            try:
-                asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=SHUTDOWN_SECONDS + 5)
-                if self._forwarder is not None:
-                    asyncio.run_coroutine_threadsafe(self._forwarder.close(), loop).result(timeout=5)
-            except Exception:  # stopping must go on: the loop is stopped below either way
-                logger.warning("the API did not shut down cleanly", exc_info=True)
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=10)
-        self._thread = None
-        self._loop = None
-        self._runner = None
-        self._workers.shutdown(wait=False, cancel_futures=True)
-        self._socket.close()
+        self._server.stop()
 
     def open_connections(self) -> int:
         """Connections admitted right now (at most `max_connections`; more may wait for a slot)."""
-        server = self._server
-        return server.admitted if server is not None else 0
+        return self._server.open_connections()
 
     def connection_sockets(self) -> list[socket.socket]:
         """The sockets of the open connections (for checks of their options, e.g. TCP_NODELAY)."""
-        server = self._server
-        if server is None:
-            return []
-        found = []
-        for handler in server.connections:
-            transport = handler.transport
-            sock = transport.get_extra_info("socket") if transport is not None else None
-            if sock is not None:
-                found.append(sock)
-        return found
+        return self._server.connection_sockets()
 
     # ----- endpoints: (status, content type, body) --------------------------------------------------
 
@@ -349,52 +272,11 @@ class ControllerAPI:
         return (200 if readiness.ready else 503), redact_value(readiness.to_json())
 
     def decisions(self, query: str) -> tuple[int, dict[str, Any] | list[Any]]:
-        """`?limit=N` (1..MAX_DECISIONS) newest first; `&before=SEQ` the page after a decision's `seq`. Read from the
-        journal's own read connection: a read storm never holds what an evaluation commits under."""
-        arguments = parse_qs(query)
-        values = arguments.get("limit", [str(DEFAULT_DECISIONS)])
-        try:
-            limit = int(values[-1])
-        except ValueError:
-            return 400, {"error": f"limit must be an integer between 1 and {MAX_DECISIONS}"}
-        if not 1 <= limit <= MAX_DECISIONS:
-            return 400, {"error": f"limit must be an integer between 1 and {MAX_DECISIONS}"}
-        before: int | None = None
-        if "before" in arguments:
-            try:
-                before = int(arguments["before"][-1])
-            except ValueError:
-                before = 0
-            if before < 1:
-                return 400, {"error": "before must be a positive integer: the `seq` of the last decision of a page"}
-        # Receiver URLs and credential-bearing values are cut to scheme+host (they are in the journal cut already;
-        # this also covers an older journal's rows).
-        # (the one-argument call when no page is asked for: a ControllerPort written before paging still serves)
-        page = (
-            self.controller.recent_decisions(limit)
-            if before is None
-            else self.controller.recent_decisions(limit, before)
-        )
-        return 200, redact_value(page)
-
-    def authorize_webhook(self, authorization: str | None) -> tuple[int, dict[str, Any]] | None:
-        """None when the request may post alerts, else the refusal (401 no bearer token, 403 a wrong one)."""
-        return self.authorize(authorization, "Alertmanager webhook")
+        return self._operator.decisions(query)
 
     def authorize(self, authorization: str | None, what: str) -> tuple[int, dict[str, Any]] | None:
-        """The bearer-token check of every non-health endpoint (`what` names it in the log)."""
-        if self._webhook_token is None:
-            return None
-        scheme, _, presented = (authorization or "").strip().partition(" ")
-        if scheme.lower() != "bearer" or not presented.strip():
-            logger.warning("rejected %s: no bearer token (401)", what)
-            self._rejected(what, 401)
-            return 401, {"error": "authentication required: send Authorization: Bearer <token>"}
-        if not hmac.compare_digest(presented.strip().encode(), self._webhook_token):
-            logger.warning("rejected %s: wrong bearer token (403)", what)  # never the token itself
-            self._rejected(what, 403)
-            return 403, {"error": "the bearer token is not the one configured for this webhook"}
-        return None
+        """The bearer-token check of every non-health endpoint (`what` names it in the log): None, or the refusal."""
+        return self._bearer.check(authorization, what)
 
     def _rejected(self, what: str, code: int) -> None:
         """tailguard_requests_rejected_total{endpoint, code} (the TailguardWebhookRejects alert)."""
@@ -415,14 +297,7 @@ class ControllerAPI:
             )
         else:
             error = f"this replica is the standby: ask the leader for {what} (retry: the Service routes to it)"
-        return (
-            503,
-            {
-                "error": error,
-                "standby": True,
-            },
-            {"Retry-After": str(self.standby_retry_after)},
-        )
+        return 503, {"error": error, "standby": True}, {"Retry-After": str(self.standby_retry_after)}
 
     def alerts(self, body: bytes) -> tuple[int, dict[str, Any]]:
         try:
@@ -444,10 +319,9 @@ class ControllerAPI:
 
     # ----- the HTTP side (on the event loop) ---------------------------------------------------------
 
-    async def _call(self, function: Callable[..., R], *args: Any) -> R:
+    async def _call(self, function: Callable[..., Any], *args: Any) -> Any:
         """A controller call on the worker pool: the event loop (and /healthz) never waits on the controller."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._workers, function, *args)
+        return await self._server.call(function, *args)
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         self._replicas.begin()
@@ -516,8 +390,8 @@ class ControllerAPI:
             presented = presented_authorization(request.headers)
             if path == "/status" and presented is None and not self._replicas.accepted():
                 # a browser: its session cookie, else the sign-in form
-                if not self._page_signed_in(request):
-                    return self._login_answer(request)
+                if not self._sign_in.signed_in(request):
+                    return self._sign_in.form(request)
                 refusal = None
             else:
                 refusal = self._authorized(presented, "status request")
@@ -533,16 +407,14 @@ class ControllerAPI:
         return _json(404, {"error": f"no such endpoint: {path}"})
 
     async def _post(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
-        if _control_of(path) is not None or _abort_of(path) is not None:
+        if control_of(path) is not None or abort_of(path) is not None:
             return await self._post_control(request, path)
         if path == LOGIN_PATH:
-            return await self._login(request)
+            return await self._sign_in.login(request)
         if path != "/api/v1/alerts":
             status = 404 if path not in ("/healthz", "/readyz", "/metrics", "/api/v1/decisions") else 405
             return await self._answer_unread(request, _json(status, {"error": f"no POST endpoint at {path}"}))
-        refusal = (
-            None if self._replicas.accepted() else self.authorize_webhook(presented_authorization(request.headers))
-        )
+        refusal = self._authorized(presented_authorization(request.headers), "Alertmanager webhook")
         if refusal is not None:
             return await self._answer_unread(request, _refusal(*refusal))
         standby = self.refuse_if_standby()
@@ -579,15 +451,15 @@ class ControllerAPI:
             body = await asyncio.wait_for(request.content.readexactly(length), self.body_timeout) if length else b""
         except (TimeoutError, asyncio.IncompleteReadError):
             return _refuse_body(_json(400, {"error": "the body did not arrive whole"}), request)
-        return _json(*await self._call(self.abort if _abort_of(path) is not None else self.control, path, body))
+        return _json(*await self._call(self.abort if abort_of(path) is not None else self.control, path, body))
 
     async def _forward(self, request: web.BaseRequest) -> web.StreamResponse:
         """On a standby: authenticate here, then the leader's answer (controller/app/forwarding.py)."""
         assert self._forwarder is not None
         if request.path == "/status" and presented_authorization(request.headers) is None:
             # Signed in by cookie: checked here; the leader trusts this replica's signature, never a credential.
-            if not self._page_signed_in(request):
-                return self._login_answer(request)
+            if not self._sign_in.signed_in(request):
+                return self._sign_in.form(request)
         else:
             refusal = self.authorize(
                 presented_authorization(request.headers), f"{request.method} {request.path} on the standby"
@@ -619,106 +491,16 @@ class ControllerAPI:
         content_type = headers.pop("Content-Type", "application/octet-stream")
         return _response(answer.status, answer.body, content_type, headers)
 
-    # ----- the status page's sign-in (controller/app/status_login.py) -------------------------------------
-
-    def _page_signed_in(self, request: web.BaseRequest) -> bool:
-        """A browser reading the page without a token header: a valid session cookie. A token in the URL is not
-        read: URLs end up in history and logs."""
-        if self._webhook_token is None:
-            return True
-        return session_valid(cookie_value(request.cookies), self._webhook_token, self.wall_clock())
-
-    def _login_answer(self, request: web.BaseRequest) -> web.Response:
-        expired = cookie_value(request.cookies) is not None
-        message = "your session is not valid any more (sessions last 15 minutes): sign in again" if expired else ""
-        return _response(401, login_page(message).encode(), "text/html; charset=utf-8", {"Cache-Control": "no-store"})
-
-    async def _login(self, request: web.BaseRequest) -> web.StreamResponse:
-        """POST /status/login (form: token=...): a session cookie and 303 to /status, or the form again (403)."""
-        length = request.content_length or 0
-        if length > MAX_CONTROL_BYTES:
-            return _refuse_body(_json(413, {"error": f"a sign-in is at most {MAX_CONTROL_BYTES} bytes"}), request)
-        try:
-            body = await asyncio.wait_for(request.content.readexactly(length), self.body_timeout) if length else b""
-        except (TimeoutError, asyncio.IncompleteReadError):
-            return _refuse_body(_json(400, {"error": "the body did not arrive whole"}), request)
-        token = parse_qs(body.decode("utf-8", "replace")).get("token", [""])[-1].strip()
-        headers = {"Location": AFTER_LOGIN, "Cache-Control": "no-store"}
-        if self._webhook_token is None:
-            return _response(303, b"", "text/plain", headers)
-        if not token or not hmac.compare_digest(token.encode(), self._webhook_token):
-            logger.warning("rejected status page sign-in: wrong token (403)")  # never the token itself
-            page = login_page("that is not the controller's token").encode()
-            return _response(403, page, "text/html; charset=utf-8", {"Cache-Control": "no-store"})
-        session = issue_session(self._webhook_token, self.wall_clock())
-        return _response(303, b"", "text/plain", {**headers, "Set-Cookie": session_cookie_header(session)})
-
-    # ----- operator endpoints (controller/core/controls.py, controller/core/status_view.py) ---------------
+    # ----- operator endpoints (controller/app/api_operator.py) ----------------------------------------------
 
     def status(self) -> tuple[int, dict[str, Any], dict[str, str]]:
-        if not isinstance(self.controller, OperatorPort):
-            return 404, {"error": "this controller serves no status"}, {}
-        standby = self.refuse_if_standby("status")
-        if standby is not None:
-            return standby
-        # Credential-bearing values cut to scheme+host; the configured links (no credentials) are added after.
-        document: dict[str, Any] = redact_value(self.controller.status())
-        document["links"] = {**document.get("links", {}), **self.status_links}
-        return 200, document, {}
+        return self._operator.status()
 
     def control(self, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
-        """POST /api/v1/policies/NAME/pause|resume, POST /api/v1/pause|resume (every policy: the kill switch).
-        Body (optional JSON): {"by": "who", "reason": "why"}; both are journaled with the control."""
-        parsed = _control_of(path)
-        assert parsed is not None
-        policy, paused = parsed
-        if not isinstance(self.controller, OperatorPort):
-            return 404, {"error": "this controller takes no controls"}
-        try:
-            raw = json.loads(body) if body.strip() else {}
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            return 400, {"error": 'the body must be JSON: {"by": ..., "reason": ...}'}
-        if not isinstance(raw, dict):
-            return 400, {"error": "the body must be a JSON object"}
-        by, reason = str(raw.get("by") or "").strip()[:200], str(raw.get("reason") or "").strip()[:1000]
-        who = f"{by or 'unnamed'} (bearer token)" if self._webhook_token is not None else by or "unauthenticated"
-        if policy is not None and policy not in self.controller.policies():
-            return 404, {"error": f"no policy named {policy!r} is loaded"}
-        control = self.controller.set_paused(policy, paused, by=who, reason=reason)
-        return 200, {"policy": policy if policy is not None else "*", "control": control.to_json()}
+        return self._operator.control(path, body)
 
     def abort(self, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
-        """POST /api/v1/decisions/ID/abort, body {"reason": "why" (required), "by": "who"}: stop the decision's
-        actions (controller/loop/dispatcher.py `abort`). 202: one is in flight and stops at its next step; 200: the
-        queued and deferred ones are cancelled before they ran; 409: it had already finished; 404: unknown id."""
-        decision_id = _abort_of(path)
-        assert decision_id is not None
-        if not isinstance(self.controller, AbortControlPort):
-            return 404, {"error": "this controller takes no aborts"}
-        try:
-            raw = json.loads(body) if body.strip() else {}
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            return 400, {"error": 'the body must be JSON: {"reason": ..., "by": ...}'}
-        if not isinstance(raw, dict):
-            return 400, {"error": "the body must be a JSON object"}
-        reason, by = raw.get("reason"), raw.get("by")
-        if not isinstance(reason, str) or not reason.strip():
-            return 400, {"error": "reason is required: say why (it is journaled with the abort)"}
-        if len(reason.strip()) > MAX_ABORT_REASON:
-            return 400, {"error": f"reason is {len(reason.strip())} characters; at most {MAX_ABORT_REASON}"}
-        if by is not None and not isinstance(by, str):
-            return 400, {"error": "by must be a string"}
-        by = (by or "").strip()[:200]
-        who = f"{by or 'unnamed'} (bearer token)" if self._webhook_token is not None else by or "unauthenticated"
-        result = self.controller.abort_decision(decision_id, by=who, reason=reason.strip())
-        status = {AbortState.IN_FLIGHT: 202, AbortState.CANCELLED: 200, AbortState.FINISHED: 409}
-        # The actions' errors may name a URL: cut to scheme+host, as in /api/v1/decisions.
-        answer: dict[str, Any] = redact_value({**result.to_json(), "by": who, "reason": reason.strip()})
-        if result.state not in status:
-            return 404, {**answer, "error": result.message}
-        if result.state is AbortState.FINISHED:
-            answer["error"] = result.message
-        return status[result.state], answer
+        return self._operator.abort(path, body)
 
     async def _answer_unread(self, request: web.BaseRequest, answer: web.Response) -> web.Response:
         """A refusal before the body: a small body is read (the kept-alive connection stays usable, as
@@ -742,46 +524,3 @@ def _without_link_token(request: web.BaseRequest) -> str:
         return request.raw_path
     kept = [(name, value) for name, value in request.query.items() if name != "token"]
     return str(request.rel_url.with_query(kept))
-
-
-def _control_of(path: str) -> tuple[str | None, bool] | None:
-    """(policy or None for every policy, pause?) of a control endpoint's path; None for any other path."""
-    parts = path.strip("/").split("/")
-    if parts[:2] != ["api", "v1"]:
-        return None
-    rest = parts[2:]
-    if len(rest) == 1 and rest[0] in ("pause", "resume"):
-        return None, rest[0] == "pause"
-    if len(rest) == 3 and rest[0] == "policies" and rest[1] and rest[2] in ("pause", "resume"):
-        return rest[1], rest[2] == "pause"
-    return None
-
-
-def _abort_of(path: str) -> str | None:
-    """The decision id of `/api/v1/decisions/ID/abort`; None for any other path."""
-    parts = path.strip("/").split("/")
-    if len(parts) == 5 and parts[:3] == ["api", "v1", "decisions"] and parts[3] and parts[4] == "abort":
-        return parts[3]
-    return None
-
-
-def _response(status: int, body: bytes, content_type: str, headers: Mapping[str, str] | None = None) -> web.Response:
-    # One buffer for head and body: aiohttp writes a Response with a known body in one send.
-    response = web.Response(status=status, body=body, headers={"Content-Type": content_type, **(headers or {})})
-    response.headers["Server"] = "tailguard"
-    return response
-
-
-def _json(status: int, value: Any, headers: Mapping[str, str] | None = None) -> web.Response:
-    return _response(status, (json.dumps(value, default=str) + "\n").encode(), "application/json", headers)
-
-
-def _refusal(status: int, error: dict[str, Any]) -> web.Response:
-    return _json(status, error, {"WWW-Authenticate": 'Bearer realm="tailguard"'} if status == 401 else None)
-
-
-def _refuse_body(response: web.Response, request: web.BaseRequest) -> web.Response:
-    """Close the connection after this answer unless the request had no body left unread."""
-    if request.body_exists and not request.content.is_eof():
-        response.force_close()
-    return response

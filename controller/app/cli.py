@@ -32,7 +32,7 @@ from controller.core.policy import policy_json_schema
 from controller.core.policy_files import LoadedPolicy, PolicyError, load_policies, policy_paths
 from controller.kit.errors import ConfigError
 from controller.kit.gc_tuning import tune_for_long_running
-from controller.loop.runtime import PolicyLoadError
+from controller.loop.policy_set import PolicyLoadError
 
 EXIT_OK = 0
 EXIT_INVALID = 1

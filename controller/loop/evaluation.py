@@ -6,8 +6,9 @@ actions, one transaction) -> the controller keeps the new state -> metrics and l
 actions retried (or ended) against the new state -> dispatch.
 
 Everything the evaluation reaches outside itself comes in `ports` (EvaluationPorts); the Controller
-(controller/loop/runtime.py) keeps the scheduling, the per-policy lock, the reload, the leadership and the
-handover, and calls this function under the policy's lock. Expected failures are data here: a source or a
+(controller/loop/runtime.py) calls this function under the policy's lock, with the rooms it wires keeping the
+scheduling and the locks (scheduling.py), the policies, their state, the reload and the handover (policy_set.py),
+the leadership (leadership.py) and the controls (operator.py). Expected failures are data here: a source or a
 tracker that raises becomes an errored signal or an attribution error, never a crash of the evaluation.
 """
 

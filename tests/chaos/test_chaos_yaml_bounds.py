@@ -27,7 +27,8 @@ from controller.core.policy_files import load_policies, parse_policy_text
 from controller.kit.clock import ManualClock
 from controller.kit.located_yaml import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES, MAX_TEXT, BoundedLoader, construct
 from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller, PolicyLoadError
+from controller.loop.policy_set import PolicyLoadError
+from controller.loop.runtime import Controller
 from controller.testing import FakeDispatcher, FakeSource
 
 ROOT = Path(__file__).resolve().parent.parent.parent

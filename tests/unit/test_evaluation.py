@@ -15,7 +15,7 @@ from controller.core.signals import render_signal_queries
 from controller.kit.clock import ManualClock
 from controller.loop.evaluation import EvaluationPorts, UnconfiguredPredictions, evaluate
 from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import diff_policies
+from controller.loop.policy_set import diff_policies
 from controller.testing import FakeDispatcher, FakeJournal, FakeSource
 from tests.unit.test_runtime import policy_yaml
 

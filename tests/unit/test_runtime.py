@@ -11,14 +11,16 @@ from prometheus_client import CollectorRegistry
 
 from controller.adapters.stores.journal import Journal
 from controller.app.logging_setup import JsonLogFormatter
+from controller.core.controls import Control, Controls
 from controller.core.model import DecisionKind, SignalResult, target_key
 from controller.core.policy_files import load_policies
-from controller.core.ports import TRIGGER_ALERT
+from controller.core.ports import TRIGGER_ALERT, ControlsHandoverPort
 from controller.core.signals import render_signal_queries
 from controller.kit.clock import ManualClock
 from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller, PolicyLoadError
-from controller.testing import FakeDispatcher, FakeSource
+from controller.loop.policy_set import PolicyLoadError
+from controller.loop.runtime import Controller
+from controller.testing import FakeDispatcher, FakeLeader, FakeSource
 
 
 def policy_yaml(
@@ -379,5 +381,29 @@ def test_the_reload_job_picks_up_edits_on_its_own(rules: Path, tmp_path: Path) -
             threading.Event().wait(0.1)
         assert [e.field for e in controller.reload_errors()] == ["conditions[0].noData"]
         assert list(controller.policies()) == ["lat-a"]
+    finally:
+        controller.stop()
+
+
+def test_the_elector_is_given_the_handover_never_the_controller(rules: Path, tmp_path: Path) -> None:
+    """Issue 26: no object hands itself to another. The elector gets what the Lease carries (the policy set's action
+    times, the operator's controls) through a handover of its own, which answers for the running controller."""
+    clock = ManualClock(start=1_000.0)
+    leader = FakeLeader()
+    controller, _ = make_controller(rules, tmp_path, FakeSource(), clock, leader=leader)
+    handover = leader.handover
+    assert handover is not None and handover is not controller
+    assert isinstance(handover, ControlsHandoverPort)
+    controller.start()
+    try:
+        controller.set_paused("lat-a", True, by="alice", reason="INC-1")
+        assert handover.controls_snapshot() == controller.controls()
+        chat = target_key({"service": "chat"})
+        handover.inherit_handover({"lat-a": {chat: (999.0,)}})
+        assert handover.handover_snapshot() == {"lat-a": {chat: (999.0,)}}
+        assert controller.controls().pause_of("lat-a") is not None
+        clock.advance(10)
+        handover.inherit_controls(Controls({"lat-a": Control(False, "bob", "resolved", clock.now())}))
+        assert controller.controls().pause_of("lat-a") is None  # the later control from the Lease wins
     finally:
         controller.stop()

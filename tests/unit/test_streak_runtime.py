@@ -16,7 +16,8 @@ from controller.core.engine import Phase, PolicyState
 from controller.core.model import DecisionKind, SignalResult, target_key
 from controller.kit.clock import ManualClock
 from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller, scheduled_time
+from controller.loop.runtime import Controller
+from controller.loop.scheduling import scheduled_time
 from controller.testing import FakeDispatcher, FakeSource
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "alertmanager"

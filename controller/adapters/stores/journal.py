@@ -22,25 +22,28 @@ import logging
 import math
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Self
 
-from controller.adapters.stores.journal_file import (
-    NEW_JOURNAL_HINT,
-    creating_path,
-    discard,
-    journal_file_problem,
-    move_into_place,
-    set_aside,
-)
+from controller.adapters.stores.journal_aborts import abort_actions, abort_requested
+from controller.adapters.stores.journal_controls import load_controls, record_control
 from controller.adapters.stores.journal_reads import JournalReader
 from controller.adapters.stores.journal_reads import action_record as _record
-from controller.adapters.stores.journal_retention import RETENTION_INDEXES, PurgeReport, purge
-from controller.adapters.stores.journal_state import STATE_SCHEMA, StateStore, StateWrite, migrate_whole_states
+from controller.adapters.stores.journal_retention import PurgeReport, purge_and_vacuum
+from controller.adapters.stores.journal_schema import (
+    JOURNAL_PAGE_SIZE,
+    SCHEMA_VERSION,
+    JournalError,
+    JournalWriteError,
+    create_if_missing,
+    migrate,
+)
+from controller.adapters.stores.journal_schema import action_status as _status
+from controller.adapters.stores.journal_schema import add_event as _event
+from controller.adapters.stores.journal_schema import has_events as _has_events
+from controller.adapters.stores.journal_state import StateStore, StateWrite
 from controller.core.actions import (
     MUTATING_ACTIONS,
     TERMINAL_STATUSES,
@@ -48,13 +51,11 @@ from controller.core.actions import (
     ActionRequest,
     ActionStatus,
 )
-from controller.core.controls import CONTROLS_META_KEY, AbortRequest, Controls, ControlsError
+from controller.core.controls import AbortRequest, Controls
 from controller.core.engine import PolicyState
 from controller.core.model import Decision, target_labels
-from controller.kit.errors import StoreError, StoreWriteError
 from controller.kit.sqlite_store import (
     immediate_transaction,
-    incremental_vacuum,
     json_column,
     make_durable,
     open_durable,
@@ -63,21 +64,17 @@ from controller.kit.sqlite_store import (
 
 logger = logging.getLogger("tailguard.journal")
 
-# 2: the engine state per (policy, condition, target) (journal_state.py) instead of one whole-state row per
-# policy (`policy_state`, migrated when a version-1 file is opened); retention indexes (journal_retention.py).
-SCHEMA_VERSION = 2
-# A new journal's page size: a healthy evaluation rewrites one small row (policy_meta), i.e. one WAL frame of a
-# page; at 2 KiB that is 2,072 bytes per cycle (4,120 at SQLite's default 4 KiB), and a condition_state row of a
-# few hundred bytes still fits a page (rows up to ~490 bytes stay local; longer evidence spills to overflow).
-JOURNAL_PAGE_SIZE = 2048
-
-
-class JournalError(StoreError):
-    """The journal file cannot be used (not a database, a newer schema, ...); the message says why."""
-
-
-class JournalWriteError(JournalError, StoreWriteError):
-    """An evaluation's commit was refused (a full disk, a read-only volume): nothing of it was kept."""
+# The journal's schema, version and errors live in journal_schema.py; here for those who open a Journal.
+__all__ = [
+    "JOURNAL_PAGE_SIZE",
+    "SCHEMA_VERSION",
+    "ActionRecord",
+    "ActionStatus",
+    "Journal",
+    "JournalError",
+    "JournalWriteError",
+    "action_resource",
+]
 
 
 def action_resource(action: ActionRequest, decision: Decision) -> str:
@@ -91,65 +88,6 @@ def action_resource(action: ActionRequest, decision: Decision) -> str:
     return ",".join(f"{name}={value}" for name, value in decision.target) or decision.policy
 
 
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS decisions (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT,
-        id TEXT NOT NULL,
-        kind TEXT NOT NULL,
-        policy TEXT NOT NULL,
-        condition TEXT NOT NULL,
-        target TEXT NOT NULL,
-        at REAL NOT NULL,
-        value REAL,
-        threshold REAL NOT NULL,
-        evidence TEXT NOT NULL,
-        reason TEXT NOT NULL,
-        dry_run INTEGER NOT NULL,
-        body TEXT NOT NULL,
-        recorded_at REAL NOT NULL,
-        UNIQUE (id, kind))""",
-    """CREATE TABLE IF NOT EXISTS actions (
-        idempotency_key TEXT PRIMARY KEY,
-        decision_id TEXT NOT NULL,
-        decision_kind TEXT NOT NULL,
-        policy TEXT NOT NULL,
-        resource TEXT NOT NULL,
-        type TEXT NOT NULL,
-        params TEXT NOT NULL,
-        dry_run INTEGER NOT NULL,
-        status TEXT NOT NULL,
-        attempts INTEGER NOT NULL DEFAULT 0,
-        result TEXT,
-        error TEXT,
-        plan TEXT,
-        created_at REAL NOT NULL,
-        started_at REAL,
-        finished_at REAL,
-        updated_at REAL NOT NULL,
-        seq INTEGER NOT NULL)""",
-    """CREATE INDEX IF NOT EXISTS actions_by_status ON actions (status, seq)""",
-    """CREATE INDEX IF NOT EXISTS actions_by_resource ON actions (resource, started_at)""",
-    """CREATE INDEX IF NOT EXISTS actions_by_decision ON actions (decision_id, seq)""",
-    """CREATE TABLE IF NOT EXISTS action_events (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT,
-        idempotency_key TEXT NOT NULL,
-        at REAL NOT NULL,
-        event TEXT NOT NULL,
-        detail TEXT)""",
-    """CREATE INDEX IF NOT EXISTS action_events_by_key ON action_events (idempotency_key, seq)""",
-    # Operator controls (pause, resume, abort): who did what, when and why (the current set is in meta).
-    """CREATE TABLE IF NOT EXISTS controls (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT,
-        at REAL NOT NULL,
-        action TEXT NOT NULL,
-        subject TEXT NOT NULL,
-        by TEXT NOT NULL,
-        reason TEXT NOT NULL)""",
-)
-
-ABORT_REQUESTED = "abort_requested"  # the action_events row of an abort of a started action
-
 # The statuses an action can be started or finished from (a deferred one is retried with its key).
 _OPEN = (ActionStatus.PLANNED.value, ActionStatus.STARTED.value, ActionStatus.DEFERRED.value)
 
@@ -159,8 +97,6 @@ def _json_value(value: float | None) -> float | None:
     if value is None or not math.isfinite(value):
         return None
     return value
-
-
 
 
 def _decision_body(decision: Decision) -> dict[str, Any]:
@@ -184,7 +120,7 @@ class Journal:
         self._states = StateStore()
         # Rows written by the last commit_evaluation (the policy row + condition rows changed or removed).
         self.last_state_rows = 0
-        self._ensure_file(new_journal, now)
+        create_if_missing(self.path, new_journal, now)
         self._db = open_durable(self.path, JournalError, "journal")
         try:
             make_durable(self._db, page_size=JOURNAL_PAGE_SIZE)
@@ -201,67 +137,10 @@ class Journal:
         # gives each read a snapshot while the writer goes on.
         self._reader = JournalReader(open_reader(self.path, JournalError, "journal"))
 
-    # -- the file (journal_file.py) ----------------------------------------------------------------------
-
-    def _ensure_file(self, new_journal: bool, now: float | None) -> None:
-        if self.path.is_dir():
-            raise JournalError(f"journal {self.path} is a directory; the journal path names a file")
-        if self.path.exists():
-            problem = journal_file_problem(self.path)
-            if problem is None:
-                return
-            if not new_journal:
-                raise JournalError(f"journal {self.path} {problem}; refusing to start on it ({NEW_JOURNAL_HINT})")
-            aside = set_aside(self.path, time.time() if now is None else now)
-            logger.warning("journal %s %s: set aside as %s (--new-journal); starting a new journal", self.path,
-                           problem, aside)  # fmt: skip
-        elif Path(f"{self.path}-wal").exists():
-            problem = f"is missing but its write-ahead log {self.path}-wal is there"
-            if not new_journal:
-                raise JournalError(f"journal {self.path} {problem}; refusing to start on it ({NEW_JOURNAL_HINT})")
-            aside = set_aside(self.path, time.time() if now is None else now)
-            logger.warning("journal %s %s: set aside as %s-wal (--new-journal); starting a new journal", self.path,
-                           problem, aside)  # fmt: skip
-        built = creating_path(self.path)
-        discard(built)  # what a creation killed half-way left
-        self._db = open_durable(built, JournalError, "journal")
-        try:
-            make_durable(self._db, page_size=JOURNAL_PAGE_SIZE)
-            self._migrate()
-        except sqlite3.DatabaseError as exc:
-            raise JournalError(f"journal {built}: cannot create a new journal: {exc}") from exc
-        finally:
-            self._db.close()
-        try:
-            move_into_place(built, self.path)
-        except OSError as exc:
-            raise JournalError(f"journal {self.path}: cannot create a new journal: {exc}") from exc
-
     # -- schema -----------------------------------------------------------------------------------------
 
     def _migrate(self) -> None:
-        with self._transaction() as db:
-            db.execute(_SCHEMA[0])
-            row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            if row is not None:
-                try:
-                    version = int(row["value"])
-                except ValueError:
-                    raise JournalError(
-                        f"journal {self.path}: meta.schema_version is {row['value']!r}, expected an integer"
-                    ) from None
-                if version > SCHEMA_VERSION:
-                    raise JournalError(
-                        f"journal {self.path}: schema version {version} is newer than this tailguard "
-                        f"supports ({SCHEMA_VERSION}); upgrade tailguard or use another journal path"
-                    )
-            for statement in (*_SCHEMA[1:], *STATE_SCHEMA, *RETENTION_INDEXES):
-                db.execute(statement)
-            migrate_whole_states(db, self._states)
-            db.execute(
-                "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
-                (str(SCHEMA_VERSION),),
-            )
+        migrate(self._db, self._lock, self.path, self._states)
 
     def schema_version(self) -> int:
         with self._lock:
@@ -302,15 +181,7 @@ class Journal:
     def purge(self, now: float, retention: float) -> PurgeReport:
         """Remove decisions (with their actions and events) older than `retention` seconds whose actions are all
         terminal; then give the freed pages back (incremental vacuum). The report is kept in `meta` too."""
-        report = purge(self._transaction, now - retention)
-        with self._lock:
-            report = replace(report, freed_pages=incremental_vacuum(self._db))
-        with self._transaction() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO meta (key, value) VALUES ('last_purge', ?)",
-                (json_column({"at": now, "retention": retention, **report.to_json()}),),
-            )
-        return report
+        return purge_and_vacuum(self._transaction, self._db, self._lock, now, retention)
 
     def record_decision(self, decision: Decision, now: float) -> None:
         """Journal a decision and its actions without engine state (idempotent: existing rows are kept)."""
@@ -554,51 +425,13 @@ class Journal:
     # -- abort (controller/core/controls.py AbortRequest) ----------------------------------------------------
 
     def abort_actions(self, request: AbortRequest, now: float) -> list[ActionRecord]:
-        """One transaction: the decision's planned and deferred actions end `aborted` (they never ran; the event and
-        the error say who and why), each started one gets an `abort_requested` event (its next step, or a resume
-        by the next process, ends it). Every action of the decision is returned as it is after, oldest first."""
-        phrase = request.phrase()
-        with self._transaction() as db:
-            rows = db.execute(
-                "SELECT idempotency_key, status FROM actions WHERE decision_id = ? ORDER BY seq", (request.decision_id,)
-            ).fetchall()
-            for row in rows:
-                key, status = row["idempotency_key"], row["status"]
-                if status in (ActionStatus.PLANNED.value, ActionStatus.DEFERRED.value):
-                    result = {
-                        "status": ActionStatus.ABORTED.value,
-                        "detail": {"aborted": request.to_json(), "ran": False},
-                        "error": None,
-                        "transient": False,
-                    }
-                    db.execute(
-                        "UPDATE actions SET status = ?, result = ?, error = ?, finished_at = ?, updated_at = ? "
-                        "WHERE idempotency_key = ?",
-                        (ActionStatus.ABORTED.value, json_column(result), f"{phrase}; never ran", now, now, key),
-                    )
-                    _event(db, key, now, ActionStatus.ABORTED.value, f"{phrase}; never ran (was {status})")
-                elif status == ActionStatus.STARTED.value:
-                    _event(db, key, now, ABORT_REQUESTED, json.dumps(request.to_json(), sort_keys=True))
-            found = db.execute(
-                "SELECT * FROM actions WHERE decision_id = ? ORDER BY seq", (request.decision_id,)
-            ).fetchall()
-        return [_record(row) for row in found]
+        """One transaction: the decision's planned and deferred actions end `aborted`, each started one gets an
+        `abort_requested` event (journal_aborts.py). Every action of the decision, as it is after, oldest first."""
+        return abort_actions(self._transaction, request, now)
 
     def abort_requested(self, idempotency_key: str) -> AbortRequest | None:
         """The abort journaled for a started action (its latest `abort_requested` event), or None."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT detail FROM action_events WHERE idempotency_key = ? AND event = ? ORDER BY seq DESC LIMIT 1",
-                (idempotency_key, ABORT_REQUESTED),
-            ).fetchone()
-        if row is None:
-            return None
-        try:
-            raw = json.loads(row["detail"])
-            return AbortRequest(str(raw["decision_id"]), str(raw["by"]), str(raw["reason"]), float(raw["at"]))
-        except (TypeError, ValueError, KeyError):
-            # Unreadable, yet an operator asked for an abort: still honoured, without who and why.
-            return AbortRequest("", "unknown", f"unreadable abort event: {row['detail']!r}"[:200], 0.0)
+        return abort_requested(self._db, self._lock, idempotency_key)
 
     # -- decisions ----------------------------------------------------------------------------------------
 
@@ -617,29 +450,14 @@ class Journal:
 
     def load_controls(self) -> Controls:
         """The pauses in force (and the resumes that ended earlier ones), as last saved; none in a new journal."""
-        with self._lock:
-            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (CONTROLS_META_KEY,)).fetchone()
-        if row is None:
-            return Controls()
-        try:
-            return Controls.decode(row["value"])
-        except ControlsError as unreadable:
-            raise JournalError(f"journal {self.path}: meta.{CONTROLS_META_KEY} is unreadable: {unreadable}") from None
+        return load_controls(self._db, self._lock, self.path)
 
     def record_control(
         self, controls: Controls | None, action: str, subject: str, by: str, reason: str, now: float
     ) -> None:
         """Journal one operator control and, in the same transaction, the control set it leaves (None: unchanged,
         e.g. an abort)."""
-        with self._transaction() as db:
-            db.execute(
-                "INSERT INTO controls (at, action, subject, by, reason) VALUES (?, ?, ?, ?, ?)",
-                (now, action, subject, by, reason),
-            )
-            if controls is not None:
-                db.execute(
-                    "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (CONTROLS_META_KEY, controls.encode())
-                )
+        record_control(self._transaction, controls, (now, action, subject, by, reason))
 
     def policy_names(self) -> list[str]:
         """The policies whose engine state the journal holds."""
@@ -673,20 +491,3 @@ class Journal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _status(db: sqlite3.Connection, idempotency_key: str) -> str | None:
-    row = db.execute("SELECT status FROM actions WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
-    return str(row["status"]) if row is not None else None
-
-
-def _has_events(db: sqlite3.Connection, idempotency_key: str) -> bool:
-    row = db.execute("SELECT 1 FROM action_events WHERE idempotency_key = ? LIMIT 1", (idempotency_key,)).fetchone()
-    return row is not None
-
-
-def _event(db: sqlite3.Connection, idempotency_key: str, at: float, event: str, detail: str | None) -> None:
-    db.execute(
-        "INSERT INTO action_events (idempotency_key, at, event, detail) VALUES (?, ?, ?, ?)",
-        (idempotency_key, at, event, detail),
-    )

@@ -12,11 +12,13 @@ over months").
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controller.core.actions import TERMINAL_STATUSES
+from controller.kit.sqlite_store import incremental_vacuum, json_column
 
 BATCH = 500
 # The smallest retention accepted: longer than any cooldown or budget window the journal's actions answer for.
@@ -99,3 +101,19 @@ def _removable_actions(db: sqlite3.Connection, decision_id: str, kind: str, cuto
 
 def _has_table(db: sqlite3.Connection, name: str) -> bool:
     return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
+
+
+def purge_and_vacuum(
+    transaction: Transaction, db: sqlite3.Connection, lock: threading.RLock, now: float, retention: float
+) -> PurgeReport:
+    """`purge` what is older than `retention` seconds, then give the freed pages back (incremental vacuum); the
+    report is kept in `meta` (`last_purge`) too."""
+    report = purge(transaction, now - retention)
+    with lock:
+        report = replace(report, freed_pages=incremental_vacuum(db))
+    with transaction() as writing:
+        writing.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('last_purge', ?)",
+            (json_column({"at": now, "retention": retention, **report.to_json()}),),
+        )
+    return report
