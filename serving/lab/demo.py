@@ -32,10 +32,9 @@ import requests
 import yaml
 
 from controller.adapters.stores.journal import Journal
-from controller.kit.errors import LabError
 from controller.tools.incident_report import IncidentTimeline, write_report
-from serving.profiles import resolve_profile
-from serving.promstack import (
+from serving.errors import LabError
+from serving.lab.promstack import (
     ManagedProcess,
     ProcessNotReady,
     PrometheusServer,
@@ -45,6 +44,7 @@ from serving.promstack import (
     static_scrape_config,
     write_prometheus_config,
 )
+from serving.tier.profiles import resolve_profile
 
 SERVICE = "chat"
 NAMESPACE = "llm"
@@ -58,7 +58,7 @@ P99_QUERY = (
     f'(rate(vllm:e2e_request_latency_seconds_bucket{{namespace="{NAMESPACE}"}}[{{window}}])))'
 )
 HTTP_TIMEOUT = 5.0
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ def _managed(process: ManagedProcess) -> Iterator[ManagedProcess]:
 def _post_rollout(url: str, body: Mapping[str, Any], *, attempt_timeout: float, deadline_s: float) -> requests.Response:
     """POST the rollout, again with the same idempotency key when an attempt timed out or the connection failed,
     until `deadline_s`: the tier handles a key under its lock and answers a repeated key with its first answer
-    (serving/tier.py), so a retry never starts a second rollout; a loaded host only makes an attempt slow."""
+    (serving/tier/server.py), so a retry never starts a second rollout; a loaded host only makes an attempt slow."""
     deadline = time.monotonic() + deadline_s
     while True:
         left = deadline - time.monotonic()
@@ -428,7 +428,7 @@ def run_demo(
                     [
                         python,
                         "-m",
-                        "serving.load",
+                        "serving.lab.load",
                         "--url",
                         router_url,
                         "--model",
@@ -641,13 +641,13 @@ SCENARIOS = ("rollback", "surge")
 
 
 def main(argv: list[str] | None = None) -> int:
-    # `--scenario surge` is serving/surge.py (prevention: reactive baselines vs the SLA model, virtual time);
+    # `--scenario surge` is serving/lab/surge.py (prevention: reactive baselines vs the SLA model, virtual time);
     # the default scenario is the rollback below.
     chooser = argparse.ArgumentParser(add_help=False)
     chooser.add_argument("--scenario", choices=SCENARIOS, default="rollback")
     chosen, rest = chooser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if chosen.scenario == "surge":
-        from serving.surge import main as surge_main
+        from serving.lab.surge import main as surge_main
 
         return surge_main(rest)
     argv = rest

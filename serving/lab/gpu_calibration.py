@@ -1,12 +1,12 @@
-"""Fit the simulator's memory-bound decode model on a measured GPU decode table (serving/calibrations/h200-*/).
+"""Fit the simulator's memory-bound decode model on a measured GPU decode table (serving/tier/calibrations/h200-*/).
 
-    python -m serving.gpu_calibration serving/calibrations/h200-2026-12-04/decode.json
+    python -m serving.lab.gpu_calibration serving/tier/calibrations/h200-2026-12-04/decode.json
 
 A decode step on a GPU streams the weights once and every running sequence's KV cache once, so its time is
 `base + per_seq * batch + batch * context * kv_bytes_per_token / bandwidth` (Hardware's decode_step_base_s,
 decode_per_seq_s, decode_kv_bandwidth_gbps). The table gives the step time for batches and contexts; the three
 values are fitted by non-negative least squares on relative error (each row counts alike, short steps as much
-as long ones), and printed as the `hardware:` block of serving/calibrations/h200-llama-3-8b.yaml.
+as long ones), and printed as the `hardware:` block of serving/tier/calibrations/h200-llama-3-8b.yaml.
 """
 
 from __future__ import annotations

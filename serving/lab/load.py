@@ -1,6 +1,6 @@
 """Replay the Azure LLM inference trace (or any CSV like it) against an OpenAI-compatible endpoint.
 
-    python -m serving.load --url http://127.0.0.1:PORT --model NAME [--trace conv|code|PATH] [--speedup 10]
+    python -m serving.lab.load --url http://127.0.0.1:PORT --model NAME [--trace conv|code|PATH] [--speedup 10]
         [--rate-scale 1.0] [--start-offset S] [--duration S] [--token-scale 0.1] [--max-requests N]
         [--concurrency-limit N] [--csv out.csv] [--summary-json out.json]
 
@@ -10,7 +10,7 @@ replay (so it covers `duration * speedup` trace seconds). `--rate-scale` thins
 (< 1) or duplicates (> 1) arrivals deterministically. Token counts are scaled by
 `--token-scale` (at least 1): the prompt is that many words and `max_tokens`
 the scaled output length, with `ignore_eos` so lengths are exact. With the tiny
-model's tokenizer (serving/tiny_model.py) " word" is exactly one token, so the
+model's tokenizer (serving/tier/tiny_model.py) " word" is exactly one token, so the
 prompt is exactly that many tokens; `--max-model-len` trims requests that would
 not fit the engine's context.
 

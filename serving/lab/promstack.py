@@ -27,7 +27,7 @@ from typing import Any, Self
 
 import yaml
 
-from controller.kit.errors import LabError
+from serving.errors import LabError
 
 INSTALL_HINT = "apt-get install prometheus prometheus-alertmanager"
 HTTP_TIMEOUT = 2.0

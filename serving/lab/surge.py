@@ -1,7 +1,7 @@
 """`tailguard demo --scenario surge`: prevention measured. No controller, reactive and predictive scaling on the
 same recorded arrivals of a load surge, in a closed loop, in virtual time.
 
-    Azure conv trace + a surge -> VirtualTier (serving.dataset: BatchingModel replicas, start-up + warm-up)
+    Azure conv trace + a surge -> VirtualTier (serving.lab.dataset: BatchingModel replicas, start-up + warm-up)
          |  every 15 s (virtual): the tier's scrape, remote-written into a real Prometheus
          v
     real Prometheus  <--- PromQL (signals, the SLA model's features) ---  the controller's own evaluation
@@ -9,7 +9,7 @@ same recorded arrivals of a load surge, in a closed loop, in virtual time.
          |                                                                 engine, journal, dispatcher, limits)
          +--- scale / restore (ScalePort) sets the tier's replica count ------------+
 
-The protocol (serving.surge_protocol, issue 27): the SLA model is trained by this pipeline on training seeds whose
+The protocol (serving.lab.surge_protocol, issue 27): the SLA model is trained by this pipeline on training seeds whose
 trace slices lie in the first half of the Azure conv trace; every controller is evaluated on other seeds whose
 slices lie in the second half (the harness refuses overlapping slices before it runs anything), on onsets of
 several shapes (sudden, slow ramp, two steps, diurnal rise, a bad config rolled out under steady load) and on each
@@ -57,12 +57,12 @@ from controller.core.policy import ForSpec, Policy
 from controller.core.policy_files import load_policies
 from controller.core.ports import ActionOutcome, Clock, MetricsSource, OutcomeStatus, RangeResult
 from controller.kit.clock import ManualClock
-from controller.kit.errors import LabError
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.loop.evaluation import EvaluationPorts, evaluate
 from controller.loop.metrics import ControllerMetrics
 from controller.tools.backtest_world import WouldRun
-from serving.dataset import (
+from serving.errors import LabError
+from serving.lab.dataset import (
     NAMESPACE,
     RECORDED_PREFIXES,
     Segment,
@@ -70,9 +70,9 @@ from serving.dataset import (
     arrivals,
     segment_at,
 )
-from serving.load import BUILTIN_TRACES, TraceRequest, read_trace
-from serving.promstack import PrometheusServer, write_prometheus_config
-from serving.surge_protocol import (
+from serving.lab.load import BUILTIN_TRACES, TraceRequest, read_trace
+from serving.lab.promstack import PrometheusServer, write_prometheus_config
+from serving.lab.surge_protocol import (
     SHAPES,
     Baseline,
     HpaLike,
@@ -88,7 +88,7 @@ from serving.surge_protocol import (
     onset_lead,
 )
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 RULES = PROJECT_ROOT / "rules" / "examples"
 REACTIVE_POLICY = RULES / "queue-scale.yaml"
 PREDICTIVE_POLICY = RULES / "predicted-queue-breach-scale.yaml"
@@ -281,7 +281,7 @@ class RemoteWriter:
 
 
 def scrape(tier: VirtualTier, at: float) -> list[tuple[dict[str, str], float]]:
-    """What Prometheus would scrape from the tier at `at` (serving.dataset's recording, as series)."""
+    """What Prometheus would scrape from the tier at `at` (serving.lab.dataset's recording, as series)."""
     out: list[tuple[dict[str, str], float]] = []
     tier.now = at
     tier.serving()

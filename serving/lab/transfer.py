@@ -1,7 +1,7 @@
 """The SLA model on recorded real-vLLM history: trained elsewhere (transfer) or on the recording's first part.
 
 Two experiments, each scored side by side with the baselines on the same rows:
-- transfer: fit on the simulator's history (serving.dataset generate, other seeds), evaluate on the whole
+- transfer: fit on the simulator's history (serving.lab.dataset generate, other seeds), evaluate on the whole
   real recording;
 - in-recording: fit on the first `train_share` of the recording (by time, the last horizon before the split
   dropped: its labels look across it), evaluate on the rest.

@@ -40,8 +40,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from controller.kit.errors import InputError
-from serving.priority import BatchWindows, PriorityClass
-from serving.profiles import EngineProfile
+from serving.tier.priority import BatchWindows, PriorityClass
+from serving.tier.profiles import EngineProfile
 
 
 class RequestRejected(InputError, ValueError):
@@ -327,7 +327,7 @@ def simulate(
 ) -> list[SimRequest]:
     """Run the model in virtual time over `arrivals`; returns every request, finished, in arrival order.
 
-    With `windows` (e.g. serving.priority.SEED_CLASSES) requests pass through their priority class's batching
+    With `windows` (e.g. serving.tier.priority.SEED_CLASSES) requests pass through their priority class's batching
     window first, as behind the router: a request's latency includes its wait in the window.
     """
     model = BatchingModel(profile)

@@ -8,7 +8,7 @@ The SLA model reads it (predictors/features.py, `seq_limit_min` and `load_over_s
 whose limits cannot carry the current load before that rollout takes traffic.
 
 Labels are the router's (`service`, `version`) plus `replica` and `arg`; the scrape job adds `namespace`, as
-it does for the router's other series. The virtual-time dataset generator (serving/dataset.py) exports
+it does for the router's other series. The virtual-time dataset generator (serving/lab/dataset.py) exports
 the same family from the same collector.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from serving.profiles import EngineArgs
+from serving.tier.profiles import EngineArgs
 
 ENGINE_ARG_METRIC = "tailguard_serving_engine_arg"
 # The numeric arguments that bound a replica's capacity; an argument left unset (None) is not exported.

@@ -14,10 +14,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from serving.yamlfile import ConfigFileError, load_yaml_model, validate
+from serving.tier.yamlfile import ConfigFileError, load_yaml_model, validate
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
-# Calibrated profiles (serving.calibration): a base profile plus engine/hardware values fitted on a real engine.
+# Calibrated profiles (serving.lab.calibration): a base profile plus engine/hardware values fitted on a real engine.
 CALIBRATIONS_DIR = Path(__file__).resolve().parent / "calibrations"
 GIB = 1024**3
 
@@ -103,7 +103,7 @@ class Hardware(_Strict):
     16-bit weights, a 16-bit KV cache and one GPU; `EngineProfile.step_costs()` scales them for the profile's
     quantization, kv_cache_dtype and tensor_parallel_size. Decoding is memory-bound: the base is the weights
     streamed once per step, the KV term each sequence's cache streamed once (fitted on an H200:
-    serving/calibrations/h200-llama-3-8b.yaml). Without `decode_kv_bandwidth_gbps` the KV read is folded into
+    serving/tier/calibrations/h200-llama-3-8b.yaml). Without `decode_kv_bandwidth_gbps` the KV read is folded into
     `decode_per_seq_s` (a step's cost does not grow with context: the tiny-model CPU calibrations).
     """
 
@@ -127,7 +127,7 @@ class Hardware(_Strict):
     # Fraction of prompt tokens found in the prefix cache when enable_prefix_caching is on.
     prefix_cache_hit_ratio: float = Field(0.12, ge=0.0, lt=1.0)
     # Client-observed minus engine-reported latency per request (HTTP, tokenization), fitted by
-    # serving.calibration; the fidelity comparison adds it to the simulated e2e latency.
+    # serving.lab.calibration; the fidelity comparison adds it to the simulated e2e latency.
     request_overhead_s: float = Field(0.0, ge=0.0)
 
 
@@ -227,7 +227,7 @@ def builtin_profile_names() -> list[str]:
 
 
 def resolve_profile(name_or_path: str, search_dirs: list[Path] | None = None) -> EngineProfile:
-    """A profile by file path, or by name in `search_dirs` then the shipped serving/profiles/."""
+    """A profile by file path, or by name in `search_dirs` then the shipped serving/tier/profiles/."""
     candidate = Path(name_or_path)
     if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
         return load_profile(candidate)
@@ -242,7 +242,7 @@ def resolve_profile(name_or_path: str, search_dirs: list[Path] | None = None) ->
     raise ConfigFileError(name_or_path, 0, "", f"no such profile; expected a file or one of {builtin_profile_names()}")
 
 
-# -- calibrated profiles (fitted by serving.calibration) ------------------------------------------------
+# -- calibrated profiles (fitted by serving.lab.calibration) ------------------------------------------------
 
 
 class FitReport(_Strict):
@@ -259,7 +259,7 @@ class FitReport(_Strict):
 
 
 class CalibrationFile(_Strict):
-    """serving/calibrations/<name>.yaml: a base profile, the real engine's arguments, the fitted hardware."""
+    """serving/tier/calibrations/<name>.yaml: a base profile, the real engine's arguments, the fitted hardware."""
 
     name: str = Field(min_length=1)
     base: str = Field(min_length=1)

@@ -49,11 +49,11 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.kit.errors import InputError
-from serving.engine_args_metric import EngineArgCollector, ListedReplica
-from serving.profiles import EngineArgs, EngineProfile, profile_diff, profile_from_dict, resolve_profile
-from serving.router import ReplicaTarget, Router, VersionTarget
-from serving.simulator import ReplicaEngine, make_replica_app
-from serving.supervisor import (
+from serving.tier.engine_args_metric import EngineArgCollector, ListedReplica
+from serving.tier.profiles import EngineArgs, EngineProfile, profile_diff, profile_from_dict, resolve_profile
+from serving.tier.router import ReplicaTarget, Router, VersionTarget
+from serving.tier.simulator import ReplicaEngine, make_replica_app
+from serving.tier.supervisor import (
     Replica,
     ReplicaSpec,
     Supervisor,
@@ -62,9 +62,9 @@ from serving.supervisor import (
     vllm_command,
     vllm_environment,
 )
-from serving.tiny_model import DEFAULT_MODEL_DIR, TinyModelError, ensure_tiny_model
-from serving.vllm_args import platform_args, profile_cli_args, validate_cli_args
-from serving.yamlfile import ConfigFileError, load_yaml_model
+from serving.tier.tiny_model import DEFAULT_MODEL_DIR, TinyModelError, ensure_tiny_model
+from serving.tier.vllm_args import platform_args, profile_cli_args, validate_cli_args
+from serving.tier.yamlfile import ConfigFileError, load_yaml_model
 
 STATE_FILE = "state.json"
 MAX_REPLICAS = 32
@@ -82,7 +82,7 @@ class ServiceConfig(_Strict):
     name: str = Field(min_length=1, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     namespace: str = "llm"
     model: str = Field(min_length=1)
-    profile: str = Field("stable", description="a profile name (serving/profiles or profiles_dir) or a path")
+    profile: str = Field("stable", description="a profile name (serving/tier/profiles or profiles_dir) or a path")
     replicas: int = Field(1, ge=0, le=MAX_REPLICAS)
 
 
@@ -117,7 +117,7 @@ class TierConfig(_Strict):
     # simulator: in-process simulated replicas (fast tests); vllm: supervised real vLLM processes.
     engine: Literal["simulator", "vllm"] = "simulator"
     vllm: VllmConfig = Field(default_factory=VllmConfig)
-    # The router's priority batching windows (serving/priority.py: interactive 5 ms / 8, batch 20 ms / 32). Off by
+    # The router's priority batching windows (serving/tier/priority.py: interactive 5 ms / 8, batch 20 ms / 32). Off by
     # default: holding and releasing requests in batches changes the latency every existing scenario was tuned on
     # (the real-vLLM demo's stable P99 crossed its 2 s threshold during a replica's cold start with them on).
     priority_windows: bool = False
@@ -161,7 +161,7 @@ class Revision:
 def revisions_answer(revisions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """GET .../revisions: each revision's JSON plus `profile_diff`, what its profile changed from the revision before.
 
-    `profile_diff` is serving.profiles.profile_diff ({arg: {"from": old, "to": new}}) from the next lower
+    `profile_diff` is serving.tier.profiles.profile_diff ({arg: {"from": old, "to": new}}) from the next lower
     revision's profile; {} for the first revision, null when either profile cannot be read. The change
     tracker (controller/adapters/changes/tracker.py) reads it, so the controller never parses a profile.
     """

@@ -1,6 +1,6 @@
 """A vLLM-compatible simulated replica: the batching model run in real time behind an OpenAI API.
 
-`ReplicaEngine` runs `serving.batching.BatchingModel` in an asyncio task: it
+`ReplicaEngine` runs `serving.tier.batching.BatchingModel` in an asyncio task: it
 plans a step, sleeps for the step's modelled duration, then applies the step at
 the time it actually ended (so CPU contention shows up as latency, as on a real
 server). `make_replica_app` serves it with aiohttp:
@@ -31,10 +31,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from controller.kit.errors import InputError, LabError
-from serving.batching import BatchingModel, RequestRejected, SimRequest
-from serving.profiles import EngineProfile
-from serving.vllm_metrics import DcgmCollector, HbmModel, VllmMetrics
+from controller.kit.errors import InputError
+from serving.errors import LabError
+from serving.tier.batching import BatchingModel, RequestRejected, SimRequest
+from serving.tier.profiles import EngineProfile
+from serving.tier.vllm_metrics import DcgmCollector, HbmModel, VllmMetrics
 
 
 class EngineStopped(LabError, RuntimeError):

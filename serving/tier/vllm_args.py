@@ -5,7 +5,7 @@ vLLM's FlexibleArgumentParser (the OpenAI server's parser, with every EngineArgs
 the serving virtualenv, where vLLM is installed, and reports the first rejected argument by name. A profile
 that fails here is never started: the tier's rollout answers 422 with the message.
 
-Run inside the serving virtualenv: `python -m serving.vllm_args -- --max-num-seqs 4 ...` prints one JSON line
+Run inside the serving virtualenv: `python -m serving.tier.vllm_args -- --max-num-seqs 4 ...` prints one JSON line
 `{"ok": true}` or `{"ok": false, "argument": "--quantization", "error": "..."}`.
 """
 
@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from controller.kit.errors import ConfigError
-from serving.profiles import EngineProfile
+from serving.tier.profiles import EngineProfile
 
 # Booleans whose vLLM default is on: False must be spelled out as --no-<flag>.
 _NEGATABLE = frozenset({"enable_prefix_caching"})
-# The tiny CPU model's context (see serving/tiny_model.py); profiles written for production GPUs ask for 8192.
+# The tiny CPU model's context (see serving/tier/tiny_model.py); profiles written for production GPUs ask for 8192.
 DEFAULT_MAX_MODEL_LEN_CAP = 512
 
 
@@ -130,7 +130,7 @@ def validate_cli_args(
     With `model_dir` (the model the replicas will serve) vLLM also checks the arguments against its config.
     """
     model_args = ["--model-dir", str(model_dir)] if model_dir is not None else []
-    project_root = Path(__file__).resolve().parent.parent
+    project_root = Path(__file__).resolve().parents[2]
     env = {
         **os.environ,
         "PYTHONPATH": str(project_root),
@@ -141,7 +141,7 @@ def validate_cli_args(
     }
     try:
         done = subprocess.run(
-            [str(serving_python), "-m", "serving.vllm_args", *model_args, "--", *args],
+            [str(serving_python), "-m", "serving.tier.vllm_args", *model_args, "--", *args],
             cwd=project_root,
             env=env,
             capture_output=True,

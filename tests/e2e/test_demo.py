@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from controller.adapters.stores.journal import Journal
-from serving.demo import THRESHOLD_SECONDS, DemoTimings, run_demo
+from serving.lab.demo import THRESHOLD_SECONDS, DemoTimings, run_demo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from controller.app.cli import main as tailguard
-from serving.surge import ScenarioConfig, evaluated_controllers
+from serving.lab.surge import ScenarioConfig, evaluated_controllers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

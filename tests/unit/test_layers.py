@@ -25,10 +25,10 @@ FORBIDDEN = {
         "import controller.adapters.rollback.argocd",
     ),
     "core-layers": ("controller/core/model.py", "import controller.core.engine"),
-    "controller-not-serving": ("controller/loop/metrics.py", "import serving.load"),
+    "controller-not-serving": ("controller/loop/metrics.py", "import serving.lab.load"),
     "controller-reaches-models-through-the-app": ("controller/loop/metrics.py", "import predictors.modeling"),
     "predictors-on-kit-and-core": ("predictors/modeling.py", "import controller.loop.dispatcher"),
-    "no-circles": ("serving/profiles.py", "import serving.tier"),
+    "no-circles": ("serving/tier/profiles.py", "import serving.tier.server"),
 }
 
 
