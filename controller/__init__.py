@@ -1,1 +1,173 @@
-"""tailguard controller: policies, the breach engine, sources, actuators, journal, API and CLI."""
+"""tailguard's controller, and its public face: what a program embedding the loop imports (`from controller
+import embed_loop, Journal, ...`).
+
+The serving lab (serving/), a client of the controller, imports nothing else of it (pyproject.toml
+[tool.importlinter], contract `serving-through-the-face`); the controller's own layers never import this module.
+The face: the loop embedded in a program (`embed_loop`: journal, incident layer, journal-first dispatcher and the
+evaluation's ports wired once, controller/loop/embedding.py; `EmbeddedLoop.evaluate` is the live evaluation), the
+backtest (`run_backtest`, `WouldRun`), the incident report, the journal and the Prometheus source, the core's types,
+the kit's clocks, error tree and located YAML, and `testing` (a public fake of every port).
+
+The names load when first used (PEP 562 `__getattr__`): importing one module of the controller (`import
+controller.kit.errors`, as the predictors and the serving tier do) costs that module, not the whole face. The
+imports below under TYPE_CHECKING are the same names, for the type checker and for import-linter (which counts
+them), and tests/unit/test_public_face.py holds the two lists equal. No module the face names imports this one,
+so the face hides no import circle.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from controller import testing
+    from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+    from controller.adapters.stores.journal import Journal
+    from controller.core.engine import PolicyState, transition
+    from controller.core.model import Decision, DecisionKind, SignalResult, target_key
+    from controller.core.policy import ForSpec, Policy
+    from controller.core.policy_files import load_policies
+    from controller.core.ports import ActionOutcome, Clock, MetricsSource, OutcomeStatus, RangeResult
+    from controller.kit.clock import ManualClock, SystemClock
+    from controller.kit.errors import ConfigError, InputError, TailguardError
+    from controller.kit.located_yaml import (
+        BoundedLoader,
+        DuplicateKey,
+        FileTooLarge,
+        Located,
+        construct,
+        field_path,
+        line_for,
+        read_bounded,
+        yaml_problem,
+    )
+    from controller.loop.dispatcher import Actuators, GlobalLimits
+    from controller.loop.embedding import (
+        EmbeddedDispatcher,
+        EmbeddedLoop,
+        LoopJournal,
+        embed_dispatcher,
+        embed_loop,
+    )
+    from controller.loop.evaluation import EvaluationOutcome, EvaluationPorts, evaluate
+    from controller.tools.backtest import BacktestReport, run_backtest
+    from controller.tools.backtest_world import WouldRun
+    from controller.tools.incident_report import IncidentTimeline, write_report
+
+# name -> the module that defines it
+_HOMES: dict[str, str] = {
+    "EmbeddedDispatcher": "controller.loop.embedding",
+    "EmbeddedLoop": "controller.loop.embedding",
+    "LoopJournal": "controller.loop.embedding",
+    "embed_dispatcher": "controller.loop.embedding",
+    "embed_loop": "controller.loop.embedding",
+    "Actuators": "controller.loop.dispatcher",
+    "GlobalLimits": "controller.loop.dispatcher",
+    "EvaluationOutcome": "controller.loop.evaluation",
+    "EvaluationPorts": "controller.loop.evaluation",
+    "evaluate": "controller.loop.evaluation",
+    "BacktestReport": "controller.tools.backtest",
+    "run_backtest": "controller.tools.backtest",
+    "WouldRun": "controller.tools.backtest_world",
+    "IncidentTimeline": "controller.tools.incident_report",
+    "write_report": "controller.tools.incident_report",
+    "Journal": "controller.adapters.stores.journal",
+    "PrometheusSettings": "controller.adapters.metrics.prometheus",
+    "PrometheusSource": "controller.adapters.metrics.prometheus",
+    "PolicyState": "controller.core.engine",
+    "transition": "controller.core.engine",
+    "Decision": "controller.core.model",
+    "DecisionKind": "controller.core.model",
+    "SignalResult": "controller.core.model",
+    "target_key": "controller.core.model",
+    "ForSpec": "controller.core.policy",
+    "Policy": "controller.core.policy",
+    "load_policies": "controller.core.policy_files",
+    "ActionOutcome": "controller.core.ports",
+    "Clock": "controller.core.ports",
+    "MetricsSource": "controller.core.ports",
+    "OutcomeStatus": "controller.core.ports",
+    "RangeResult": "controller.core.ports",
+    "ManualClock": "controller.kit.clock",
+    "SystemClock": "controller.kit.clock",
+    "ConfigError": "controller.kit.errors",
+    "InputError": "controller.kit.errors",
+    "TailguardError": "controller.kit.errors",
+    "BoundedLoader": "controller.kit.located_yaml",
+    "DuplicateKey": "controller.kit.located_yaml",
+    "FileTooLarge": "controller.kit.located_yaml",
+    "Located": "controller.kit.located_yaml",
+    "construct": "controller.kit.located_yaml",
+    "field_path": "controller.kit.located_yaml",
+    "line_for": "controller.kit.located_yaml",
+    "read_bounded": "controller.kit.located_yaml",
+    "yaml_problem": "controller.kit.located_yaml",
+}
+# modules of the face
+_MODULES: dict[str, str] = {"testing": "controller.testing"}
+
+__all__ = [
+    "ActionOutcome",
+    "Actuators",
+    "BacktestReport",
+    "BoundedLoader",
+    "Clock",
+    "ConfigError",
+    "Decision",
+    "DecisionKind",
+    "DuplicateKey",
+    "EmbeddedDispatcher",
+    "EmbeddedLoop",
+    "EvaluationOutcome",
+    "EvaluationPorts",
+    "FileTooLarge",
+    "ForSpec",
+    "GlobalLimits",
+    "IncidentTimeline",
+    "InputError",
+    "Journal",
+    "Located",
+    "LoopJournal",
+    "ManualClock",
+    "MetricsSource",
+    "OutcomeStatus",
+    "Policy",
+    "PolicyState",
+    "PrometheusSettings",
+    "PrometheusSource",
+    "RangeResult",
+    "SignalResult",
+    "SystemClock",
+    "TailguardError",
+    "WouldRun",
+    "construct",
+    "embed_dispatcher",
+    "embed_loop",
+    "evaluate",
+    "field_path",
+    "line_for",
+    "load_policies",
+    "read_bounded",
+    "run_backtest",
+    "target_key",
+    "testing",
+    "transition",
+    "write_report",
+    "yaml_problem",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        value: Any = importlib.import_module(_MODULES[name])
+    elif name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name]), name)
+    else:
+        raise AttributeError(f"module 'controller' has no attribute {name!r}")
+    globals()[name] = value  # once loaded, an ordinary attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

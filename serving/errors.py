@@ -3,7 +3,7 @@ catches every tailguard failure still catches the lab's."""
 
 from __future__ import annotations
 
-from controller.kit.errors import TailguardError
+from controller import TailguardError
 
 
 class LabError(TailguardError):

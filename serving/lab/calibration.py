@@ -38,7 +38,7 @@ import numpy as np
 import yaml
 from scipy.optimize import nnls
 
-from controller.kit.errors import InputError
+from controller import InputError
 from serving.lab import fidelity
 from serving.tier.profiles import (
     CALIBRATIONS_DIR,

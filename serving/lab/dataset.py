@@ -40,7 +40,7 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter
 from tqdm import tqdm
 
-from controller.kit.errors import ConfigError
+from controller import ConfigError
 from serving.lab.load import BUILTIN_TRACES, TraceRequest, read_trace, run_replay
 from serving.lab.promstack import (
     ManagedProcess,

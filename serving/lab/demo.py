@@ -31,8 +31,7 @@ from typing import Any
 import requests
 import yaml
 
-from controller.adapters.stores.journal import Journal
-from controller.tools.incident_report import IncidentTimeline, write_report
+from controller import IncidentTimeline, Journal, write_report
 from serving.errors import LabError
 from serving.lab.promstack import (
     ManagedProcess,

@@ -45,9 +45,7 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.core.engine import PolicyState, transition
-from controller.core.model import DecisionKind, SignalResult, target_key
-from controller.core.policy_files import load_policies
+from controller import DecisionKind, PolicyState, SignalResult, load_policies, target_key, transition
 from serving.errors import LabError
 from serving.lab.load import BUILTIN_TRACES, PlannedRequest, plan, quantile, read_trace, replay
 from serving.tier.batching import BatchingModel, SimRequest

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import nnls
 
-from controller.kit.errors import InputError
+from controller import InputError
 
 # Llama-3-8B at 16 bits: 2 (K, V) * 32 layers * 8 KV heads * 128 * 2 B.
 LLAMA_3_8B_KV_BYTES_PER_TOKEN = 131072

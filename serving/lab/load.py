@@ -37,7 +37,7 @@ from typing import Any
 import aiohttp
 from tqdm import tqdm
 
-from controller.kit.errors import InputError
+from controller import InputError
 
 DATA_DIR = Path(__file__).resolve().parent / "data" / "azure-llm-inference-2023"
 BUILTIN_TRACES = {"conv": DATA_DIR / "conv.csv", "code": DATA_DIR / "code.csv"}

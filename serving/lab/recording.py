@@ -47,9 +47,7 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.kit.clock import SystemClock
-from controller.kit.errors import ConfigError
+from controller import ConfigError, PrometheusSettings, PrometheusSource, SystemClock
 from predictors.data import DataError
 from predictors.features import DEFAULT_SLI_THRESHOLDS
 from predictors.train import TrainingError

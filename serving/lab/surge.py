@@ -49,18 +49,26 @@ from typing import Any
 import requests
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.adapters.stores.journal import Journal
-from controller.core.engine import PolicyState
-from controller.core.model import SignalResult
-from controller.core.policy import ForSpec, Policy
-from controller.core.policy_files import load_policies
-from controller.core.ports import ActionOutcome, Clock, MetricsSource, OutcomeStatus, RangeResult
-from controller.kit.clock import ManualClock
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.evaluation import EvaluationPorts, evaluate
-from controller.loop.metrics import ControllerMetrics
-from controller.tools.backtest_world import WouldRun
+from controller import (
+    ActionOutcome,
+    Actuators,
+    Clock,
+    EmbeddedLoop,
+    ForSpec,
+    Journal,
+    ManualClock,
+    MetricsSource,
+    OutcomeStatus,
+    Policy,
+    PolicyState,
+    PrometheusSettings,
+    PrometheusSource,
+    RangeResult,
+    SignalResult,
+    WouldRun,
+    embed_loop,
+    load_policies,
+)
 from serving.errors import LabError
 from serving.lab.dataset import (
     NAMESPACE,
@@ -501,26 +509,19 @@ def run_closed_loop(
     writer = RemoteWriter(prometheus_url)
     result = RunResult(controller, seed, calm, start, start + config.duration_s, shape)
     journal: Journal | None = None
-    ports: EvaluationPorts | None = None
+    loop: EmbeddedLoop | None = None
     state = PolicyState()
     source = PinnedSource(PrometheusSource(PrometheusSettings(url=prometheus_url, timeout=HTTP_TIMEOUT), clock), clock)
     if policy is not None:
         journal = Journal(journal_dir / f"journal-{controller}-{seed}-{'calm' if calm else 'surge'}.db")
         world = WouldRun(clock)
-        dispatcher = Dispatcher(
+        loop = embed_loop(
             journal,
             Actuators(rollback=world, scale=scaler, router=world, annotator=world, notifier=world),
             clock,
-            GlobalLimits(),
-        )
-        ports = EvaluationPorts(
-            source=source,
-            journal=journal,
-            dispatcher=dispatcher,
-            clock=clock,
-            metrics=ControllerMetrics(CollectorRegistry()),
+            source,
             # The controller's PredictionProvider on this run's clock (it judges the model's age by it).
-            predictions=predictions(clock) if predictions is not None else _NoPredictions(),
+            predictions(clock) if predictions is not None else _NoPredictions(),
         )
     rng = random.Random(seed + 2)
     pending = arrivals(trace, segments, config.duration_s)
@@ -546,8 +547,8 @@ def run_closed_loop(
                 paid = sum(1 for r in tier.replicas if not r.draining or r.in_flight > 0)
                 result.replica_timeline.append((next_scrape, paid))
                 writer.write(scrape(tier, next_scrape), next_scrape)
-                if policy is not None and ports is not None:
-                    outcome = evaluate(policy, state, next_scrape, ports)
+                if policy is not None and loop is not None:
+                    outcome = loop.evaluate(policy, state, next_scrape)
                     state = outcome.state
                     for decision in outcome.decisions:
                         result.decisions.append((decision.at, decision.kind.value, decision.condition))

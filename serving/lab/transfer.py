@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from controller.core.ports import MetricsSource
+from controller import MetricsSource
 from predictors.artifact import ModelArtifact, predict_proba
 from predictors.data import (
     Rows,

@@ -39,7 +39,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from controller.kit.errors import InputError
+from controller import InputError
 from serving.tier.priority import BatchWindows, PriorityClass
 from serving.tier.profiles import EngineProfile
 

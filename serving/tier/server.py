@@ -48,7 +48,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.kit.errors import InputError
+from controller import InputError
 from serving.tier.engine_args_metric import EngineArgCollector, ListedReplica
 from serving.tier.profiles import EngineArgs, EngineProfile, profile_diff, profile_from_dict, resolve_profile
 from serving.tier.router import ReplicaTarget, Router, VersionTarget

@@ -31,7 +31,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from controller.kit.errors import InputError
+from controller import InputError
 from serving.errors import LabError
 from serving.tier.batching import BatchingModel, RequestRejected, SimRequest
 from serving.tier.profiles import EngineProfile

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controller.kit.errors import ConfigError
+from controller import ConfigError
 from serving.tier.profiles import EngineProfile
 
 # Booleans whose vLLM default is on: False must be spelled out as --no-<flag>.

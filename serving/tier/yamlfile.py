@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from controller.kit.errors import ConfigError
-from controller.kit.located_yaml import (
+from controller import (
     BoundedLoader,
+    ConfigError,
     DuplicateKey,
     FileTooLarge,
     Located,

@@ -67,7 +67,8 @@ def test_wheel_declares_the_console_script_and_the_extras_the_dockerfile_install
     archive = zipfile.ZipFile(wheel)
     dist_info = next(n.split("/")[0] for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
     entry_points = archive.read(f"{dist_info}/entry_points.txt").decode()
-    assert re.search(r"^tailguard = controller\.cli:main$", entry_points, re.MULTILINE)
+    # the controller's commands plus the serving lab's demo and load (serving/cli.py)
+    assert re.search(r"^tailguard = serving\.cli:main$", entry_points, re.MULTILINE)
     # The kubectl plugin: kubectl runs `kubectl-tailguard` from PATH for `kubectl tailguard ...`.
     assert re.search(r"^kubectl-tailguard = controller\.app\.kubectl_plugin:plugin_main$", entry_points, re.MULTILINE)
     metadata = archive.read(f"{dist_info}/METADATA").decode()

@@ -28,6 +28,10 @@ FORBIDDEN = {
     "controller-not-serving": ("controller/loop/metrics.py", "import serving.lab.load"),
     "controller-reaches-models-through-the-app": ("controller/loop/metrics.py", "import predictors.modeling"),
     "predictors-on-kit-and-core": ("predictors/modeling.py", "import controller.loop.dispatcher"),
+    # serving reaching past the controller's public face into a layer
+    "serving-through-the-face": ("serving/tier/profiles.py", "import controller.kit.errors"),
+    # the tier that ships importing an experiment of the lab
+    "serving-lab-on-the-tier": ("serving/tier/profiles.py", "import serving.lab.load"),
     "no-circles": ("serving/tier/profiles.py", "import serving.tier.server"),
 }
 
