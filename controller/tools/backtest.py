@@ -725,7 +725,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def backtest_main(  # noqa: PLR0915 - wires journal, ports and evaluate itself; issue 26 item 6 (one public face)
+def backtest_main(  # noqa: PLR0915 - the command line: arguments, policies, source, report
     argv: Sequence[str], predictions: PredictionsFactory | None = None, read_config: ConfigReader | None = None
 ) -> int:
     """`tailguard backtest`; `predictions` builds the SLA model over history from the model options, `read_config`
