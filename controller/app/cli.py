@@ -1,4 +1,5 @@
-"""`tailguard`: validate rules, print the schema, run the controller, backtest, load, demo.
+"""`tailguard`: validate rules, print the schema, run the controller, backtest, ... (the serving lab adds its `load`
+and `demo`: serving/cli.py, the installed command).
 
 Exit codes: 0 success; 1 `rules validate` found errors (or a delegated command
 failed); 2 the configuration or the policies are unusable, or the command line
@@ -58,7 +59,6 @@ DELEGATED = {
     "completion": ("controller.app.kubectl_plugin", "completion_main", "print shell completion code"),
     "report": ("controller.app.report_command", "report_main", "the incident report of a journaled decision"),
 }
-
 
 
 class Command(NamedTuple):
