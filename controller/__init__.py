@@ -3,10 +3,12 @@ import embed_loop, Journal, ...`).
 
 The serving lab (serving/), a client of the controller, imports nothing else of it (pyproject.toml
 [tool.importlinter], contract `serving-through-the-face`); the controller's own layers never import this module.
-The face: the loop embedded in a program (`embed_loop`: journal, incident layer, journal-first dispatcher and the
-evaluation's ports wired once, controller/loop/embedding.py; `EmbeddedLoop.evaluate` is the live evaluation), the
-backtest (`run_backtest`, `WouldRun`), the incident report, the journal and the Prometheus source, the core's types,
-the kit's clocks, error tree and located YAML, and `testing` (a public fake of every port).
+The face: the whole controller built from its settings (`load_settings`, `build`: controller/app/build.py, the
+controller's composition root), the loop embedded in a program (`embed_loop`: journal, incident layer,
+journal-first dispatcher and the evaluation's ports wired once, controller/loop/embedding.py;
+`EmbeddedLoop.evaluate` is the live evaluation), the backtest (`run_backtest`, `WouldRun`), the incident report,
+the journal and the Prometheus source, the core's types, the kit's clocks, error tree and located YAML, and
+`testing` (a public fake of every port).
 
 The names load when first used (PEP 562 `__getattr__`): importing one module of the controller (`import
 controller.kit.errors`, as the predictors and the serving tier do) costs that module, not the whole face. The
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
     from controller import testing
     from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
     from controller.adapters.stores.journal import Journal
+    from controller.app.build import Application, build
+    from controller.app.settings import ControllerSettings, load_settings
     from controller.core.engine import PolicyState, transition
     from controller.core.model import Decision, DecisionKind, SignalResult, target_key
     from controller.core.policy import ForSpec, Policy
@@ -57,6 +61,10 @@ if TYPE_CHECKING:
 
 # name -> the module that defines it
 _HOMES: dict[str, str] = {
+    "Application": "controller.app.build",
+    "build": "controller.app.build",
+    "ControllerSettings": "controller.app.settings",
+    "load_settings": "controller.app.settings",
     "EmbeddedDispatcher": "controller.loop.embedding",
     "EmbeddedLoop": "controller.loop.embedding",
     "LoopJournal": "controller.loop.embedding",
@@ -110,10 +118,12 @@ _MODULES: dict[str, str] = {"testing": "controller.testing"}
 __all__ = [
     "ActionOutcome",
     "Actuators",
+    "Application",
     "BacktestReport",
     "BoundedLoader",
     "Clock",
     "ConfigError",
+    "ControllerSettings",
     "Decision",
     "DecisionKind",
     "DuplicateKey",
@@ -141,6 +151,7 @@ __all__ = [
     "SystemClock",
     "TailguardError",
     "WouldRun",
+    "build",
     "construct",
     "embed_dispatcher",
     "embed_loop",
@@ -148,6 +159,7 @@ __all__ = [
     "field_path",
     "line_for",
     "load_policies",
+    "load_settings",
     "read_bounded",
     "run_backtest",
     "target_key",

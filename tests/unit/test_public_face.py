@@ -57,3 +57,11 @@ def test_one_module_of_the_controller_does_not_load_the_face() -> None:
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert loaded.stdout.strip() == "[]"
+
+
+def test_the_app_through_the_face_after_the_predictors_no_circle() -> None:
+    # the predictors import the controller's kit first; the face's build (the app, which imports the predictors)
+    # loads only when asked for, so neither import order meets a partly initialised module
+    code = "import predictors.serving, controller; print(controller.build.__module__, controller.run_backtest.__name__)"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert loaded.stdout.split() == ["controller.app.build", "run_backtest"]
