@@ -59,61 +59,61 @@ if TYPE_CHECKING:
     from controller.tools.backtest_world import WouldRun
     from controller.tools.incident_report import IncidentTimeline, write_report
 
-# name -> the module that defines it
+# name -> the module that defines it, relative to this package (the names survive a rename of the package)
 _HOMES: dict[str, str] = {
-    "Application": "controller.app.build",
-    "build": "controller.app.build",
-    "ControllerSettings": "controller.app.settings",
-    "load_settings": "controller.app.settings",
-    "EmbeddedDispatcher": "controller.loop.embedding",
-    "EmbeddedLoop": "controller.loop.embedding",
-    "LoopJournal": "controller.loop.embedding",
-    "embed_dispatcher": "controller.loop.embedding",
-    "embed_loop": "controller.loop.embedding",
-    "Actuators": "controller.loop.dispatcher",
-    "GlobalLimits": "controller.loop.dispatcher",
-    "EvaluationOutcome": "controller.loop.evaluation",
-    "EvaluationPorts": "controller.loop.evaluation",
-    "evaluate": "controller.loop.evaluation",
-    "BacktestReport": "controller.tools.backtest",
-    "run_backtest": "controller.tools.backtest",
-    "WouldRun": "controller.tools.backtest_world",
-    "IncidentTimeline": "controller.tools.incident_report",
-    "write_report": "controller.tools.incident_report",
-    "Journal": "controller.adapters.stores.journal",
-    "PrometheusSettings": "controller.adapters.metrics.prometheus",
-    "PrometheusSource": "controller.adapters.metrics.prometheus",
-    "PolicyState": "controller.core.engine",
-    "transition": "controller.core.engine",
-    "Decision": "controller.core.model",
-    "DecisionKind": "controller.core.model",
-    "SignalResult": "controller.core.model",
-    "target_key": "controller.core.model",
-    "ForSpec": "controller.core.policy",
-    "Policy": "controller.core.policy",
-    "load_policies": "controller.core.policy_files",
-    "ActionOutcome": "controller.core.ports",
-    "Clock": "controller.core.ports",
-    "MetricsSource": "controller.core.ports",
-    "OutcomeStatus": "controller.core.ports",
-    "RangeResult": "controller.core.ports",
-    "ManualClock": "controller.kit.clock",
-    "SystemClock": "controller.kit.clock",
-    "ConfigError": "controller.kit.errors",
-    "InputError": "controller.kit.errors",
-    "TailguardError": "controller.kit.errors",
-    "BoundedLoader": "controller.kit.located_yaml",
-    "DuplicateKey": "controller.kit.located_yaml",
-    "FileTooLarge": "controller.kit.located_yaml",
-    "Located": "controller.kit.located_yaml",
-    "construct": "controller.kit.located_yaml",
-    "field_path": "controller.kit.located_yaml",
-    "line_for": "controller.kit.located_yaml",
-    "read_bounded": "controller.kit.located_yaml",
-    "yaml_problem": "controller.kit.located_yaml",
+    "Application": ".app.build",
+    "build": ".app.build",
+    "ControllerSettings": ".app.settings",
+    "load_settings": ".app.settings",
+    "EmbeddedDispatcher": ".loop.embedding",
+    "EmbeddedLoop": ".loop.embedding",
+    "LoopJournal": ".loop.embedding",
+    "embed_dispatcher": ".loop.embedding",
+    "embed_loop": ".loop.embedding",
+    "Actuators": ".loop.dispatcher",
+    "GlobalLimits": ".loop.dispatcher",
+    "EvaluationOutcome": ".loop.evaluation",
+    "EvaluationPorts": ".loop.evaluation",
+    "evaluate": ".loop.evaluation",
+    "BacktestReport": ".tools.backtest",
+    "run_backtest": ".tools.backtest",
+    "WouldRun": ".tools.backtest_world",
+    "IncidentTimeline": ".tools.incident_report",
+    "write_report": ".tools.incident_report",
+    "Journal": ".adapters.stores.journal",
+    "PrometheusSettings": ".adapters.metrics.prometheus",
+    "PrometheusSource": ".adapters.metrics.prometheus",
+    "PolicyState": ".core.engine",
+    "transition": ".core.engine",
+    "Decision": ".core.model",
+    "DecisionKind": ".core.model",
+    "SignalResult": ".core.model",
+    "target_key": ".core.model",
+    "ForSpec": ".core.policy",
+    "Policy": ".core.policy",
+    "load_policies": ".core.policy_files",
+    "ActionOutcome": ".core.ports",
+    "Clock": ".core.ports",
+    "MetricsSource": ".core.ports",
+    "OutcomeStatus": ".core.ports",
+    "RangeResult": ".core.ports",
+    "ManualClock": ".kit.clock",
+    "SystemClock": ".kit.clock",
+    "ConfigError": ".kit.errors",
+    "InputError": ".kit.errors",
+    "TailguardError": ".kit.errors",
+    "BoundedLoader": ".kit.located_yaml",
+    "DuplicateKey": ".kit.located_yaml",
+    "FileTooLarge": ".kit.located_yaml",
+    "Located": ".kit.located_yaml",
+    "construct": ".kit.located_yaml",
+    "field_path": ".kit.located_yaml",
+    "line_for": ".kit.located_yaml",
+    "read_bounded": ".kit.located_yaml",
+    "yaml_problem": ".kit.located_yaml",
 }
 # modules of the face
-_MODULES: dict[str, str] = {"testing": "controller.testing"}
+_MODULES: dict[str, str] = {"testing": ".testing"}
 
 __all__ = [
     "ActionOutcome",
@@ -172,9 +172,9 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in _MODULES:
-        value: Any = importlib.import_module(_MODULES[name])
+        value: Any = importlib.import_module(_MODULES[name], __name__)
     elif name in _HOMES:
-        value = getattr(importlib.import_module(_HOMES[name]), name)
+        value = getattr(importlib.import_module(_HOMES[name], __name__), name)
     else:
         raise AttributeError(f"module 'controller' has no attribute {name!r}")
     globals()[name] = value  # once loaded, an ordinary attribute

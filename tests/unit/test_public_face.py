@@ -43,7 +43,8 @@ def test_the_type_checked_imports_are_the_loaded_names() -> None:
                 assert isinstance(statement, ast.ImportFrom) and statement.module is not None
                 for alias in statement.names:
                     checked[alias.name] = statement.module
-    homes = {**controller._HOMES, **{name: "controller" for name in controller._MODULES}}
+    homes = {name: f"controller{home}" for name, home in controller._HOMES.items()}
+    homes.update({name: "controller" for name in controller._MODULES})
     assert checked == homes
     assert sorted(controller.__all__) == sorted(homes)
 
