@@ -32,7 +32,14 @@ if TYPE_CHECKING:
     from controller.core.model import Decision, DecisionKind, SignalResult, target_key
     from controller.core.policy import ForSpec, Policy
     from controller.core.policy_files import load_policies
-    from controller.core.ports import ActionOutcome, Clock, MetricsSource, OutcomeStatus, RangeResult
+    from controller.core.ports import (
+        ActionOutcome,
+        Clock,
+        LoopJournalPort,
+        MetricsSource,
+        OutcomeStatus,
+        RangeResult,
+    )
     from controller.kit.clock import ManualClock, SystemClock
     from controller.kit.errors import ConfigError, InputError, TailguardError
     from controller.kit.located_yaml import (
@@ -50,7 +57,6 @@ if TYPE_CHECKING:
     from controller.loop.embedding import (
         EmbeddedDispatcher,
         EmbeddedLoop,
-        LoopJournal,
         embed_dispatcher,
         embed_loop,
     )
@@ -67,7 +73,6 @@ _HOMES: dict[str, str] = {
     "load_settings": ".app.settings",
     "EmbeddedDispatcher": ".loop.embedding",
     "EmbeddedLoop": ".loop.embedding",
-    "LoopJournal": ".loop.embedding",
     "embed_dispatcher": ".loop.embedding",
     "embed_loop": ".loop.embedding",
     "Actuators": ".loop.dispatcher",
@@ -95,6 +100,7 @@ _HOMES: dict[str, str] = {
     "ActionOutcome": ".core.ports",
     "Clock": ".core.ports",
     "MetricsSource": ".core.ports",
+    "LoopJournalPort": ".core.ports",
     "OutcomeStatus": ".core.ports",
     "RangeResult": ".core.ports",
     "ManualClock": ".kit.clock",
@@ -138,7 +144,7 @@ __all__ = [
     "InputError",
     "Journal",
     "Located",
-    "LoopJournal",
+    "LoopJournalPort",
     "ManualClock",
     "MetricsSource",
     "OutcomeStatus",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypedDict, Unpack
+from typing import Any, TypedDict, Unpack
 
 from prometheus_client import CollectorRegistry
 
@@ -29,7 +29,7 @@ from controller.core.ports import (
     ChangeTrackerPort,
     Clock,
     DispatcherPort,
-    JournalPort,
+    LoopJournalPort,
     MetricsSource,
     PredictionPort,
 )
@@ -39,11 +39,6 @@ from controller.loop.evaluation import EvaluationOutcome, EvaluationPorts, Query
 from controller.loop.incident_ports import incident_layer
 from controller.loop.incidents import IncidentKeeper
 from controller.loop.metrics import ControllerMetrics
-
-
-class LoopJournal(JournalPort, ActionJournalPort, Protocol):
-    """The journal an embedded loop writes: the evaluation's side (states, decisions) and the dispatcher's (actions,
-    their events); the adapters' SQLite `Journal` is both."""
 
 
 class DispatcherOptions(TypedDict, total=False):
@@ -112,7 +107,7 @@ class EmbeddedLoop:
 
 
 def embed_loop(
-    journal: LoopJournal,
+    journal: LoopJournalPort,
     actuators: Actuators,
     clock: Clock,
     source: MetricsSource,
