@@ -1,6 +1,8 @@
-"""The `tailguard` console script's entry point (`controller.cli:main`, the name installed wheels and images have
-always carried). The command itself lives in the app layer, controller/app/cli.py."""
+"""The controller's command line (`python -m controller`): `main(argv, commands=...)` and `Command`, the face a
+program adding its own commands uses (serving/cli.py, whose `main` is the installed `tailguard` console script:
+the controller's commands plus the serving lab's `demo` and `load`). The command itself lives in the app layer,
+controller/app/cli.py."""
 
-from controller.app.cli import main
+from controller.app.cli import Command, main
 
-__all__ = ["main"]
+__all__ = ["Command", "main"]

@@ -4,13 +4,13 @@ Every feature is ONE query for every target at once: it aggregates `by ({{ by }}
 labels, and selects with `{{ selector }}`, the policy's equality matchers (controller.kit.templating escapes
 them). A query only reads samples at or before its evaluation time, so a feature evaluated at t uses
 only data available at prediction time t. Metric names are those of vLLM 0.32
-(tests/fixtures/vllm-0.32-cpu-metrics.txt), the tier's router (serving/router.py) and the DCGM exporter.
+(tests/fixtures/vllm-0.32-cpu-metrics.txt), the tier's router (serving/tier/router.py) and the DCGM exporter.
 
 The three SLIs (one per SLA dimension; docs/sla-model.md):
 - cpu: P99 of vllm:request_queue_time_seconds over 1m (scheduling: time spent WAITING);
 - gpu: P99 of vllm:request_inference_time_seconds over 1m (RUNNING = prefill + decode);
 - network: P99 over 1m of router-observed latency minus the engine exchange, per request
-  (tailguard_router_proxy_overhead_seconds, serving/router.py).
+  (tailguard_router_proxy_overhead_seconds, serving/tier/router.py).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def _cumulative_entropy(metric: str, window: str = "5m") -> str:
 CPU_SLI = _quantile(0.99, "vllm:request_queue_time_seconds")
 GPU_SLI = _quantile(0.99, "vllm:request_inference_time_seconds")
 # Per request, the router observes its latency minus the upstream exchange with the engine
-# (serving/router.py); the P99 of that difference is the network SLI. A difference of two P99s (router P99
+# (serving/tier/router.py); the P99 of that difference is the network SLI. A difference of two P99s (router P99
 # minus engine P99) is not a quantile of anything and goes far negative under overload, so it is only a feature.
 NETWORK_SLI = _quantile(0.99, "tailguard_router_proxy_overhead_seconds")
 ROUTER_MINUS_ENGINE_P99 = (
@@ -352,7 +352,7 @@ FEATURES: tuple[FeatureSpec, ...] = (
         "scrapes of the youngest replica target in the last 10m, starting included (a scale-up or rollout)",
     ),
     # -- the listed replicas' scheduler limits (issue 5, round 4). vLLM does not export max_num_seqs; the tier
-    # does, for every replica it lists, from the moment it lists it (serving/engine_args_metric.py). A rollout
+    # does, for every replica it lists, from the moment it lists it (serving/tier/engine_args_metric.py). A rollout
     # whose limit cannot hold the sequences the current replicas carry queues as soon as it takes traffic.
     FeatureSpec(
         "seq_limit_min",

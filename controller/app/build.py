@@ -53,9 +53,9 @@ from controller.kit.errors import ConfigError, StoreError
 from controller.loop.adoption import Adoption
 from controller.loop.annotating_dispatcher import DecisionAnnotatingDispatcher
 from controller.loop.dispatcher import Actuators, Dispatcher
+from controller.loop.embedding import embed_dispatcher
 from controller.loop.evaluation import action_labels
 from controller.loop.housekeeping import Housekeeper, Task
-from controller.loop.incident_ports import incident_layer
 from controller.loop.incidents import IncidentKeeper
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
@@ -232,15 +232,18 @@ def build(
     # Incidents: one per service scope, in TailguardIncidents (every replica reads them) or in the journal's file;
     # rollbacks, scales, shifts and the change feed go through them (controller/loop/incident_ports.py).
     keeper = IncidentKeeper(_incident_store(settings, context.cluster, stack), clock)
-    layer = incident_layer(keeper, _actuators(context), tracker)
-    actuators, tracker = layer.actuators, layer.change_tracker
+    actuators = _actuators(context)
     # Actions run on per-service workers, outside the evaluations (a rollback waiting on a sync holds neither its
     # policy's evaluations nor another service's actions); a replica that lost the Lease leaves them journaled.
-    dispatcher = Dispatcher(
+    # The chain (incident layer, journal-first dispatcher) is the one every embedding program wires
+    # (controller/loop/embedding.py).
+    embedded = embed_dispatcher(
         journal,
         actuators,
         clock,
         settings.limits,
+        incidents=keeper,
+        change_tracker=tracker,
         on_action=lambda record: metrics.record_action(*action_labels(record)),
         links_for=lambda d: decision_links(settings.links, d, clock.now()),
         workers=True,
@@ -248,6 +251,7 @@ def build(
         # Sharded: an action runs only while this replica holds its policy's shard Lease.
         may_act_for=sharded.leads if sharded is not None else None,
     )
+    dispatcher, tracker = embedded.dispatcher, embedded.change_tracker
     # TailguardPolicy custom resources: listed now (their policies load with the files), then watched; the leader
     # writes their status.
     crd_source = _crd_policies(settings, clock, context.cluster, journal, elector, sharded, stack)
@@ -257,9 +261,9 @@ def build(
         source=source,
         journal=journal,
         # Every decision also becomes a Grafana region (onset -> resolution) when Grafana is configured.
-        dispatcher=DecisionAnnotatingDispatcher(layer.dispatcher(dispatcher), grafana, journal)
+        dispatcher=DecisionAnnotatingDispatcher(embedded.port, grafana, journal)
         if grafana is not None
-        else layer.dispatcher(dispatcher),
+        else embedded.port,
         clock=clock,
         metrics=metrics,
         dry_run=settings.dryRun,

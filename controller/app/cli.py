@@ -1,4 +1,5 @@
-"""`tailguard`: validate rules, print the schema, run the controller, backtest, load, demo.
+"""`tailguard`: validate rules, print the schema, run the controller, backtest, ... (the serving lab adds its `load`
+and `demo`: serving/cli.py, the installed command).
 
 Exit codes: 0 success; 1 `rules validate` found errors (or a delegated command
 failed); 2 the configuration or the policies are unusable, or the command line
@@ -15,10 +16,11 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from types import FrameType
+from typing import NamedTuple
 
 import yaml
 
@@ -41,8 +43,6 @@ EXIT_CONFIG = 2
 # Subcommands whose arguments belong to another module's own parser.
 DELEGATED = {
     "backtest": ("controller.app.ml_commands", "backtest_main", "replay policies over Prometheus history"),
-    "load": ("serving.load", "main", "generate load against the serving tier"),
-    "demo": ("serving.demo", "main", "run the end-to-end demo"),
     "train": ("controller.app.ml_commands", "train_main", "train the SLA-breach model from Prometheus history"),
     "evaluate": (
         "controller.app.ml_commands",
@@ -60,10 +60,20 @@ DELEGATED = {
     "report": ("controller.app.report_command", "report_main", "the incident report of a journaled decision"),
 }
 
+
+class Command(NamedTuple):
+    """A command another package adds to `tailguard` (the serving lab's `demo` and `load`, serving/cli.py): its
+    entry point takes the arguments after the command's name; `summary` is its line in `tailguard --help`. Passed
+    in, not named by a string, so the import that brings it is one the layer contracts see."""
+
+    run: Callable[[list[str]], int]
+    summary: str
+
+
 logger = logging.getLogger("tailguard.cli")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(added: Mapping[str, Command] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tailguard", description="Closed-loop SRE controller for LLM serving.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -103,14 +113,21 @@ def _parser() -> argparse.ArgumentParser:
 
     for name, (_module, _function, summary) in DELEGATED.items():
         commands.add_parser(name, help=summary, add_help=False)
+    for name, command in (added or {}).items():
+        commands.add_parser(name, help=command.summary, add_help=False)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, commands: Mapping[str, Command] | None = None) -> int:
+    """`tailguard ARGV`; `commands`: the commands another package adds (the installed `tailguard` is
+    serving/cli.py's, which adds the lab's `demo` and `load`)."""
+    added = dict(commands or {})
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] in added:
+        return int(added[args_list[0]].run(args_list[1:]) or 0)
     if args_list and args_list[0] in DELEGATED:
         return _delegate(args_list[0], args_list[1:])
-    args = _parser().parse_args(args_list)
+    args = _parser(added).parse_args(args_list)
     if args.command == "rules" and args.rules_command == "validate":
         return validate_rules(args.paths, prometheus=args.prometheus, skip_promql=args.skip_promql)
     if args.command == "rules" and args.rules_command == "schema":

@@ -477,6 +477,11 @@ class HandoverPort(Protocol):
     def inherit_handover(self, times: ActionTimes) -> None: ...
 
 
+class LoopJournalPort(JournalPort, ActionJournalPort, Protocol):
+    """The journal an embedded loop writes (controller/loop/embedding.py): the evaluation's side (states, decisions)
+    and the dispatcher's (actions, their events); the adapters' SQLite `Journal` is both."""
+
+
 class AdoptingJournalPort(ActionJournalPort, Protocol):
     """What adoption (controller/loop/adoption.py) needs of the journal besides the dispatcher's needs."""
 

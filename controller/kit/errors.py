@@ -18,7 +18,7 @@ exceptions; these classes are for what cannot go on:
     ├── ActuatorError   an actuator call failed; `transient` says whether a retry may help
     ├── StoreError      the journal or the outbox file cannot be used
     │   └── StoreWriteError a write the store refused (a full disk, a read-only volume): said once, not per try
-    └── LabError        the serving lab (a managed process, a tool, the simulated engine) failed
+    └── (serving.errors.LabError: the serving lab's own failures, in the serving package, its client)
 
 A class that is also a builtin error keeps that base too (`class SourceConfigError(ConfigError, ValueError)`), so
 every `except ValueError` written before the tree existed still catches it. `controller.kit.clock.ShutdownInterrupt`
@@ -64,7 +64,3 @@ class StoreError(TailguardError):
 class StoreWriteError(StoreError):
     """A durable store refused a write (SQLite's "database or disk is full", a read-only volume): nothing of that
     transaction was kept; the controller says it once and goes on trying (controller/loop/health.py)."""
-
-
-class LabError(TailguardError):
-    """The serving lab failed: a process did not start, a tool is missing, the simulated engine stopped."""

@@ -3,7 +3,7 @@
 PyYAML's plain `safe_load` forgets where each value came from and silently keeps the last of two
 duplicate keys. Composing the document into nodes first keeps every value's line; Pydantic's error
 locations (`loc`) are then mapped back onto those nodes. Used by the policy loader and by the
-serving tier's profile and calibration files (serving/yamlfile.py).
+serving tier's profile and calibration files (serving/tier/yamlfile.py).
 
 Inputs are bounded (`BoundedLoader`, `read_bounded`): a file is at most MAX_FILE_BYTES (1 MiB, the most a
 Kubernetes ConfigMap holds), a document at most MAX_NODES nodes counted AFTER alias expansion (a 500-byte "billion

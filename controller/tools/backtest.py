@@ -54,7 +54,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource, SourceConfigError
@@ -80,11 +79,9 @@ from controller.core.signals import query_signals
 from controller.kit.cli_args import UsageError, parse_time
 from controller.kit.clock import ManualClock, SystemClock
 from controller.kit.durations import parse_duration
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.evaluation import EvaluationPorts, evaluate
-from controller.loop.incident_ports import incident_layer
+from controller.loop.dispatcher import Actuators, GlobalLimits
+from controller.loop.embedding import EmbeddedLoop, embed_loop
 from controller.loop.incidents import EscalationDecision, IncidentKeeper
-from controller.loop.metrics import ControllerMetrics
 from controller.tools.backtest_coverage import TargetsSeen
 from controller.tools.backtest_feed import QUERIES_AT_ONCE, PolicyFeed, QuietRun, chunk_times
 from controller.tools.backtest_world import RecordedAlert, RecordedRollouts, WouldRun, dispatch_outcome, load_alerts
@@ -500,27 +497,20 @@ def run_backtest(
                 # one rollback per incident, the escalation ladder, undone rollouts no longer a cause.
                 by_name = {policy.name: policy for policy in policies}
                 keeper = IncidentKeeper(incident_store, clock, lambda: by_name)
-                layer = incident_layer(
-                    keeper,
+                loop = embed_loop(
+                    journal,
                     Actuators(rollback=world, scale=world, router=world, annotator=world, notifier=world),
-                    RecordedRollouts(known, clock, tracker_errors),
-                    on_escalation=lambda decision: _merge(entries, decision),
-                )
-                dispatcher = Dispatcher(
-                    journal, layer.actuators, clock, limits if limits is not None else GlobalLimits()
-                )
-                ports = EvaluationPorts(
-                    source=source,
-                    journal=journal,
-                    dispatcher=layer.dispatcher(dispatcher),
-                    clock=clock,
-                    metrics=ControllerMetrics(CollectorRegistry()),
-                    predictions=answers,
-                    query_signals=answers.query,
-                    change_tracker=layer.change_tracker,
+                    clock,
+                    source,
+                    answers,
+                    limits=limits,
+                    incidents=keeper,
+                    change_tracker=RecordedRollouts(known, clock, tracker_errors),
                     change_window=change_window,
+                    on_escalation=lambda decision: _merge(entries, decision),
+                    query_signals=answers.query,
                 )
-                skipped = _replay(policies, feeds, schedule, ports, journal, clock, entries, errors, seen)
+                skipped = _replay(policies, feeds, schedule, loop, journal, clock, entries, errors, seen)
                 for entry in entries.values():
                     for _kind, action in entry.actions:
                         record = journal.get_action(action.idempotency_key)
@@ -554,7 +544,7 @@ def _replay(
     policies: Sequence[Policy],
     feeds: Sequence[PolicyFeed],
     schedule: Sequence[_Evaluation],
-    ports: EvaluationPorts,
+    loop: EmbeddedLoop,
     journal: Journal,
     clock: ManualClock,
     entries: dict[str, BacktestEntry],
@@ -593,8 +583,8 @@ def _replay(
                 skipped += 1
                 continue
         states[p] = quiet[p].apply(states[p], commit(policy))
-        outcome = evaluate(
-            policy, states[p], evaluation.at, ports, trigger=evaluation.trigger, targets=evaluation.targets
+        outcome = loop.evaluate(
+            policy, states[p], evaluation.at, trigger=evaluation.trigger, targets=evaluation.targets
         )
         states[p] = outcome.state
         for decision in outcome.decisions:
@@ -735,7 +725,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def backtest_main(  # noqa: PLR0915 - wires journal, ports and evaluate itself; issue 26 item 6 (one public face)
+def backtest_main(  # noqa: PLR0915 - the command line: arguments, policies, source, report
     argv: Sequence[str], predictions: PredictionsFactory | None = None, read_config: ConfigReader | None = None
 ) -> int:
     """`tailguard backtest`; `predictions` builds the SLA model over history from the model options, `read_config`

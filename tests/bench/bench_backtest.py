@@ -199,7 +199,7 @@ def main(argv: list[str]) -> int:
     # A SIGTERM (e.g. from `timeout`) unwinds like an exception, so the Prometheus this started is stopped.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
 
-    from serving.promstack import PrometheusServer, PromStackError, backfill_openmetrics
+    from serving.lab.promstack import PrometheusServer, PromStackError, backfill_openmetrics
 
     document = policy_document(args.scrape, args.step)
     policy = Policy.model_validate(document)

@@ -145,7 +145,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps(child(mode, url, int(targets), args.cycles)))
         return 0
 
-    from serving.promstack import PrometheusServer, PromStackError, backfill_openmetrics
+    from serving.lab.promstack import PrometheusServer, PromStackError, backfill_openmetrics
 
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tailguard-bench-") as work:

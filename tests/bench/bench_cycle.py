@@ -182,7 +182,7 @@ def history(targets: int) -> tuple[str, int]:
 
 
 def backfill(target_sets: list[int], data: str) -> None:
-    from serving.promstack import backfill_openmetrics
+    from serving.lab.promstack import backfill_openmetrics
 
     for targets in target_sets:
         text, samples = history(targets)
@@ -438,7 +438,7 @@ def main(argv: list[str]) -> int:
     tune_for_long_running()  # as `tailguard run` does (controller/kit/gc_tuning.py)
     logging.getLogger("tailguard").setLevel(logging.WARNING)
 
-    from serving.promstack import PrometheusServer, PromStackError
+    from serving.lab.promstack import PrometheusServer, PromStackError
 
     rows: list[dict[str, Any]] = []
     reactions: dict[int, dict[str, tuple[float, float]]] = {}

@@ -13,7 +13,7 @@ run, medians of --repeats, the same request each way:
                         the grid by tailguard's matrix_grid (what the backtest needs)
               tailguard PrometheusSource.range_grid (orjson + numpy: the backtest's grid)
 and the ratios (library + conversion) / tailguard. Where the library fits (no per-cycle budget: metric-name
-discovery, metadata) tailguard uses it (serving/recording.recorded_names). Figures only, nothing asserted.
+discovery, metadata) tailguard uses it (serving/lab/recording.recorded_names). Figures only, nothing asserted.
 
     python tests/bench/bench_prometheus_client.py [--instant-targets 5000] [--range-targets 100] [--repeats 5]
 """
@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
         args.instant_targets, args.range_targets, args.days, args.repeats = 20, 5, 1, 1
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
 
-    from serving.promstack import PrometheusServer, PromStackError, backfill_openmetrics
+    from serving.lab.promstack import PrometheusServer, PromStackError, backfill_openmetrics
 
     with tempfile.TemporaryDirectory(prefix="tailguard-bench-promclient-") as tmp:
         work = Path(tmp)

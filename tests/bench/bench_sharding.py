@@ -247,7 +247,7 @@ def main(argv: list[str]) -> int:
     if args.worker:
         return worker(args)
 
-    from serving.promstack import PrometheusServer, PromStackError, backfill_openmetrics
+    from serving.lab.promstack import PrometheusServer, PromStackError, backfill_openmetrics
     from tests.support.fake_kubernetes import FakeKubernetes
 
     names = policy_names(args.policies, args.replicas)

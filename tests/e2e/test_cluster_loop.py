@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from controller.adapters.stores.journal import Journal
-from serving.promstack import PrometheusServer, free_port, static_scrape_config, write_prometheus_config
+from serving.lab.promstack import PrometheusServer, free_port, static_scrape_config, write_prometheus_config
 from tests.support.controller_process import DEADLINE_SECONDS, annotations_tagged, poll, ready, start_controller, tail
 from tests.support.fake_argocd import FakeArgoCD, application
 from tests.support.fake_grafana import FakeGrafana

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from controller.adapters.stores.journal import Journal
-from serving.demo import THRESHOLD_SECONDS, DemoTimings, run_demo
+from serving.lab.demo import THRESHOLD_SECONDS, DemoTimings, run_demo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -80,7 +80,7 @@ def test_shortened_demo_rolls_back_and_recovers(tmp_path: Path) -> None:
 def test_demo_command_fails_cleanly_when_prometheus_is_missing(tmp_path: Path) -> None:
     env = {**os.environ, "PATH": "/nonexistent"}
     completed = subprocess.run(
-        [sys.executable, "-m", "controller", "demo", "--out", str(tmp_path)],
+        [sys.executable, "-m", "serving", "demo", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         env=env,

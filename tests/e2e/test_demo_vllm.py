@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from controller.adapters.stores.journal import Journal
-from serving.demo import VLLM, run_demo, vllm_timings
+from serving.lab.demo import VLLM, run_demo, vllm_timings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(600)]
 

@@ -38,7 +38,7 @@ import yaml
 from kubernetes import client as k8s
 
 from controller.core.actions import TERMINAL_STATUSES
-from serving.promstack import free_port
+from serving.lab.promstack import free_port
 from tests.e2e.test_shipped_config import (
     ALERTMANAGER_TOKEN,
     SERVICE,

@@ -28,7 +28,7 @@ import yaml
 
 from controller.adapters.notify.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_signature
 from controller.adapters.stores.journal import Journal
-from serving.promstack import PrometheusServer, free_port, static_scrape_config, write_prometheus_config
+from serving.lab.promstack import PrometheusServer, free_port, static_scrape_config, write_prometheus_config
 from tests.support.controller_process import (
     REPO,
     annotations_tagged,

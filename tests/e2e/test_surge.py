@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.app.cli import main as tailguard
-from serving.surge import ScenarioConfig, evaluated_controllers
+from serving.cli import main as tailguard
+from serving.lab.surge import ScenarioConfig, evaluated_controllers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

@@ -32,7 +32,7 @@ from controller.kit.clock import SystemClock
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.runtime import Controller
-from serving.promstack import (
+from serving.lab.promstack import (
     AlertmanagerServer,
     PrometheusServer,
     write_alertmanager_config,

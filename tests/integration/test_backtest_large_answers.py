@@ -47,7 +47,7 @@ FAILING_SIZE = 5_000_000  # the smallest answer that came back cut (bytes, uncom
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if shutil.which("prometheus") is None or shutil.which("promtool") is None:
         pytest.fail("prometheus/promtool are not installed: apt-get install prometheus")
-    from serving.promstack import PrometheusServer, backfill_openmetrics
+    from serving.lab.promstack import PrometheusServer, backfill_openmetrics
 
     work = tmp_path_factory.mktemp("backtest-large")
     history = work / "history.om"

@@ -32,7 +32,7 @@ END = T0 + 15 * 60
 
 @pytest.fixture(scope="module")
 def prometheus_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from serving.promstack import PrometheusServer, backfill_openmetrics
+    from serving.lab.promstack import PrometheusServer, backfill_openmetrics
 
     work = tmp_path_factory.mktemp("backtest-prediction-prometheus")
     writer = history()

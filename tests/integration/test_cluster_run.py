@@ -28,7 +28,7 @@ from controller.adapters.scale.hpa import ANNOTATION_HUMAN_FLOOR
 from controller.adapters.stores.journal import Journal
 from controller.core.handover import HANDOVER_ANNOTATION, decode_action_times
 from controller.core.model import target_key
-from serving.promstack import free_port
+from serving.lab.promstack import free_port
 from tests.support.controller_process import (
     ScrapedStack,
     poll_processes,

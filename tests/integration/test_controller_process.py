@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from serving.promstack import free_port
+from serving.lab.promstack import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from urllib.request import urlopen
 import pytest
 
 from controller.tools import dashboards
-from serving.promstack import PrometheusServer, backfill_openmetrics
+from serving.lab.promstack import PrometheusServer, backfill_openmetrics
 from tests.conftest import BackfilledPrometheus
 from tests.support.openmetrics import HistogramPoint, OpenMetricsWriter
 

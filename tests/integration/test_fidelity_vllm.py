@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from serving.fidelity import (
+from serving.lab.fidelity import (
     DEFAULT_MODEL_DIR,
     DEFAULT_SERVING_PYTHON,
     LoadSpec,
@@ -18,7 +18,7 @@ from serving.fidelity import (
     simulate_run,
     vllm_server,
 )
-from serving.profiles import resolve_profile
+from serving.tier.profiles import resolve_profile
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 

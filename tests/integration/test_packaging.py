@@ -20,12 +20,12 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("controller", "serving", "predictors")
-# The non-Python files the packages read at run time (serving.profiles, serving.calibration, serving.load).
+# The non-Python files the packages read at run time (serving.tier.profiles, serving.lab.calibration, serving.lab.load).
 DATA_GLOBS = (
-    "serving/profiles/*.yaml",
-    "serving/calibrations/*.yaml",
-    "serving/calibrations/**/*",
-    "serving/data/**/*",
+    "serving/tier/profiles/*.yaml",
+    "serving/tier/calibrations/*.yaml",
+    "serving/tier/calibrations/**/*",
+    "serving/lab/data/**/*",
 )
 
 
@@ -59,7 +59,7 @@ def test_wheel_holds_every_module_and_data_file(wheel: Path) -> None:
         if "__pycache__" not in path.parts
     }
     expected |= {str(p.relative_to(REPO)) for glob in DATA_GLOBS for p in REPO.glob(glob) if p.is_file()}
-    assert any(name.startswith("serving/calibrations/") for name in expected)
+    assert any(name.startswith("serving/tier/calibrations/") for name in expected)
     assert expected - names == set()
 
 
@@ -67,7 +67,8 @@ def test_wheel_declares_the_console_script_and_the_extras_the_dockerfile_install
     archive = zipfile.ZipFile(wheel)
     dist_info = next(n.split("/")[0] for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
     entry_points = archive.read(f"{dist_info}/entry_points.txt").decode()
-    assert re.search(r"^tailguard = controller\.cli:main$", entry_points, re.MULTILINE)
+    # the controller's commands plus the serving lab's demo and load (serving/cli.py)
+    assert re.search(r"^tailguard = serving\.cli:main$", entry_points, re.MULTILINE)
     # The kubectl plugin: kubectl runs `kubectl-tailguard` from PATH for `kubectl tailguard ...`.
     assert re.search(r"^kubectl-tailguard = controller\.app\.kubectl_plugin:plugin_main$", entry_points, re.MULTILINE)
     metadata = archive.read(f"{dist_info}/METADATA").decode()
@@ -82,7 +83,7 @@ def test_wheel_declares_the_console_script_and_the_extras_the_dockerfile_install
 def test_the_unpacked_wheel_finds_its_own_data(wheel: Path, tmp_path: Path) -> None:
     zipfile.ZipFile(wheel).extractall(tmp_path)
     probe = (
-        "import serving.profiles as p, serving.load as l, controller.app.cli;"
+        "import serving.tier.profiles as p, serving.lab.load as l, controller.app.cli;"
         f"assert p.__file__.startswith({str(tmp_path)!r}), p.__file__;"
         "print(p.resolve_profile('tiny-cpu-stable').hardware.decode_step_base_s,"
         " len(l.read_trace(l.BUILTIN_TRACES['conv'])) > 1000)"

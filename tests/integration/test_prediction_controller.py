@@ -128,7 +128,7 @@ class PinnedSource:
 def prometheus_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if shutil.which("prometheus") is None or shutil.which("promtool") is None:
         pytest.fail("prometheus/promtool are not installed: apt-get install prometheus")
-    from serving.promstack import PrometheusServer, backfill_openmetrics
+    from serving.lab.promstack import PrometheusServer, backfill_openmetrics
 
     work = tmp_path_factory.mktemp("prediction-prometheus")
     writer = history()

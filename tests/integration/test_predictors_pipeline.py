@@ -21,9 +21,9 @@ from controller.kit.clock import SystemClock
 from predictors.artifact import load_artifact
 from predictors.data import build_rows
 from predictors.features import FEATURES, feature_names, feature_queries, sli_queries
-from serving.dataset import DEFAULT_START, Segment, generate, write_dataset
-from serving.profiles import EngineArgs, EngineProfile, Hardware
-from serving.promstack import PrometheusServer
+from serving.lab.dataset import DEFAULT_START, Segment, generate, write_dataset
+from serving.lab.promstack import PrometheusServer
+from serving.tier.profiles import EngineArgs, EngineProfile, Hardware
 
 pytestmark = pytest.mark.integration
 

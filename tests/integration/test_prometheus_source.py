@@ -17,7 +17,7 @@ from controller.core.model import DecisionKind, SignalResult, target_key
 from controller.core.policy import Policy
 from controller.core.signals import query_signals, render_signal_queries
 from controller.kit.clock import ManualClock
-from serving.promstack import PrometheusServer, static_scrape_config, write_prometheus_config
+from serving.lab.promstack import PrometheusServer, static_scrape_config, write_prometheus_config
 from tests.conftest import BackfilledPrometheus
 from tests.support.openmetrics import VLLM_E2E_BUCKETS
 from tests.support.scenarios import ESCAPE_METRIC, ESCAPE_SERIES, T0

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from serving.recording import Recording, evaluate_recording, sliced_openmetrics
+from serving.lab.recording import Recording, evaluate_recording, sliced_openmetrics
 
 pytestmark = pytest.mark.integration
 
-RECORDING = Path(__file__).resolve().parents[2] / "serving" / "recordings" / "vllm-cpu-2026-12-01"
+RECORDING = Path(__file__).resolve().parents[2] / "serving" / "lab" / "recordings" / "vllm-cpu-2026-12-01"
 # Seconds into the recording: calm, surge 1 (300-630 s) and its drain, calm; the first 60% (to ~720 s) holds
 # calm and surge rows in each of 3 cross-validation folds' training parts, the rest the drain and the calm.
 SLICE_S = (150.0, 1100.0)

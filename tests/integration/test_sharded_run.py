@@ -28,7 +28,7 @@ import requests
 from controller.adapters.lease.shards import shard_lease_name
 from controller.adapters.stores.journal import Journal
 from controller.core.sharding import shard_of
-from serving.promstack import free_port
+from serving.lab.promstack import free_port
 from tests.support.controller_process import ScrapedStack, poll_processes, scraped_stack, start_controller
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.load import main as load_main
+from serving.lab.load import main as load_main
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 import pytest
 import requests
 
-from serving.promstack import PrometheusServer, static_scrape_config, write_prometheus_config
+from serving.lab.promstack import PrometheusServer, static_scrape_config, write_prometheus_config
 from tests.support.fake_grafana import FakeGrafana
 from tests.support.fake_kubernetes import FakeKubernetes, hpa
 from tests.support.latency_exporter import LatencyExporter

@@ -4,7 +4,7 @@
 `running_fake_tier` serves a minimal in-memory stand-in for the control API
 (docs/architecture.md), in-process.
 
-For the LocalTierClient unit tests: unlike the real tier (serving/tier.py, used by
+For the LocalTierClient unit tests: unlike the real tier (serving/tier/server.py, used by
 the integration tests) it can be told to fail (`fail_next(503, 503)`), to be slow
 (`delay_next(seconds)`) or to misreport a weight (`lie_about_weights`), and it
 records every request it saw.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.calibration import (
+from serving.lab.calibration import (
     CalibrationError,
     Interval,
     calibrate,
@@ -16,9 +16,9 @@ from serving.calibration import (
     request_overhead,
     write_calibration,
 )
-from serving.fidelity import LoadSpec, simulate_run
-from serving.profiles import CalibrationFile, apply_calibration, load_calibrated_profile, resolve_profile
-from serving.yamlfile import ConfigFileError
+from serving.lab.fidelity import LoadSpec, simulate_run
+from serving.tier.profiles import CalibrationFile, apply_calibration, load_calibrated_profile, resolve_profile
+from serving.tier.yamlfile import ConfigFileError
 
 BASE, PER_SEQ, RATE = 0.0012, 0.00011, 40_000.0
 

@@ -23,8 +23,8 @@ from controller.adapters.changes.tracker import (
 )
 from controller.core.attribution import Rollout
 from controller.kit.clock import ManualClock
-from serving.profiles import resolve_profile
-from serving.tier import revisions_answer
+from serving.tier.profiles import resolve_profile
+from serving.tier.server import revisions_answer
 from tests.support.fake_argocd import FakeArgoCD, application
 
 T0 = 1_700_000_000.0

@@ -70,11 +70,32 @@ def test_delegated_commands_get_their_arguments(monkeypatch: pytest.MonkeyPatch)
 def test_a_missing_delegate_fails_with_a_clear_message(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setitem(cli.DELEGATED, "demo", ("controller.no_such_demo", "main", "demo"))
-    assert cli.main(["demo", "--fast"]) == 2
+    monkeypatch.setitem(cli.DELEGATED, "report", ("controller.no_such_report", "main", "report"))
+    assert cli.main(["report", "--fast"]) == 2
     assert capsys.readouterr().err == (
-        "tailguard demo: not available in this installation (controller.no_such_demo is missing)\n"
+        "tailguard report: not available in this installation (controller.no_such_report is missing)\n"
     )
+
+
+def test_the_installed_command_adds_the_labs_demo_and_load(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tailguard` (serving/cli.py) is the controller's command line plus the lab's commands, passed in by import
+    (serving.cli.LAB_COMMANDS), never named by a string the layer contracts cannot see."""
+    import serving.cli
+
+    seen: list[list[str]] = []
+    monkeypatch.setitem(serving.cli.LAB_COMMANDS, "demo", cli.Command(lambda argv: seen.append(argv) or 5, "demo"))
+    assert serving.cli.main(["demo", "--no-wait"]) == 5
+    assert seen == [["--no-wait"]]
+    with pytest.raises(SystemExit):
+        serving.cli.main(["--help"])
+    listed = capsys.readouterr().out
+    assert "demo" in listed and "load" in listed and "backtest" in listed
+    # the controller alone has no lab commands
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["demo"])
+    assert refused.value.code == 2
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

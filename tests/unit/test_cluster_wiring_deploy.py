@@ -1,5 +1,6 @@
-"""The in-cluster configuration (deploy/) against what it names: the Lease the RBAC allows, and the serving tier's
-HPA and HTTPRoute (serving/manifests) acted on through the real client, as rendered, on the spec-validating fake."""
+"""The in-cluster configuration (deploy/) against what it names: the Lease the RBAC allows, and the serving
+tier's HPA and HTTPRoute (serving/tier/manifests) acted on through the real client, as rendered, on the
+spec-validating fake."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from controller.app.cluster import build_cluster_actuators
 from controller.app.settings import ControllerSettings, parse_settings_text
 from controller.core.ports import OutcomeStatus
 from controller.kit.clock import ManualClock
-from serving.manifests import MANIFESTS_DIR, render_kustomization
+from serving.tier.manifests import MANIFESTS_DIR, render_kustomization
 from tests.support.fake_kubernetes import FakeKubernetes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,7 +75,7 @@ def test_the_base_config_scales_and_shifts_the_serving_tier_as_rendered(fake_clu
     assert built.scaler is not None and built.router is not None
     hpa_target = built.scaler.target("chat")
     before = fake_cluster.get_object("horizontalpodautoscalers", hpa_target.namespace, hpa_target.name)
-    assert before is not None, f"the configured HPA {hpa_target} is not in serving/manifests"
+    assert before is not None, f"the configured HPA {hpa_target} is not in serving/tier/manifests"
     scaled = built.scaler.set_replicas("chat", 4, idempotency_key="deploy-check:fire:0")
     assert scaled.status is OutcomeStatus.SUCCEEDED, scaled
     after = fake_cluster.get_object("horizontalpodautoscalers", hpa_target.namespace, hpa_target.name)

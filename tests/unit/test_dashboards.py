@@ -14,9 +14,9 @@ from prometheus_client import CollectorRegistry
 from controller.core.policy import Policy
 from controller.loop.metrics import ControllerMetrics
 from controller.tools import dashboards
-from serving.engine_args_metric import EngineArgCollector, ListedReplica
-from serving.profiles import EngineArgs
-from serving.router import RouterMetrics
+from serving.tier.engine_args_metric import EngineArgCollector, ListedReplica
+from serving.tier.profiles import EngineArgs
+from serving.tier.router import RouterMetrics
 from tests.support.fake_grafana import FakeGrafana, _load_operations, check_request
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """The demo's rollout call on a loaded host (issue 25 item 6): an attempt that times out is sent again with the same
-idempotency key until the deadline, and the tier's key makes it one rollout (serving/demo.py `_post_rollout`)."""
+idempotency key until the deadline, and the tier's key makes it one rollout (serving/lab/demo.py `_post_rollout`)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from serving.demo import DemoError, _post_rollout
+from serving.lab.demo import DemoError, _post_rollout
 
 
 class SlowTier:
     """A rollout endpoint that holds its first answer past the client's attempt timeout (a vLLM import on a loaded
-    host) and answers a repeated key with its first answer, under one lock, as serving/tier.py does."""
+    host) and answers a repeated key with its first answer, under one lock, as serving/tier/server.py does."""
 
     def __init__(self, first_delay: float) -> None:
         self.first_delay = first_delay

@@ -23,7 +23,7 @@ from kubernetes_validate.utils import latest_version
 from controller.app.settings import load_settings, parse_settings_text
 from controller.core.policy_files import load_policies
 from controller.tools.cluster_permissions import PEER_PERMISSIONS
-from serving.manifests import (
+from serving.tier.manifests import (
     EXAMPLE_POLICIES_DIR,
     KustomizeError,
     kubectl_binary,

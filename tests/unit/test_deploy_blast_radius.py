@@ -5,7 +5,7 @@ VirtualService in `llm`: any image could be rolled in there. Now every rule on t
 
 The RBAC rules are evaluated as the API server's authorizer does (a rule allows a request when group, resource and
 verb match and it has no resourceNames or names the object) against the rendered deploy/ and the rendered serving
-tier (serving/manifests): the table of objects the controller may change is printed and asserted."""
+tier (serving/tier/manifests): the table of objects the controller may change is printed and asserted."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from serving.manifests import MANIFESTS_DIR, render_kustomization
+from serving.tier.manifests import MANIFESTS_DIR, render_kustomization
 from tests.unit.test_cluster_wiring_deploy import DEPLOYS, controller_settings
 from tests.unit.test_deploy import SERVING_NAMESPACE, one
 

@@ -35,7 +35,7 @@ from controller.testing import FakeAnnotator, FakeScaler, FakeSource
 from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact
 from predictors.features import feature_hash, feature_names, feature_queries
 from predictors.serving import PredictionProvider, single_threaded
-from serving.manifests import render_kustomization, validate_objects
+from serving.tier.manifests import render_kustomization, validate_objects
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "deploy" / "base"

@@ -17,7 +17,7 @@ from kubernetes_validate.utils import latest_version
 from controller.adapters.lease.shards import ShardedElector
 from controller.kit.clock import ManualClock
 from controller.tools.cluster_permissions import permission_triples
-from serving.manifests import render_kustomization, validate_objects
+from serving.tier.manifests import render_kustomization, validate_objects
 from tests.support.fake_kubernetes import FakeKubernetes
 
 REPO = Path(__file__).resolve().parents[2]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.engine_args_metric import ENGINE_ARG_METRIC, NUMERIC_ENGINE_ARGS, EngineArgCollector, ListedReplica
-from serving.profiles import EngineArgs
+from serving.tier.engine_args_metric import ENGINE_ARG_METRIC, NUMERIC_ENGINE_ARGS, EngineArgCollector, ListedReplica
+from serving.tier.profiles import EngineArgs
 
 
 def _samples(registry: CollectorRegistry) -> dict[tuple[str, str], float]:

@@ -22,7 +22,7 @@ import yaml
 from kubernetes_validate.utils import latest_version
 
 from controller.app import cli
-from serving.manifests import render_kustomization, validate_objects
+from serving.tier.manifests import render_kustomization, validate_objects
 from tests.support.fake_kubernetes import FakeKubernetes
 from tests.support.operated import operated_controller
 

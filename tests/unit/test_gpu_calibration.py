@@ -1,4 +1,4 @@
-"""The H200-calibrated profile against the measured H200 data (serving/calibrations/h200-2026-12-04/).
+"""The H200-calibrated profile against the measured H200 data (serving/tier/calibrations/h200-2026-12-04/).
 
 The decode table: the profile's step-time model, and the simulator's batching engine stepping real batches,
 reproduce every measured step (batch 1-256, context 1,024 and 4,096) within 15%; the fit that wrote the
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from serving.batching import BatchingModel, SimRequest
-from serving.gpu_calibration import DecodeTableError, fit_decode_table, load_decode_table, main
-from serving.profiles import GIB, resolve_profile
-from serving.vllm_metrics import MIB, HbmModel
+from serving.lab.gpu_calibration import DecodeTableError, fit_decode_table, load_decode_table, main
+from serving.tier.batching import BatchingModel, SimRequest
+from serving.tier.profiles import GIB, resolve_profile
+from serving.tier.vllm_metrics import MIB, HbmModel
 
 ROOT = Path(__file__).resolve().parents[2]
-DECODE_TABLE = ROOT / "serving" / "calibrations" / "h200-2026-12-04" / "decode.json"
+DECODE_TABLE = ROOT / "serving" / "tier" / "calibrations" / "h200-2026-12-04" / "decode.json"
 HBM_RECORDING = ROOT / "tests" / "fixtures" / "dcgm" / "h200-2026-12-04" / "hbm.om"
 PHASES = ROOT / "tests" / "fixtures" / "dcgm" / "h200-2026-12-04" / "phases.json"
 TOLERANCE = 0.15

@@ -1,7 +1,7 @@
 """Issue 14 item 2: the bundled HPA scales on both of the seed's targets (queue 20, rate 50 per pod), and a `scale`
 action sets its floor, ceiling and metric targets within the controller's bounds, journaled, and the recovery's
 `restore` puts back exactly the pre-incident HPA. On the spec-validating fake API server, through the real journal
-and dispatcher to the HPA scaler, with the shipped manifest serving/manifests/base/hpa.yaml."""
+and dispatcher to the HPA scaler, with the shipped manifest serving/tier/manifests/base/hpa.yaml."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ BOUNDS = HpaBounds(max_replicas=10, metric_targets={QUEUE: (5.0, 40.0), RATE: (2
 
 @pytest.fixture
 def fake() -> Iterator[FakeKubernetes]:
-    shipped = yaml.safe_load((REPO / "serving" / "manifests" / "base" / "hpa.yaml").read_text())
+    shipped = yaml.safe_load((REPO / "serving" / "tier" / "manifests" / "base" / "hpa.yaml").read_text())
     shipped["metadata"]["namespace"] = "llm"
     with FakeKubernetes() as server:
         server.put_object(shipped)

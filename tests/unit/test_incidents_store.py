@@ -36,7 +36,7 @@ from controller.loop.incident_ports import incident_layer
 from controller.loop.incidents import IncidentKeeper
 from controller.testing import FakeRollback, condition_state, make_decision
 from controller.tools.cluster_permissions import INCIDENT_PERMISSIONS
-from serving.manifests import render_kustomization, validate_objects
+from serving.tier.manifests import render_kustomization, validate_objects
 from tests.support.fake_kubernetes import FakeKubernetes
 
 REPO = Path(__file__).resolve().parents[2]

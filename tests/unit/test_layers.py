@@ -25,10 +25,14 @@ FORBIDDEN = {
         "import controller.adapters.rollback.argocd",
     ),
     "core-layers": ("controller/core/model.py", "import controller.core.engine"),
-    "controller-not-serving": ("controller/loop/metrics.py", "import serving.load"),
+    "controller-not-serving": ("controller/loop/metrics.py", "import serving.lab.load"),
     "controller-reaches-models-through-the-app": ("controller/loop/metrics.py", "import predictors.modeling"),
     "predictors-on-kit-and-core": ("predictors/modeling.py", "import controller.loop.dispatcher"),
-    "no-circles": ("serving/profiles.py", "import serving.tier"),
+    # serving reaching past the controller's public face into a layer
+    "serving-through-the-face": ("serving/tier/profiles.py", "import controller.kit.errors"),
+    # the tier that ships importing an experiment of the lab
+    "serving-lab-on-the-tier": ("serving/tier/profiles.py", "import serving.lab.load"),
+    "no-circles": ("serving/tier/profiles.py", "import serving.tier.server"),
 }
 
 

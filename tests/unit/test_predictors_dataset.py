@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from serving.dataset import DatasetError, Segment, generate, main, make_scenario
-from serving.profiles import EngineArgs, EngineProfile, Hardware
+from serving.lab.dataset import DatasetError, Segment, generate, main, make_scenario
+from serving.tier.profiles import EngineArgs, EngineProfile, Hardware
 
 # A deliberately slow engine keeps the simulation to a few thousand steps.
 SLOW = EngineProfile(

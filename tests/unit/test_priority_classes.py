@@ -19,12 +19,12 @@ from controller.core.ports import RangeResult
 from controller.core.signals import render_signal_queries
 from controller.testing import FakeSource
 from controller.tools.backtest import run_backtest
-from serving.batching import Arrival, simulate
-from serving.manifests import DEPLOY_POLICIES_DIR, EXAMPLE_POLICIES_DIR
-from serving.priority import BATCH, INTERACTIVE, SEED_CLASSES, BatchWindows, PriorityClass, classify
-from serving.profiles import resolve_profile
-from serving.router import ReplicaTarget, Router, VersionTarget
-from serving.tier import TierConfig
+from serving.tier.batching import Arrival, simulate
+from serving.tier.manifests import DEPLOY_POLICIES_DIR, EXAMPLE_POLICIES_DIR
+from serving.tier.priority import BATCH, INTERACTIVE, SEED_CLASSES, BatchWindows, PriorityClass, classify
+from serving.tier.profiles import resolve_profile
+from serving.tier.router import ReplicaTarget, Router, VersionTarget
+from serving.tier.server import TierConfig
 
 
 def test_the_seed_windows() -> None:

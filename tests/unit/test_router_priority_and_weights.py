@@ -11,7 +11,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from serving.router import ReplicaTarget, Router, VersionTarget
+from serving.tier.router import ReplicaTarget, Router, VersionTarget
 
 
 async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:

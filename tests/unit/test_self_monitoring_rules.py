@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from controller.loop.metrics import ControllerMetrics
-from serving.manifests import render_kustomization
+from serving.tier.manifests import render_kustomization
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "deploy" / "base"

@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 import pytest
 
-from serving.batching import Arrival, BatchingModel, RequestRejected, SimRequest, simulate
-from serving.load import quantile
-from serving.profiles import EngineProfile, resolve_profile
-from serving.simulator import ReplicaEngine
+from serving.lab.load import quantile
+from serving.tier.batching import Arrival, BatchingModel, RequestRejected, SimRequest, simulate
+from serving.tier.profiles import EngineProfile, resolve_profile
+from serving.tier.simulator import ReplicaEngine
 
 
 def _arrivals(rate: float, seconds: float, seed: int = 7) -> list[Arrival]:

@@ -1,4 +1,4 @@
-"""serving/manifests/: the vLLM tier's kustomizations render offline, validate, and match the engine profiles."""
+"""serving/tier/manifests/: the vLLM tier's kustomizations render offline, validate, and match the engine profiles."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
-from serving.manifests import (
+from serving.tier.manifests import (
     MANIFESTS_DIR,
     PROFILE_ANNOTATION,
     generated_files,
@@ -21,7 +21,7 @@ from serving.manifests import (
     validate_objects,
     vllm_args,
 )
-from serving.profiles import builtin_profile_names, profile_from_dict
+from serving.tier.profiles import builtin_profile_names, profile_from_dict
 
 REPO = Path(__file__).resolve().parents[2]
 SPECS = REPO / "tests" / "support" / "specs"

@@ -4,14 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from serving.profiles import (
+from serving.tier.profiles import (
     builtin_profile_names,
     load_profile,
     profile_diff,
     profile_from_dict,
     resolve_profile,
 )
-from serving.yamlfile import ConfigFileError
+from serving.tier.yamlfile import ConfigFileError
 
 
 def test_shipped_profiles_load() -> None:

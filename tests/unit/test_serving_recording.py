@@ -1,5 +1,5 @@
-"""serving.recording without servers: the scenario file's checks, the replay schedule, the export's naming and
-slicing, and predictors.transfer's pure parts (the oracle cut, an SLI swapped in with its labels recomputed)."""
+"""serving.lab.recording without servers: the scenario file's checks, the replay schedule, the export's naming and
+slicing, and serving.lab.transfer's pure parts (the oracle cut, an SLI swapped in with its labels recomputed)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ import pytest
 
 from predictors.data import Rows
 from predictors.modeling import fit_calibrated_cv, gbm_estimator
-from predictors.transfer import concat_rows, oracle_cut, with_sli
-from serving.recording import (
+from serving.lab.recording import (
     RecordingError,
     _family,
     load_scenario,
@@ -25,8 +24,9 @@ from serving.recording import (
     sliced_openmetrics,
     write_export,
 )
+from serving.lab.transfer import concat_rows, oracle_cut, with_sli
 
-RECORDING = Path(__file__).resolve().parents[2] / "serving" / "recordings" / "vllm-cpu-2026-12-01"
+RECORDING = Path(__file__).resolve().parents[2] / "serving" / "lab" / "recordings" / "vllm-cpu-2026-12-01"
 
 
 def _scenario(tmp_path: Path, **changes: object) -> Path:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from serving.batching import Arrival, simulate
-from serving.manifests import MANIFESTS_DIR, render_kustomization, vllm_args
-from serving.profiles import EngineProfile, profile_from_dict, resolve_profile
-from serving.vllm_args import profile_cli_args
-from serving.yamlfile import ConfigFileError
+from serving.tier.batching import Arrival, simulate
+from serving.tier.manifests import MANIFESTS_DIR, render_kustomization, vllm_args
+from serving.tier.profiles import EngineProfile, profile_from_dict, resolve_profile
+from serving.tier.vllm_args import profile_cli_args
+from serving.tier.yamlfile import ConfigFileError
 
 SEED = "seed-tp2-awq"
 

@@ -1,4 +1,4 @@
-"""The surge scenario's protocol (serving.surge_protocol): disjoint trace segments checked by the harness, the onset
+"""The surge scenario's protocol (serving.lab.surge_protocol): disjoint trace segments checked by the harness, the onset
 shapes, the HPA baselines' algorithm and the per-onset leads."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from serving.load import BUILTIN_TRACES, read_trace
-from serving.surge import (
+from serving.lab.load import BUILTIN_TRACES, read_trace
+from serving.lab.surge import (
     ScenarioConfig,
     SurgeError,
     merge_figures,
@@ -18,7 +18,7 @@ from serving.surge import (
     shape_segments,
     trace_slice,
 )
-from serving.surge_protocol import (
+from serving.lab.surge_protocol import (
     SHAPES,
     HpaLike,
     ProtocolError,

@@ -8,7 +8,7 @@ Sources:
 * `ArgoCDHistorySource`: an Argo CD application's `status.history` (one rollout per entry after the first;
   the diff is that of the Helm parameters, which is where the vLLM engine arguments live in our charts).
 * `TierRevisionSource`: the local serving tier's revisions (GET /api/v1/services/{svc}/revisions); the diff is
-  `serving.profiles.profile_diff` of the two engine profiles.
+  `serving.tier.profiles.profile_diff` of the two engine profiles.
 * `KubernetesDeploymentSource`: Deployment revisions as their ReplicaSets record them
   (`deployment.kubernetes.io/revision`); the diff is that of the vLLM container's command-line flags. A rollback
   (kubectl's or tailguard's) revives an old ReplicaSet as the next revision; tailguard's is dated by its
@@ -166,7 +166,7 @@ class TierRevisionSource:
                 at = current.get("created_at")
                 if not isinstance(at, (int, float)) or at < since:
                     continue
-                # The tier diffs its own profiles (serving/tier.py revisions_answer): null when it could not.
+                # The tier diffs its own profiles (serving/tier/server.py revisions_answer): null when it could not.
                 diff = current.get("profile_diff")
                 if not isinstance(diff, dict):  # an unreadable profile is still a rollout, without a diff
                     log.warning("tier %s revision %s: profile diff unavailable", service, current.get("version"))

@@ -1,0 +1,5 @@
+"""`python -m serving.tier --config FILE --state-dir DIR`: the local serving tier (serving/tier/server.py)."""
+
+from serving.tier.server import main
+
+raise SystemExit(main())
