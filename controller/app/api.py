@@ -79,6 +79,7 @@ from controller.app.forwarding import (
     forwarded_path,
 )
 from controller.app.peer_auth import PeerKey
+from controller.app.ports import AbortControlPort, ControllerPort, LeaderDirectoryPort, OperatorPort
 from controller.app.replica_gate import ReplicaGate
 from controller.app.status_login import (
     AFTER_LOGIN,
@@ -97,18 +98,11 @@ from controller.core.alerts import (
     alertmanager_payload,
 )
 from controller.core.controls import MAX_ABORT_REASON, AbortState
-from controller.core.ports import (
-    TRIGGER_ALERT,
-    AbortControlPort,
-    ControllerPort,
-    LeaderDirectoryPort,
-    LeaderPort,
-    OperatorPort,
-    PeerCheckPort,
-)
+from controller.core.ports import LeaderPort, PeerCheckPort
 from controller.kit.net import is_loopback_host
 from controller.kit.redact import redact_value
 from controller.loop.metrics import EXPOSITION_CONTENT_TYPE, ControllerMetrics
+from controller.loop.ports import TRIGGER_ALERT
 
 logger = logging.getLogger("tailguard.api")
 

@@ -88,7 +88,6 @@ from controller.core.ports import (
     ScaleLimitsPort,
     ScalePort,
     TrafficRouter,
-    WakeableClock,
 )
 from controller.core.unconfigured import (
     UnconfiguredAnnotator,
@@ -99,6 +98,7 @@ from controller.core.unconfigured import (
 )
 from controller.kit.http import backoff_delay
 from controller.loop import preconditions, restore
+from controller.loop.ports import WakeableClock
 from controller.loop.preconditions import Deferral, deferred_verdict
 from controller.loop.workers import ActionLanes
 
@@ -153,8 +153,8 @@ class Actuators:
 
 
 class ActionAbort:
-    """The AbortSignal (controller/core/ports.py) of one action: `Dispatcher.abort` sets it, the action's port asks
-    it between steps. Its hold is the clock's sleep, cut short when an abort arrives (a WakeableClock)."""
+    """The AbortSignal (controller/core/ports/outcomes.py) of one action: `Dispatcher.abort` sets it, the action's
+    port asks it between steps. Its hold is the clock's sleep, cut short when an abort arrives (a WakeableClock)."""
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock

@@ -30,7 +30,6 @@ from controller.core.ports import (
     AbortSignal,
     ActionOutcome,
     ChangeTrackerPort,
-    DecisionAborterPort,
     DispatcherPort,
     OutcomeStatus,
     RollbackPort,
@@ -39,6 +38,7 @@ from controller.core.ports import (
 )
 from controller.loop.dispatcher import Actuators
 from controller.loop.incidents import IncidentKeeper
+from controller.loop.ports import DecisionAborterPort
 
 log = logging.getLogger(__name__)
 

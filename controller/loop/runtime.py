@@ -49,20 +49,13 @@ from controller.core.model import Decision, TargetKey
 from controller.core.policy import TIME_TOLERANCE, Policy
 from controller.core.policy_files import LoadedPolicy, PolicyError, load_policies, policy_paths
 from controller.core.ports import (
-    TRIGGER_ALERT,
-    TRIGGER_SCHEDULE,
-    ActionWorkersPort,
     ChangeTrackerPort,
     Clock,
-    ControlsStorePort,
-    DecisionAborterPort,
     DispatcherPort,
     JournalPort,
     LeaderPort,
     MetricsSource,
     PredictionPort,
-    Readiness,
-    RolloutAnnotatorPort,
     ShardedLeaderPort,
 )
 from controller.core.signals import refused_queries
@@ -80,6 +73,15 @@ from controller.loop.evaluation import (
 )
 from controller.loop.health import JournalTrouble, SourceHealthTracker
 from controller.loop.metrics import ControllerMetrics
+from controller.loop.ports import (
+    TRIGGER_ALERT,
+    TRIGGER_SCHEDULE,
+    ActionWorkersPort,
+    ControlsStorePort,
+    DecisionAborterPort,
+    Readiness,
+    RolloutAnnotatorPort,
+)
 
 logger = logging.getLogger("tailguard.controller")
 

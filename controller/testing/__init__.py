@@ -1,4 +1,4 @@
-"""Public fakes of the ports (controller/core/ports.py), for tests: like `kopf.testing`, shipped with the package.
+"""Public fakes of the ports (controller/core/ports/), for tests: like `kopf.testing`, shipped with the package.
 
 Action ports (FakeRollback, FakeScaler, FakeDeployer for both, FakeRouter, FakeAnnotator, FakeNotifier) record
 every call, deduplicate by idempotency key like the real ones, and fail on demand (`script(...)` queues outcomes:

@@ -13,10 +13,10 @@ from controller.adapters.stores.journal import Journal
 from controller.app.logging_setup import JsonLogFormatter
 from controller.core.model import DecisionKind, SignalResult, target_key
 from controller.core.policy_files import load_policies
-from controller.core.ports import TRIGGER_ALERT
 from controller.core.signals import render_signal_queries
 from controller.kit.clock import ManualClock
 from controller.loop.metrics import ControllerMetrics
+from controller.loop.ports import TRIGGER_ALERT
 from controller.loop.runtime import Controller, PolicyLoadError
 from controller.testing import FakeDispatcher, FakeSource
 
