@@ -24,7 +24,7 @@ is still made when it runs). A resume finds one of three things:
   neither the plan's source nor its target: `world-changed`).
 
 A transient failure is tried again with backoff while the deadline lasts and the condition holds, each failed
-attempt journaled as an `attempt` event (controller/loop/dispatcher.py `_execute_with`).
+attempt journaled as an `attempt` event (controller/loop/execution.py `ActionRunner`).
 """
 
 from __future__ import annotations

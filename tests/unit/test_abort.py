@@ -214,14 +214,13 @@ def test_an_action_in_flight_stops_at_its_next_step_on_real_threads(tmp_path: Pa
 def test_an_abort_during_a_retry_backoff_is_never_retried(rig: Rig) -> None:
     decision = make_decision([ROLLBACK])
     rig.deployer.script(transient_failure())
-    dispatcher = rig.dispatcher(attempts=3, backoff=10.0)
 
     class AbortInTheBackoff(ManualClock):
         def sleep(self, seconds: float) -> None:
             dispatcher.abort(abort_of(decision.id))  # the operator, while the dispatcher waits to retry
             super().sleep(seconds)
 
-    dispatcher.clock = AbortInTheBackoff(rig.clock.now())
+    dispatcher = rig.dispatcher(attempts=3, backoff=10.0, clock=AbortInTheBackoff(rig.clock.now()))
     (record,) = dispatcher.dispatch(decision)
     assert record.status is ActionStatus.ABORTED and record.attempts == 1
     assert len(rig.deployer.calls) == 1  # the one failed attempt; no second

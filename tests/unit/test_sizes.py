@@ -25,10 +25,6 @@ EXCEPTIONS: dict[str, tuple[int, str]] = {
             "issue 26 item 3 splits it into a scheduler, a policy set and an operator facade"
         ),
     ),
-    "controller/loop/dispatcher.py::Dispatcher": (
-        710,
-        "644 lines: planning, deferral, abort, resume and execution in one class; issue 26 item 3 splits it",
-    ),
     "controller/app/api.py::ControllerAPI": (
         630,
         (
