@@ -55,7 +55,7 @@ from controller.core.engine import PolicyState
 from controller.core.model import SignalResult
 from controller.core.policy import ForSpec, Policy
 from controller.core.policy_files import load_policies
-from controller.core.ports import ActionOutcome, Clock, MetricsSource, OutcomeStatus, RangeResult
+from controller.core.ports import ActionOutcome, Clock, MetricsSource, OutcomeStatus, RangeResult, ScaleRequest
 from controller.kit.clock import ManualClock
 from controller.kit.errors import LabError
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
@@ -332,7 +332,12 @@ class TierScaler:
     def replicas(self, service: str) -> int:
         return self.count
 
-    def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome:
+    def scale_target(self, replicas: int) -> dict[str, int]:
+        """A scale sets the simulated tier's replica count."""
+        return {"replicas": replicas}
+
+    def set_replicas(self, request: ScaleRequest) -> ActionOutcome:
+        replicas = request.replicas
         if replicas == self.count:
             return ActionOutcome(OutcomeStatus.SKIPPED, {"reason": f"already {replicas} replicas"})
         before = self.count
@@ -554,7 +559,7 @@ def run_closed_loop(
                 if hpa is not None:
                     desired = hpa.decide(next_scrape, scaler.count, _scalar(prometheus_url, hpa.query, next_scrape))
                     if desired != scaler.count:
-                        scaler.set_replicas("chat", desired, idempotency_key=f"{hpa.name}-{next_scrape}")
+                        scaler.set_replicas(ScaleRequest("chat", desired, f"{hpa.name}-{next_scrape}"))
                         result.decisions.append((next_scrape, "hpa", f"{hpa.name} -> {desired}"))
                 result.desired_timeline.append((next_scrape, scaler.count))
                 next_scrape += STEP_S

@@ -30,9 +30,13 @@ from controller.core.ports import (
     Clock,
     Notifier,
     OutcomeStatus,
+    RollbackPlan,
     RollbackPort,
+    RollbackRequest,
+    ScaleLimits,
     ScaleLimitsPort,
     ScalePort,
+    ScaleRequest,
     TrafficRouter,
 )
 from controller.core.unconfigured import (
@@ -41,6 +45,7 @@ from controller.core.unconfigured import (
     UnconfiguredRollback,
     UnconfiguredRouter,
     UnconfiguredScale,
+    UnconfiguredScaleLimits,
 )
 from controller.loop import restore
 from controller.loop.aborts import ActionAbort
@@ -103,13 +108,8 @@ class ActionCalls:
         action = request.action
         assert isinstance(action, RenderedRollback)
         # The plan journaled before the first start (from- and to-revision): a resume acts on the same one.
-        return self._actuators.rollback.rollback(
-            action.service,
-            idempotency_key=request.idempotency_key,
-            rollout_revision=action.rollout_revision,
-            plan=record.plan,
-            abort=abort,
-        )
+        plan = RollbackPlan.from_json(record.plan) if record.plan is not None else None
+        return self._actuators.rollback.rollback(RollbackRequest.of(action, request.idempotency_key, plan), abort)
 
     def _scale(self, record: ActionRecord, request: ActionRequest, abort: ActionAbort) -> ActionOutcome:
         assert isinstance(request.action, RenderedScale) and record.plan is not None
@@ -117,23 +117,22 @@ class ActionCalls:
         service, plan, key = str(record.plan["service"]), record.plan, request.idempotency_key
         floor = None
         if plan.get("desired") is not None:
-            floor = self._actuators.scale.set_replicas(service, int(plan["desired"]), idempotency_key=key)
+            floor = self._actuators.scale.set_replicas(ScaleRequest(service, int(plan["desired"]), key))
             if not plan.get("limits") or floor.status is OutcomeStatus.FAILED:
                 return floor
-        limits = plan["limits"]
-        if self._actuators.limits is None:
+        limits = ScaleLimits.from_json(plan["limits"])
+        port = self._actuators.limits
+        if port is None:
             if floor is not None:
-                # No HPA scales this service (the local tier): its count moved, and there is no ceiling or
-                # metric target to set; said in the outcome.
-                note = "no HPA actuator: ceiling and metricTargets not applied"
+                # Nothing takes a ceiling or metric targets here (the local tier): its count moved; said so.
+                note = UnconfiguredScaleLimits.NOT_APPLIED
                 return ActionOutcome(floor.status, {**floor.detail, "limits": note}, floor.error, floor.transient)
-            error = f"scale of {service!r}: ceiling and metricTargets need an HPA (a `kubernetes.hpa` section)"
-            return ActionOutcome(OutcomeStatus.FAILED, {"limits": limits}, error, False)
-        # Its own key: the HPA records each key once, and the floor's call already recorded this action's.
-        hpa = self._actuators.limits.set_limits(
+            port = UnconfiguredScaleLimits()  # answers which section is missing
+        # Its own key: the port records each key once, and the floor's call already recorded this action's.
+        hpa = port.set_limits(
             service,
-            max_replicas=limits.get("maxReplicas"),
-            metric_targets=limits.get("metrics") or {},
+            max_replicas=limits.max_replicas,
+            metric_targets=limits.metric_targets,
             idempotency_key=f"{key}#limits",
         )
         if floor is None:

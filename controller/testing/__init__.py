@@ -33,6 +33,9 @@ from controller.core.ports import (
     MetricsSource,
     OutcomeStatus,
     RangeResult,
+    RollbackPlan,
+    RollbackRequest,
+    ScaleRequest,
 )
 
 
@@ -108,30 +111,24 @@ class FakeRollback(_Recorder):
         super().__init__()
         self.active_revision: dict[str, int] = dict(revisions or {})
 
-    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> Mapping[str, Any] | ActionOutcome:
+    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> RollbackPlan | ActionOutcome:
         current = self.active_revision.get(service, 2)
         if current <= 1:
             return ActionOutcome(OutcomeStatus.FAILED, {}, "no earlier good revision", False)
-        return {"service": service, "from_revision": current, "to_revision": current - 1}
+        return RollbackPlan(service=service, from_revision=current, to_revision=current - 1)
 
-    def rollback(
-        self,
-        service: str,
-        *,
-        idempotency_key: str,
-        rollout_revision: str | None = None,
-        plan: Mapping[str, Any] | None = None,
-        abort: AbortSignal | None = None,
-    ) -> ActionOutcome:
+    def rollback(self, request: RollbackRequest, abort: AbortSignal | None = None) -> ActionOutcome:
+        service, rollout_revision = request.service, request.rollout_revision
+
         def act() -> ActionOutcome:
             stopped = _aborted(abort)
             if stopped is not None:
                 return stopped
             current = self.active_revision.get(service, 2)
-            planned = plan if plan is not None else self.plan_rollback(service, rollout_revision=rollout_revision)
+            planned = request.plan or self.plan_rollback(service, rollout_revision=rollout_revision)
             if isinstance(planned, ActionOutcome):
                 return planned
-            source, target = int(planned["from_revision"]), int(planned["to_revision"])
+            source, target = int(planned.from_revision or 0), int(planned.to_revision or 0)
             detail: dict[str, Any] = {"from_revision": source, "to_revision": target, "replayed": False}
             if current == target:
                 return ActionOutcome(OutcomeStatus.SUCCEEDED, {**detail, "already_done": True})
@@ -144,7 +141,7 @@ class FakeRollback(_Recorder):
         args: dict[str, Any] = {"service": service}
         if rollout_revision is not None:
             args["rollout_revision"] = rollout_revision
-        return self._handle("rollback", args, idempotency_key, act)
+        return self._handle("rollback", args, request.idempotency_key, act)
 
 
 class FakeScaler(_Recorder):
@@ -160,7 +157,12 @@ class FakeScaler(_Recorder):
             raise self.replicas_error
         return self.replica_counts.get(service, 1)
 
-    def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome:
+    def scale_target(self, replicas: int) -> dict[str, int]:
+        """A scale sets the fake's replica count."""
+        return {"replicas": replicas}
+
+    def set_replicas(self, request: ScaleRequest) -> ActionOutcome:
+        service, replicas, idempotency_key = request.service, request.replicas, request.idempotency_key
         def act() -> ActionOutcome:
             before = self.replica_counts.get(service, 1)
             self.replica_counts[service] = replicas

@@ -24,7 +24,16 @@ from typing import Any
 from controller.core.actions import ActionRecord, ActionStatus
 from controller.core.alerts import PayloadError, alertmanager_payload
 from controller.core.attribution import ChangeFeed, Rollout
-from controller.core.ports import AbortSignal, ActionOutcome, Annotation, Clock, OutcomeStatus
+from controller.core.ports import (
+    AbortSignal,
+    ActionOutcome,
+    Annotation,
+    Clock,
+    OutcomeStatus,
+    RollbackPlan,
+    RollbackRequest,
+    ScaleRequest,
+)
 from controller.kit.cli_args import UsageError, parse_time
 
 WOULD_RUN = "would_run"
@@ -54,25 +63,24 @@ class WouldRun:
         return ActionOutcome(OutcomeStatus.SUCCEEDED, {"would_run": True, **(detail or {})})
 
     # RollbackPort (the revisions are not known to a backtest: the plan names the attributed one, if any)
-    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> Mapping[str, Any] | ActionOutcome:
-        return {"service": service, "from_revision": rollout_revision, "to_revision": None}
+    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> RollbackPlan | ActionOutcome:
+        return RollbackPlan(service=service, from_revision=rollout_revision, to_revision=None)
 
-    def rollback(
-        self,
-        service: str,
-        *,
-        idempotency_key: str,
-        rollout_revision: str | None = None,
-        plan: Mapping[str, Any] | None = None,
-        abort: AbortSignal | None = None,
-    ) -> ActionOutcome:
-        return self._would("rollback", idempotency_key, service=service, rollout_revision=rollout_revision)
+    def rollback(self, request: RollbackRequest, abort: AbortSignal | None = None) -> ActionOutcome:
+        return self._would(
+            "rollback", request.idempotency_key, service=request.service, rollout_revision=request.rollout_revision
+        )
 
     # ScalePort
     def replicas(self, service: str) -> int:
         return self.replica_counts.get(service, 1)
 
-    def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome:
+    def scale_target(self, replicas: int) -> dict[str, int]:
+        """A scale would set the replica count."""
+        return {"replicas": replicas}
+
+    def set_replicas(self, request: ScaleRequest) -> ActionOutcome:
+        service, replicas, idempotency_key = request.service, request.replicas, request.idempotency_key
         before = self.replicas(service)
         self.replica_counts[service] = replicas
         return self._would(

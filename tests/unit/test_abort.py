@@ -149,10 +149,10 @@ def test_a_queued_action_is_cancelled_before_it_runs_and_stays_so_after_a_restar
     entered = threading.Event()
     original = rig.deployer.rollback
 
-    def slow_rollback(service: str, **kwargs: Any) -> ActionOutcome:
+    def slow_rollback(*args: Any, **kwargs: Any) -> ActionOutcome:
         entered.set()
         release.wait(timeout=30)  # holds the service's lane: the next decision's actions wait in the queue
-        return original(service, **kwargs)
+        return original(*args, **kwargs)
 
     rig.deployer.rollback = slow_rollback  # type: ignore[method-assign]
     dispatcher = rig.dispatcher(workers=True)
@@ -251,8 +251,8 @@ def test_an_abort_that_arrives_after_the_last_step_is_noted_in_the_outcome(rig: 
     dispatcher = rig.dispatcher()
     original = rig.deployer.rollback
 
-    def rollback_then_abort(service: str, **kwargs: Any) -> ActionOutcome:
-        outcome = original(service, **kwargs)
+    def rollback_then_abort(*args: Any, **kwargs: Any) -> ActionOutcome:
+        outcome = original(*args, **kwargs)
         dispatcher.abort(abort_of(decision.id))  # the rollback is done; the abort comes just after
         return outcome
 

@@ -11,7 +11,7 @@ import pytest
 
 from controller.app.cluster import build_cluster_actuators
 from controller.app.settings import ControllerSettings, parse_settings_text
-from controller.core.ports import OutcomeStatus
+from controller.core.ports import OutcomeStatus, ScaleRequest
 from controller.kit.clock import ManualClock
 from serving.manifests import MANIFESTS_DIR, render_kustomization
 from tests.support.fake_kubernetes import FakeKubernetes
@@ -75,7 +75,7 @@ def test_the_base_config_scales_and_shifts_the_serving_tier_as_rendered(fake_clu
     hpa_target = built.scaler.target("chat")
     before = fake_cluster.get_object("horizontalpodautoscalers", hpa_target.namespace, hpa_target.name)
     assert before is not None, f"the configured HPA {hpa_target} is not in serving/manifests"
-    scaled = built.scaler.set_replicas("chat", 4, idempotency_key="deploy-check:fire:0")
+    scaled = built.scaler.set_replicas(ScaleRequest("chat", 4, idempotency_key="deploy-check:fire:0"))
     assert scaled.status is OutcomeStatus.SUCCEEDED, scaled
     after = fake_cluster.get_object("horizontalpodautoscalers", hpa_target.namespace, hpa_target.name)
     assert after is not None and after["spec"]["minReplicas"] == 4

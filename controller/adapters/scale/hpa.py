@@ -33,7 +33,7 @@ from kubernetes import client as k8s
 from controller.adapters.kube.action_keys import recorded_keys, with_key
 from controller.adapters.kube.calls import KubeError, KubernetesActuatorError, kube_call
 from controller.adapters.kube.events import EventRecorder, ObjectRef
-from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
+from controller.core.ports import ActionOutcome, Clock, OutcomeStatus, ScaleRequest
 from controller.kit.http import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,12 @@ class HpaScaler:
             return int(status.current_replicas)
         return int(found.spec.min_replicas or 1)
 
-    def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome:
+    def scale_target(self, replicas: int) -> dict[str, int]:
+        """A scale moves the HPA's floor (ScalePort)."""
+        return {"minReplicas": replicas}
+
+    def set_replicas(self, request: ScaleRequest) -> ActionOutcome:
+        service, replicas, idempotency_key = request.service, request.replicas, request.idempotency_key
         bounds = self.bounds
 
         def change(hpa: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, Any]] | None:

@@ -3,8 +3,8 @@
     metrics      MetricsSource, RangeResult                      (Prometheus; recorded history)
     predictions  PredictionPort, HistoricalPredictionPort        (the SLA model, wired by the app)
     outcomes     ActionOutcome, OutcomeStatus, AbortSignal       (what every action port answers)
-    rollback     RollbackPort                                    (Argo CD, a Deployment, the local tier)
-    scale        ScalePort, ScaleLimitsPort                      (an HPA, the local tier)
+    rollback     RollbackPort, RollbackRequest, RollbackPlan     (Argo CD, a Deployment, the local tier)
+    scale        ScalePort, ScaleRequest, ScaleLimits(Port)      (an HPA, the local tier)
     traffic      TrafficRouter                                   (HTTPRoute, VirtualService, the local tier)
     annotations  Annotation, Annotator                           (JSONL, Grafana)
     notify       Notifier                                        (webhooks)
@@ -40,8 +40,8 @@ from controller.core.ports.metrics import MetricsSource, RangeResult
 from controller.core.ports.notify import Notifier
 from controller.core.ports.outcomes import AbortSignal, ActionOutcome, OutcomeStatus
 from controller.core.ports.predictions import HistoricalPredictionPort, PredictionPort
-from controller.core.ports.rollback import RollbackPort
-from controller.core.ports.scale import ScaleLimitsPort, ScalePort
+from controller.core.ports.rollback import RollbackPlan, RollbackPort, RollbackRequest
+from controller.core.ports.scale import ScaleLimits, ScaleLimitsPort, ScalePort, ScaleRequest
 from controller.core.ports.stores import ActionJournalPort, IncidentStorePort, JournalPort, RecentDecisions
 from controller.core.ports.traffic import TrafficRouter
 from controller.kit.clock import Clock
@@ -70,9 +70,13 @@ __all__ = [
     "PredictionPort",
     "RangeResult",
     "RecentDecisions",
+    "RollbackPlan",
     "RollbackPort",
+    "RollbackRequest",
+    "ScaleLimits",
     "ScaleLimitsPort",
     "ScalePort",
+    "ScaleRequest",
     "ShardedLeaderPort",
     "TierReader",
     "TrafficRouter",

@@ -4,9 +4,54 @@ targets (controller/adapters/scale/, tier/)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from controller.core.ports.outcomes import ActionOutcome
+
+
+@dataclass(frozen=True)
+class ScaleRequest:
+    """One change of a service's replica count (the HPA's floor; the local tier's count), as every ScalePort takes
+    it: the count its plan fixed and the action's idempotency key."""
+
+    service: str
+    replicas: int
+    idempotency_key: str
+
+
+@dataclass(frozen=True)
+class ScaleLimits:
+    """What a scale sets besides the count: the ceiling (an HPA's maxReplicas) and the metric targets (each
+    Pods/External metric's AverageValue). Journaled in the scale's plan as `limits`: `{"maxReplicas": n,
+    "metrics": {name: value}}`, each key only when set (the shape plans have had since the scale gained them)."""
+
+    max_replicas: int | None = None
+    metric_targets: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of_action(cls, params: Mapping[str, object]) -> ScaleLimits:
+        """A scale action's `ceiling` and `metricTargets`."""
+        ceiling, targets = params.get("ceiling"), params.get("metricTargets")
+        metric_targets = (
+            {str(name): float(value) for name, value in targets.items() if isinstance(value, (int, float))}
+            if isinstance(targets, Mapping)
+            else {}
+        )
+        return cls(int(ceiling) if isinstance(ceiling, (int, float)) else None, metric_targets)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> ScaleLimits:
+        return cls.of_action({"ceiling": data.get("maxReplicas"), "metricTargets": data.get("metrics")})
+
+    def to_json(self) -> dict[str, object]:
+        """The plan's `limits`; empty when the scale sets neither."""
+        out: dict[str, object] = {}
+        if self.max_replicas is not None:
+            out["maxReplicas"] = self.max_replicas
+        if self.metric_targets:
+            out["metrics"] = dict(self.metric_targets)
+        return out
 
 
 class ScalePort(Protocol):
@@ -16,7 +61,12 @@ class ScalePort(Protocol):
         """The current count; raises (an exception with `transient`) when it cannot be read."""
         ...
 
-    def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome: ...
+    def set_replicas(self, request: ScaleRequest) -> ActionOutcome: ...
+
+    def scale_target(self, replicas: int) -> dict[str, int]:
+        """The fields of `scale_state` a scale to `replicas` sets, which a plan journals as its target and a resume
+        finds done (an HPA: {"minReplicas": n}, its floor; the local tier: {"replicas": n})."""
+        ...
 
     def scale_state(self, service: str) -> Mapping[str, Any]:
         """Everything a scale may change, as JSON (an HPA: minReplicas, maxReplicas, metric targets; the local
