@@ -42,7 +42,9 @@ from controller.core.ports import (
     Annotator,
     ChangeTrackerPort,
     IncidentStorePort,
+    NoticePayload,
     Notifier,
+    NotifyRequest,
     RollbackPort,
     ScalePort,
     TrafficRouter,
@@ -531,7 +533,7 @@ def _notify_receivers(
     def notice(text: str, detail: Mapping[str, Any]) -> None:
         key = f"notice:auto-sync-disabled:{detail.get('application', '')}:{clock.now():.0f}"
         for receiver in receivers:
-            notifier.notify(receiver, {"kind": "notice", "message": text, **detail}, idempotency_key=key)
+            notifier.notify(NotifyRequest(receiver, NoticePayload(text, detail), key))
 
     return notice
 

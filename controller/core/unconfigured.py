@@ -21,11 +21,13 @@ from controller.core.ports import (
     AbortSignal,
     ActionOutcome,
     Annotation,
+    NotifyRequest,
     OutcomeStatus,
     RollbackPlan,
     RollbackRequest,
     ScaleLimits,
     ScaleRequest,
+    TrafficRequest,
 )
 from controller.kit.errors import ActuatorError
 
@@ -116,10 +118,8 @@ class UnconfiguredRouter:
     def __init__(self, message: str = missing("router", ActionType.SHIFT_TRAFFIC)) -> None:
         self.message = message
 
-    def set_weight(
-        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
-    ) -> ActionOutcome:
-        return _failed({"service": service, "version": version, "weight": weight}, self.message)
+    def set_weight(self, request: TrafficRequest, abort: AbortSignal | None = None) -> ActionOutcome:
+        return _failed({"service": request.service, "version": request.version, "weight": request.weight}, self.message)
 
     def weights(self, service: str) -> Mapping[str, int]:
         raise NoActuatorError(self.message)
@@ -152,5 +152,5 @@ class UnconfiguredNotifier:
     def __init__(self, message: str = missing("notifier", ActionType.NOTIFY)) -> None:
         self.message = message
 
-    def notify(self, receiver: str, payload: Mapping[str, Any], *, idempotency_key: str) -> ActionOutcome:
-        return _failed({"receiver": receiver}, self.message)
+    def notify(self, request: NotifyRequest) -> ActionOutcome:
+        return _failed({"receiver": request.receiver}, self.message)

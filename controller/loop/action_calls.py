@@ -29,6 +29,8 @@ from controller.core.ports import (
     Annotator,
     Clock,
     Notifier,
+    NotifyPayload,
+    NotifyRequest,
     OutcomeStatus,
     RollbackPlan,
     RollbackPort,
@@ -37,6 +39,7 @@ from controller.core.ports import (
     ScaleLimitsPort,
     ScalePort,
     ScaleRequest,
+    TrafficRequest,
     TrafficRouter,
 )
 from controller.core.unconfigured import (
@@ -149,9 +152,8 @@ class ActionCalls:
     def _shift_traffic(self, record: ActionRecord, request: ActionRequest, abort: ActionAbort) -> ActionOutcome:
         action = request.action
         assert isinstance(action, ShiftTrafficAction)
-        return self._actuators.router.set_weight(
-            action.service, action.version, int(action.weight), idempotency_key=request.idempotency_key, abort=abort
-        )
+        shift = TrafficRequest(action.service, action.version, int(action.weight), request.idempotency_key)
+        return self._actuators.router.set_weight(shift, abort)
 
     def _restore(self, record: ActionRecord, request: ActionRequest, abort: ActionAbort) -> ActionOutcome:
         assert record.plan is not None
@@ -169,7 +171,7 @@ class ActionCalls:
         action = request.action
         assert isinstance(action, NotifyAction)
         return self._actuators.notifier.notify(
-            action.receiver, self._payload(record, action), idempotency_key=request.idempotency_key
+            NotifyRequest(action.receiver, self._payload(record, action), request.idempotency_key)
         )
 
     def decision(self, record: ActionRecord) -> dict[str, Any]:
@@ -203,20 +205,20 @@ class ActionCalls:
             labels=labels,
         )
 
-    def _payload(self, record: ActionRecord, action: NotifyAction) -> dict[str, Any]:
+    def _payload(self, record: ActionRecord, action: NotifyAction) -> NotifyPayload:
         decision = self.decision(record)
         actions = [
             other.to_json()
             for other in self.journal.actions_for(record.decision_id)
             if other.decision_kind == record.decision_kind
         ]
-        return {
-            "message": action.message,
-            "decision": decision,
-            "evidence": decision.get("evidence", []),
-            "actions": actions,
-            "links": dict(self.links_for(decision)) if self.links_for is not None else {},
-        }
+        return NotifyPayload(
+            message=action.message,
+            decision=decision,
+            evidence=decision.get("evidence", []),
+            actions=actions,
+            links=dict(self.links_for(decision)) if self.links_for is not None else {},
+        )
 
     def after(self, record: ActionRecord) -> dict[str, Any]:
         """What a change left (its service's weights or scale state, read now) for the action's result."""

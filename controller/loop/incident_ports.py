@@ -37,6 +37,7 @@ from controller.core.ports import (
     RollbackRequest,
     ScalePort,
     ScaleRequest,
+    TrafficRequest,
     TrafficRouter,
 )
 from controller.loop.dispatcher import Actuators
@@ -181,10 +182,10 @@ class IncidentRouter:
         self.inner = inner
         self.keeper = keeper
 
-    def set_weight(
-        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
-    ) -> ActionOutcome:
-        outcome = self.inner.set_weight(service, version, weight, idempotency_key=idempotency_key, abort=abort)
+    def set_weight(self, request: TrafficRequest, abort: AbortSignal | None = None) -> ActionOutcome:
+        service, version, weight = request.service, request.version, request.weight
+        idempotency_key = request.idempotency_key
+        outcome = self.inner.set_weight(request, abort)
         try:
             plan = {"version": version, "weight": weight}
             self.keeper.action_ended(service, idempotency_key, "shift_traffic", plan, outcome)

@@ -31,11 +31,13 @@ from controller.core.ports import (
     Annotation,
     HandoverPort,
     MetricsSource,
+    NotifyRequest,
     OutcomeStatus,
     RangeResult,
     RollbackPlan,
     RollbackRequest,
     ScaleRequest,
+    TrafficRequest,
 )
 
 
@@ -214,9 +216,9 @@ class FakeRouter(_Recorder):
     def weights(self, service: str) -> Mapping[str, int]:
         return dict(self.routes.get(service, {}))
 
-    def set_weight(
-        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
-    ) -> ActionOutcome:
+    def set_weight(self, request: TrafficRequest, abort: AbortSignal | None = None) -> ActionOutcome:
+        service, version, weight = request.service, request.version, request.weight
+        idempotency_key = request.idempotency_key
         def act() -> ActionOutcome:
             stopped = _aborted(abort, {"weights": dict(self.routes.get(service, {}))})
             if stopped is not None:
@@ -282,9 +284,11 @@ class FakeNotifier(_Recorder):
         super().__init__()
         self.sent: list[tuple[str, Mapping[str, Any]]] = []
 
-    def notify(self, receiver: str, payload: Mapping[str, Any], *, idempotency_key: str) -> ActionOutcome:
+    def notify(self, request: NotifyRequest) -> ActionOutcome:
+        receiver, idempotency_key = request.receiver, request.idempotency_key
+
         def act() -> ActionOutcome:
-            self.sent.append((receiver, payload))
+            self.sent.append((receiver, request.payload.to_json()))
             return ActionOutcome(OutcomeStatus.SUCCEEDED, {"receiver": receiver, "replayed": False})
 
         return self._handle("notify", {"receiver": receiver}, idempotency_key, act)

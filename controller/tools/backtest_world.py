@@ -29,10 +29,12 @@ from controller.core.ports import (
     ActionOutcome,
     Annotation,
     Clock,
+    NotifyRequest,
     OutcomeStatus,
     RollbackPlan,
     RollbackRequest,
     ScaleRequest,
+    TrafficRequest,
 )
 from controller.kit.cli_args import UsageError, parse_time
 
@@ -103,9 +105,9 @@ class WouldRun:
     def weights(self, service: str) -> Mapping[str, int]:
         return dict(self.routes.get(service, {}))
 
-    def set_weight(
-        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
-    ) -> ActionOutcome:
+    def set_weight(self, request: TrafficRequest, abort: AbortSignal | None = None) -> ActionOutcome:
+        service, version, weight = request.service, request.version, request.weight
+        idempotency_key = request.idempotency_key
         self.routes.setdefault(service, {})[version] = weight
         return self._would("set_weight", idempotency_key, service=service, version=version, weight=weight)
 
@@ -127,8 +129,8 @@ class WouldRun:
     def annotate(self, annotation: Annotation, *, idempotency_key: str) -> ActionOutcome:
         return self._would("annotate", idempotency_key, text=annotation.text)
 
-    def notify(self, receiver: str, payload: Mapping[str, Any], *, idempotency_key: str) -> ActionOutcome:
-        return self._would("notify", idempotency_key, receiver=receiver)
+    def notify(self, request: NotifyRequest) -> ActionOutcome:
+        return self._would("notify", request.idempotency_key, receiver=request.receiver)
 
 
 class RecordedRollouts:

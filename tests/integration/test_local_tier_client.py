@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from controller.adapters.tier.local_tier import LocalTierClient, TierError
-from controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest
+from controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest, TrafficRequest
 from controller.kit.clock import SystemClock
 from tests.support.fake_tier import running_serving_tier
 
@@ -64,11 +64,11 @@ def test_scale_and_read_back(client: LocalTierClient) -> None:
 def test_canary_weight_is_set_and_verified(tier_url: str, client: LocalTierClient) -> None:
     canary = _roll_out(tier_url, "it-canary", canary_weight=50)
     version = f"r{canary}"
-    outcome = client.set_weight("chat", version, 10, idempotency_key="it-weight-1")
+    outcome = client.set_weight(TrafficRequest("chat", version, 10, idempotency_key="it-weight-1"))
     assert outcome.status is OutcomeStatus.SUCCEEDED, outcome.error
     assert outcome.detail["verified"] is True and outcome.detail["verified_weight"] == 10
     assert client.weights("chat")[version] == 10
-    unknown = client.set_weight("chat", "r99", 10, idempotency_key="it-weight-2")
+    unknown = client.set_weight(TrafficRequest("chat", "r99", 10, idempotency_key="it-weight-2"))
     assert unknown.status is OutcomeStatus.FAILED and unknown.transient is False
     assert unknown.error is not None and "live versions" in unknown.error
 
@@ -100,7 +100,10 @@ def test_restore_calls_set_every_weight_and_the_replicas_exactly(tier_url: str, 
     canary = f"r{_roll_out(tier_url, 'it-restore-canary', canary_weight=10)}"
     before = dict(client.weights("chat"))
     assert before[canary] == 10
-    assert client.set_weight("chat", canary, 0, idempotency_key="it-restore-shift").status is OutcomeStatus.SUCCEEDED
+    assert (
+        client.set_weight(TrafficRequest("chat", canary, 0, idempotency_key="it-restore-shift")).status
+        is OutcomeStatus.SUCCEEDED
+    )
     shifted = dict(client.weights("chat"))
     changed = client.set_weights("chat", {v: 0 for v in before}, expected=shifted, idempotency_key="it-restore-bad")
     assert changed.status is OutcomeStatus.FAILED and changed.transient is False  # must sum to 100

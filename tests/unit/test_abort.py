@@ -15,7 +15,7 @@ import pytest
 from controller.adapters.stores.journal import Journal
 from controller.core.actions import ActionRecord, ActionStatus
 from controller.core.controls import AbortRequest, AbortState
-from controller.core.ports import AbortSignal, ActionOutcome, OutcomeStatus
+from controller.core.ports import AbortSignal, ActionOutcome, OutcomeStatus, TrafficRequest
 from controller.kit.clock import ManualClock, SystemClock
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.testing import FakeAnnotator, FakeDeployer, FakeRouter, make_decision, transient_failure
@@ -39,9 +39,8 @@ class SteppingRouter(FakeRouter):
         self.written: list[int] = []
         self.entered = threading.Event()
 
-    def set_weight(
-        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
-    ) -> ActionOutcome:
+    def set_weight(self, request: TrafficRequest, abort: AbortSignal | None = None) -> ActionOutcome:
+        service, version, weight = request.service, request.version, request.weight
         path = [step for step in self.steps if step < weight] + [weight]
         for index, step in enumerate(path):
             if index and abort is not None and abort.hold(self.hold) is not None:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import pytest
 
 from controller.adapters.tier.local_tier import LocalTierClient, TierError
-from controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest
+from controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest, TrafficRequest
 from controller.kit.clock import ManualClock
 from tests.support.dispatch import dispatched
 from tests.support.fake_tier import FakeTierState, running_fake_tier
@@ -128,7 +128,7 @@ def test_replicas_reads_the_service(tier: tuple[str, FakeTierState]) -> None:
 def test_set_weight_verifies_by_reading_back(tier: tuple[str, FakeTierState]) -> None:
     url, state = tier
     state.services["chat"].weights = {"r2": 90, "r3": 10}
-    outcome = _client(url).set_weight("chat", "r3", 50, idempotency_key="w")
+    outcome = _client(url).set_weight(TrafficRequest("chat", "r3", 50, idempotency_key="w"))
     assert outcome.status is OutcomeStatus.SUCCEEDED
     assert outcome.detail["verified"] is True and outcome.detail["verified_weight"] == 50
     assert outcome.detail["weights"] == {"r3": 50, "r2": 50}
@@ -140,7 +140,7 @@ def test_set_weight_that_does_not_hold_fails(tier: tuple[str, FakeTierState]) ->
     url, state = tier
     state.services["chat"].weights = {"r2": 90, "r3": 10}
     state.lie_about_weights = True
-    outcome = _client(url).set_weight("chat", "r3", 20, idempotency_key="w")
+    outcome = _client(url).set_weight(TrafficRequest("chat", "r3", 20, idempotency_key="w"))
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is False
     assert outcome.error == "weight of 'chat' 'r3': asked for 20%, the tier reports 50%"
 

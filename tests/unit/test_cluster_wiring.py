@@ -26,7 +26,7 @@ from controller.app.cluster import (
 )
 from controller.app.cluster_settings import KubernetesSettings
 from controller.app.settings import SettingsError, load_settings
-from controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest
+from controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest, TrafficRequest
 from controller.core.unconfigured import (
     ROLLBACK_MISSING,
     SCALE_MISSING,
@@ -174,7 +174,7 @@ def test_builder_httproute_router_with_ramp(fake: FakeKubernetes) -> None:
     )
     assert isinstance(built.router, HttpRouteRouter) and built.scaler is None
     start = clock.now()
-    outcome = built.router.set_weight("chat", "canary", 100, idempotency_key="d3:fire:0")
+    outcome = built.router.set_weight(TrafficRequest("chat", "canary", 100, idempotency_key="d3:fire:0"))
     assert outcome.status is OutcomeStatus.SUCCEEDED, outcome
     assert outcome.detail["steps"] == [50, 100]
     assert clock.now() - start == 30.0  # one hold, on the injected clock
@@ -191,7 +191,7 @@ def test_builder_virtualservice_router_in_another_namespace(fake: FakeKubernetes
         api_client=fake.api_client(),
     )
     assert isinstance(built.router, VirtualServiceRouter)
-    outcome = built.router.set_weight("chat", "canary", 0, idempotency_key="d4:fire:0")
+    outcome = built.router.set_weight(TrafficRequest("chat", "canary", 0, idempotency_key="d4:fire:0"))
     assert outcome.status is OutcomeStatus.SUCCEEDED, outcome
     stored = fake.get_object("virtualservices", "mesh", "chat-vs")
     assert stored is not None

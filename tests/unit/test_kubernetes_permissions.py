@@ -11,7 +11,7 @@ from controller.adapters.lease.leader import LeaderElector
 from controller.adapters.rollback.deployment import DeploymentRollback
 from controller.adapters.scale.hpa import HpaBounds, HpaScaler
 from controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
-from controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest
+from controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest, TrafficRequest
 from controller.kit.clock import ManualClock
 from controller.tools.cluster_permissions import ACTUATOR_PERMISSIONS, ALL_PERMISSIONS, permission_triples
 from tests.support.fake_kubernetes import (
@@ -53,7 +53,10 @@ def test_recorded_calls_equal_the_declared_permissions() -> None:
             HttpRouteRouter(k8s.CustomObjectsApi(api), clock=clock, namespace="llm", events=events),
             VirtualServiceRouter(k8s.CustomObjectsApi(api), clock=clock, namespace="llm", events=events),
         ):
-            assert router.set_weight("chat", "r2", 0, idempotency_key="c").status is OutcomeStatus.SUCCEEDED
+            assert (
+                router.set_weight(TrafficRequest("chat", "r2", 0, idempotency_key="c")).status
+                is OutcomeStatus.SUCCEEDED
+            )
         assert KubernetesDeploymentSource(k8s.AppsV1Api(api), "llm").rollouts(0.0) != []
         undo = DeploymentRollback(
             k8s.AppsV1Api(api), k8s.CoreV1Api(api), clock=clock, namespace="llm", helm=True, events=events

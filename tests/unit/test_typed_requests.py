@@ -11,18 +11,34 @@ from typing import Any
 
 import pytest
 
+from controller.adapters.notify.webhook import WebhookNotifier
 from controller.adapters.rollback.argocd import ArgoCDRollback
 from controller.adapters.rollback.deployment import DeploymentRollback
 from controller.adapters.scale.hpa import HpaScaler
 from controller.adapters.stores.journal import Journal
 from controller.adapters.tier.local_tier import LocalTierClient
+from controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
 from controller.core.actions import ActionStatus
-from controller.core.ports import RollbackPlan, RollbackRequest, ScaleLimits, ScaleRequest
-from controller.core.unconfigured import UnconfiguredRollback, UnconfiguredScale, UnconfiguredScaleLimits
+from controller.core.ports import (
+    NoticePayload,
+    NotifyPayload,
+    NotifyRequest,
+    RollbackPlan,
+    RollbackRequest,
+    ScaleLimits,
+    ScaleRequest,
+)
+from controller.core.unconfigured import (
+    UnconfiguredNotifier,
+    UnconfiguredRollback,
+    UnconfiguredRouter,
+    UnconfiguredScale,
+    UnconfiguredScaleLimits,
+)
 from controller.kit.clock import ManualClock
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.incident_ports import IncidentRollback, IncidentScale
-from controller.testing import FakeRollback, FakeScaler, make_decision
+from controller.loop.incident_ports import IncidentRollback, IncidentRouter, IncidentScale
+from controller.testing import FakeNotifier, FakeRollback, FakeRouter, FakeScaler, make_decision
 from controller.tools.backtest_world import WouldRun
 
 ROLLBACK_PORTS = [
@@ -34,6 +50,9 @@ ROLLBACK_PORTS = [
     WouldRun,
     IncidentRollback,
 ]
+TRAFFIC_PORTS = [HttpRouteRouter, VirtualServiceRouter, LocalTierClient, UnconfiguredRouter, FakeRouter, WouldRun]
+TRAFFIC_PORTS += [IncidentRouter]
+NOTIFY_PORTS = [WebhookNotifier, UnconfiguredNotifier, FakeNotifier, WouldRun]
 SCALE_PORTS = [HpaScaler, LocalTierClient, UnconfiguredScale, FakeScaler, WouldRun, IncidentScale]
 
 # Plans as b6be7ee journaled them (Journal.set_plan), one per rollback adapter, with the dispatcher's times.
@@ -146,3 +165,36 @@ def test_a_rollback_planned_and_started_at_b6be7ee_resumes_on_its_journaled_plan
     assert deployer.rollback(request).detail["already_done"] is True
     assert ScaleRequest("chat", 3, "k").replicas == 3
     journal.close()
+
+
+def test_notification_bodies_keep_their_shape() -> None:
+    """The webhook body is the payload's JSON plus receiver and key: a decision's five fields as b6be7ee sent them,
+    and the Argo CD notice as `{"kind": "notice", "message": ..., **detail}`."""
+    decision = {"id": "d1", "evidence": [[1.0, 1.2]], "at": 5.0}
+    payload = NotifyPayload(message="m", decision=decision, evidence=decision["evidence"], actions=[{"type": "x"}])
+    assert payload.to_json() == {
+        "message": "m",
+        "decision": decision,
+        "evidence": [[1.0, 1.2]],
+        "actions": [{"type": "x"}],
+        "links": {},
+    }
+    assert NotifyPayload.from_json(payload.to_json()) == NotifyPayload(
+        message="m", decision=decision, evidence=[[1.0, 1.2]], actions=[{"type": "x"}]
+    )
+    notice = NoticePayload("auto-sync disabled", {"application": "llm-web", "service": "web"})
+    assert notice.to_json() == {"kind": "notice", "message": "auto-sync disabled", "application": "llm-web",
+                                "service": "web"}  # fmt: skip
+    assert NotifyRequest("oncall", notice, "k").payload is notice
+
+
+@pytest.mark.parametrize(
+    ("port", "method", "parameters"),
+    [
+        *[(port, "set_weight", ["self", "request", "abort"]) for port in TRAFFIC_PORTS],
+        *[(port, "notify", ["self", "request"]) for port in NOTIFY_PORTS],
+    ],
+    ids=lambda value: getattr(value, "__name__", str(value)),
+)
+def test_every_traffic_and_notify_port_takes_one_request(port: type, method: str, parameters: list[str]) -> None:
+    assert list(inspect.signature(getattr(port, method)).parameters) == parameters

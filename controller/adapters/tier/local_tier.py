@@ -23,6 +23,7 @@ from controller.core.ports import (
     RollbackPlan,
     RollbackRequest,
     ScaleRequest,
+    TrafficRequest,
 )
 from controller.kit.errors import ActuatorError
 from controller.kit.http import HttpAnswer, RetryPolicy, redact_url, request_with_retry
@@ -278,9 +279,9 @@ class LocalTierClient:
             )
         return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
 
-    def set_weight(
-        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
-    ) -> ActionOutcome:
+    def set_weight(self, request: TrafficRequest, abort: AbortSignal | None = None) -> ActionOutcome:
+        service, version, weight = request.service, request.version, request.weight
+        idempotency_key = request.idempotency_key
         body = {"version": version, "weight": weight, "idempotency_key": idempotency_key}
         answer = self._call("POST", self._url("services", service, "weights"), body, idempotency_key)
         if not answer.ok:

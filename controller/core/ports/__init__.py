@@ -5,9 +5,9 @@
     outcomes     ActionOutcome, OutcomeStatus, AbortSignal       (what every action port answers)
     rollback     RollbackPort, RollbackRequest, RollbackPlan     (Argo CD, a Deployment, the local tier)
     scale        ScalePort, ScaleRequest, ScaleLimits(Port)      (an HPA, the local tier)
-    traffic      TrafficRouter                                   (HTTPRoute, VirtualService, the local tier)
+    traffic      TrafficRouter, TrafficRequest                   (HTTPRoute, VirtualService, the local tier)
     annotations  Annotation, Annotator                           (JSONL, Grafana)
-    notify       Notifier                                        (webhooks)
+    notify       Notifier, NotifyRequest, NotifyPayload          (webhooks)
     stores       JournalPort, ActionJournalPort, IncidentStorePort, RecentDecisions
     dispatch     DispatcherPort                                  (the dispatcher, as the evaluation sees it)
     changes      ChangeSource, ChangeTrackerPort, TierReader     (rollouts)
@@ -37,13 +37,13 @@ from controller.core.ports.leadership import (
     ShardedLeaderPort,
 )
 from controller.core.ports.metrics import MetricsSource, RangeResult
-from controller.core.ports.notify import Notifier
+from controller.core.ports.notify import NoticePayload, Notifier, NotifyPayload, NotifyRequest
 from controller.core.ports.outcomes import AbortSignal, ActionOutcome, OutcomeStatus
 from controller.core.ports.predictions import HistoricalPredictionPort, PredictionPort
 from controller.core.ports.rollback import RollbackPlan, RollbackPort, RollbackRequest
 from controller.core.ports.scale import ScaleLimits, ScaleLimitsPort, ScalePort, ScaleRequest
 from controller.core.ports.stores import ActionJournalPort, IncidentStorePort, JournalPort, RecentDecisions
-from controller.core.ports.traffic import TrafficRouter
+from controller.core.ports.traffic import TrafficRequest, TrafficRouter
 from controller.kit.clock import Clock
 
 __all__ = [
@@ -63,7 +63,10 @@ __all__ = [
     "JournalPort",
     "LeaderPort",
     "MetricsSource",
+    "NoticePayload",
     "Notifier",
+    "NotifyPayload",
+    "NotifyRequest",
     "OutcomeStatus",
     "PeerCheckPort",
     "PendingHandoverPort",
@@ -79,5 +82,6 @@ __all__ = [
     "ScaleRequest",
     "ShardedLeaderPort",
     "TierReader",
+    "TrafficRequest",
     "TrafficRouter",
 ]

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 from controller.core.ports.outcomes import AbortSignal, ActionOutcome
 
 
+@dataclass(frozen=True)
+class TrafficRequest:
+    """One traffic shift, as every TrafficRouter takes it: `version`'s share (percent) of `service`'s traffic and
+    the action's idempotency key (a ramped router derives its steps' keys from it)."""
+
+    service: str
+    version: str
+    weight: int
+    idempotency_key: str
+
+
 class TrafficRouter(Protocol):
-    def set_weight(
-        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
-    ) -> ActionOutcome:
+    def set_weight(self, request: TrafficRequest, abort: AbortSignal | None = None) -> ActionOutcome:
         """Set `version`'s share (percent) of `service`'s traffic, then read it back to verify. A ramped router
         stops before its next step on `abort` (ABORTED, with the weights of the last whole step in place)."""
         ...
