@@ -55,7 +55,15 @@ from controller.core.engine import PolicyState
 from controller.core.model import SignalResult
 from controller.core.policy import ForSpec, Policy
 from controller.core.policy_files import load_policies
-from controller.core.ports import ActionOutcome, Clock, MetricsSource, OutcomeStatus, RangeResult, ScaleRequest
+from controller.core.ports import (
+    ActionOutcome,
+    Clock,
+    MetricsSource,
+    OutcomeStatus,
+    RangeResult,
+    ScaleRequest,
+    ScaleState,
+)
 from controller.kit.clock import ManualClock
 from controller.kit.errors import LabError
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
@@ -344,14 +352,14 @@ class TierScaler:
         self._set(replicas, "set_replicas")
         return ActionOutcome(OutcomeStatus.SUCCEEDED, {"from": before, "to": replicas})
 
-    def scale_state(self, service: str) -> Mapping[str, Any]:
-        return {"replicas": self.count}
+    def scale_state(self, service: str) -> ScaleState:
+        return ScaleState(replicas=self.count)
 
     def restore_scale(
-        self, service: str, state: Mapping[str, Any], *, expected: Mapping[str, Any] | None, idempotency_key: str
+        self, service: str, state: ScaleState, *, expected: ScaleState | None, idempotency_key: str
     ) -> ActionOutcome:
-        wanted = max(self.floor, int(state.get("replicas", self.count)))
-        if expected is not None and int(expected.get("replicas", self.count)) != self.count:
+        wanted = max(self.floor, state.replicas if state.replicas is not None else self.count)
+        if expected is not None and (expected.replicas if expected.replicas is not None else self.count) != self.count:
             return ActionOutcome(OutcomeStatus.SKIPPED, {"reason": "changed by someone else since"})
         if wanted == self.count:
             return ActionOutcome(OutcomeStatus.SKIPPED, {"reason": "already so"})

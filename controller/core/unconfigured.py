@@ -27,6 +27,7 @@ from controller.core.ports import (
     RollbackRequest,
     ScaleLimits,
     ScaleRequest,
+    ScaleState,
     TrafficRequest,
 )
 from controller.kit.errors import ActuatorError
@@ -79,15 +80,15 @@ class UnconfiguredScale:
     def set_replicas(self, request: ScaleRequest) -> ActionOutcome:
         return _failed({"service": request.service, "replicas": request.replicas}, self.message)
 
-    def scale_state(self, service: str) -> Mapping[str, Any]:
+    def scale_state(self, service: str) -> ScaleState:
         raise NoActuatorError(self.message)
 
     def restore_scale(
         self,
         service: str,
-        state: Mapping[str, Any],
+        state: ScaleState,
         *,
-        expected: Mapping[str, Any] | None,
+        expected: ScaleState | None,
         idempotency_key: str,
     ) -> ActionOutcome:
         return _failed({"service": service}, self.message)

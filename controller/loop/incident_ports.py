@@ -37,6 +37,7 @@ from controller.core.ports import (
     RollbackRequest,
     ScalePort,
     ScaleRequest,
+    ScaleState,
     TrafficRequest,
     TrafficRouter,
 )
@@ -149,7 +150,7 @@ class IncidentScale:
         self.keeper = keeper
 
     def restore_scale(
-        self, service: str, state: Mapping[str, Any], *, expected: Mapping[str, Any] | None, idempotency_key: str
+        self, service: str, state: ScaleState, *, expected: ScaleState | None, idempotency_key: str
     ) -> ActionOutcome:
         outcome = self.inner.restore_scale(service, state, expected=expected, idempotency_key=idempotency_key)
         if outcome.status is OutcomeStatus.SKIPPED:

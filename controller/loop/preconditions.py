@@ -337,7 +337,7 @@ class Planner:
         service = str(plan.get("service", record.params.get("service", record.resource)))
         try:
             if record.type is ActionType.SCALE:
-                current: Mapping[str, Any] = dict(self._scale().scale_state(service))
+                current: Mapping[str, Any] = self._scale().scale_state(service).to_json()
                 fields = {name: (before.get(name), value) for name, value in target.items()}
             elif record.type is ActionType.SHIFT_TRAFFIC:
                 current = {str(k): int(v) for k, v in self._router().weights(service).items()}
@@ -370,7 +370,7 @@ class Planner:
                     return None
                 shown: dict[str, Any] = {"weights": weights}
             elif record.type is ActionType.SCALE:
-                state = dict(self._scale().scale_state(service))
+                state = self._scale().scale_state(service).to_json()
                 if any(state.get(name) != value for name, value in target.items()):
                     return None
                 shown = {"state": state}

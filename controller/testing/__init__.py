@@ -37,6 +37,7 @@ from controller.core.ports import (
     RollbackPlan,
     RollbackRequest,
     ScaleRequest,
+    ScaleState,
     TrafficRequest,
 )
 
@@ -172,28 +173,28 @@ class FakeScaler(_Recorder):
 
         return self._handle("set_replicas", {"service": service, "replicas": replicas}, idempotency_key, act)
 
-    def scale_state(self, service: str) -> Mapping[str, Any]:
-        return {"replicas": self.replicas(service)}
+    def scale_state(self, service: str) -> ScaleState:
+        return ScaleState(replicas=self.replicas(service))
 
     def restore_scale(
         self,
         service: str,
-        state: Mapping[str, Any],
+        state: ScaleState,
         *,
-        expected: Mapping[str, Any] | None,
+        expected: ScaleState | None,
         idempotency_key: str,
     ) -> ActionOutcome:
         def act() -> ActionOutcome:
-            current, wanted = self.replica_counts.get(service, 1), int(state["replicas"])
+            current, wanted = self.replica_counts.get(service, 1), int(state.replicas or 0)
             detail: dict[str, Any] = {"from": {"replicas": current}, "to": {"replicas": wanted}, "replayed": False}
             if current == wanted:
                 return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": "already so"})
-            if expected is not None and int(expected["replicas"]) != current:
+            if expected is not None and int(expected.replicas or 0) != current:
                 return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": "changed by someone else"})
             self.replica_counts[service] = wanted
             return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
 
-        args = {"service": service, "state": dict(state), "expected": dict(expected) if expected else None}
+        args = {"service": service, "state": state.to_json(), "expected": expected.to_json() if expected else None}
         return self._handle("restore_scale", args, idempotency_key, act)
 
 

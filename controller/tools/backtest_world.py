@@ -34,6 +34,7 @@ from controller.core.ports import (
     RollbackPlan,
     RollbackRequest,
     ScaleRequest,
+    ScaleState,
     TrafficRequest,
 )
 from controller.kit.cli_args import UsageError, parse_time
@@ -89,17 +90,17 @@ class WouldRun:
             "set_replicas", idempotency_key, {"from": before, "to": replicas}, service=service, replicas=replicas
         )
 
-    def scale_state(self, service: str) -> Mapping[str, Any]:
-        return {"replicas": self.replicas(service)}
+    def scale_state(self, service: str) -> ScaleState:
+        return ScaleState(replicas=self.replicas(service))
 
     def restore_scale(
-        self, service: str, state: Mapping[str, Any], *, expected: Mapping[str, Any] | None, idempotency_key: str
+        self, service: str, state: ScaleState, *, expected: ScaleState | None, idempotency_key: str
     ) -> ActionOutcome:
-        wanted = int(state.get("replicas", self.replicas(service)))
+        wanted = state.replicas if state.replicas is not None else self.replicas(service)
         if wanted == self.replicas(service):
             return ActionOutcome(OutcomeStatus.SKIPPED, {"reason": "already so"})
         self.replica_counts[service] = wanted
-        return self._would("restore_scale", idempotency_key, service=service, state=dict(state))
+        return self._would("restore_scale", idempotency_key, service=service, state=state.to_json())
 
     # TrafficRouter
     def weights(self, service: str) -> Mapping[str, int]:

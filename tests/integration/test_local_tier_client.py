@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from controller.adapters.tier.local_tier import LocalTierClient, TierError
-from controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest, TrafficRequest
+from controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest, ScaleState, TrafficRequest
 from controller.kit.clock import SystemClock
 from tests.support.fake_tier import running_serving_tier
 
@@ -113,9 +113,12 @@ def test_restore_calls_set_every_weight_and_the_replicas_exactly(tier_url: str, 
     restored = client.set_weights("chat", before, expected=shifted, idempotency_key="it-restore-1")
     assert restored.status is OutcomeStatus.SUCCEEDED and restored.detail["verified"] is True
     assert client.weights("chat") == before
-    replicas = client.scale_state("chat")["replicas"]
+    replicas = client.scale_state("chat").to_json()["replicas"]
     client.set_replicas(ScaleRequest("chat", replicas + 2, idempotency_key="it-restore-scale"))
     back = client.restore_scale(
-        "chat", {"replicas": replicas}, expected={"replicas": replicas + 2}, idempotency_key="it-restore-2"
+        "chat",
+        ScaleState(replicas=replicas),
+        expected=ScaleState(replicas=replicas + 2),
+        idempotency_key="it-restore-2",
     )
     assert back.status is OutcomeStatus.SUCCEEDED and client.replicas("chat") == replicas

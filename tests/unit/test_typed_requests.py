@@ -27,6 +27,7 @@ from controller.core.ports import (
     RollbackRequest,
     ScaleLimits,
     ScaleRequest,
+    ScaleState,
 )
 from controller.core.unconfigured import (
     UnconfiguredNotifier,
@@ -198,3 +199,25 @@ def test_notification_bodies_keep_their_shape() -> None:
 )
 def test_every_traffic_and_notify_port_takes_one_request(port: type, method: str, parameters: list[str]) -> None:
     assert list(inspect.signature(getattr(port, method)).parameters) == parameters
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"minReplicas": 2, "maxReplicas": 10, "metrics": {"vllm_queue": "8"}, "replicas": None},  # an HPA
+        {"minReplicas": 4, "maxReplicas": 12, "metrics": {}, "replicas": 5},
+        {"replicas": 3},  # the local tier
+    ],
+)
+def test_a_scale_state_journaled_at_b6be7ee_is_read_key_for_key(row: dict[str, Any]) -> None:
+    state = ScaleState.from_json(json.loads(json.dumps(row)))
+    assert state.to_json() == row
+    assert json.dumps(state.to_json(), sort_keys=True) == json.dumps(row, sort_keys=True)
+
+
+def test_every_scale_port_answers_a_typed_state() -> None:
+    for port in SCALE_PORTS:
+        if port is not IncidentScale:  # delegates to the port it wraps
+            assert inspect.signature(port.scale_state).return_annotation in ("ScaleState", ScaleState), port
+        restore = inspect.signature(port.restore_scale).parameters
+        assert str(restore["state"].annotation) == "ScaleState", port

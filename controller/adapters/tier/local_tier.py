@@ -23,6 +23,7 @@ from controller.core.ports import (
     RollbackPlan,
     RollbackRequest,
     ScaleRequest,
+    ScaleState,
     TrafficRequest,
 )
 from controller.kit.errors import ActuatorError
@@ -209,20 +210,20 @@ class LocalTierClient:
             return self._failed(answer, f"scale of {service!r} to {replicas}")
         return ActionOutcome(OutcomeStatus.SUCCEEDED, self._answer_detail(answer))
 
-    def scale_state(self, service: str) -> dict[str, Any]:
+    def scale_state(self, service: str) -> ScaleState:
         """What a scale changes on the tier: the primary version's replica count."""
-        return {"replicas": self.replicas(service)}
+        return ScaleState(replicas=self.replicas(service))
 
     def restore_scale(
         self,
         service: str,
-        state: Mapping[str, Any],
+        state: ScaleState,
         *,
-        expected: Mapping[str, Any] | None,
+        expected: ScaleState | None,
         idempotency_key: str,
     ) -> ActionOutcome:
         """Set the replica count of `state`; SKIPPED without a write when the tier does not show `expected`."""
-        wanted = int(state["replicas"])
+        wanted = int(state.replicas or 0)
         try:
             current = self.replicas(service)
         except TierError as exc:
@@ -230,8 +231,8 @@ class LocalTierClient:
         detail: dict[str, Any] = {"from": {"replicas": current}, "to": {"replicas": wanted}}
         if current == wanted:
             return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": "already so"})
-        if expected is not None and int(expected["replicas"]) != current:
-            seen = int(expected["replicas"])
+        if expected is not None and int(expected.replicas or 0) != current:
+            seen = int(expected.replicas or 0)
             reason = f"changed by someone else since tailguard set {seen} replicas: found {current}; not overwritten"
             return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": reason})
         outcome = self.set_replicas(ScaleRequest(service, wanted, idempotency_key))

@@ -41,7 +41,7 @@ from controller.core.ports.notify import NoticePayload, Notifier, NotifyPayload,
 from controller.core.ports.outcomes import AbortSignal, ActionOutcome, OutcomeStatus
 from controller.core.ports.predictions import HistoricalPredictionPort, PredictionPort
 from controller.core.ports.rollback import RollbackPlan, RollbackPort, RollbackRequest
-from controller.core.ports.scale import ScaleLimits, ScaleLimitsPort, ScalePort, ScaleRequest
+from controller.core.ports.scale import ScaleLimits, ScaleLimitsPort, ScalePort, ScaleRequest, ScaleState
 from controller.core.ports.stores import ActionJournalPort, IncidentStorePort, JournalPort, RecentDecisions
 from controller.core.ports.traffic import TrafficRequest, TrafficRouter
 from controller.kit.clock import Clock
@@ -80,6 +80,7 @@ __all__ = [
     "ScaleLimitsPort",
     "ScalePort",
     "ScaleRequest",
+    "ScaleState",
     "ShardedLeaderPort",
     "TierReader",
     "TrafficRequest",

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
 
 from controller.core.ports.outcomes import ActionOutcome
 
@@ -54,6 +56,27 @@ class ScaleLimits:
         return out
 
 
+class ScaleState(BaseModel):
+    """Everything a scale may change of a service, plus its current count for the record: an HPA's minReplicas,
+    maxReplicas and the AverageValue target of each Pods/External metric (as the API writes quantities); the local
+    tier's replicas. Journaled in change and restore plans (`before`, `target`, `expected`): `to_json` writes exactly
+    the keys that were set, so a plan read back is written the same."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    replicas: int | None = None
+    minReplicas: int | None = None
+    maxReplicas: int | None = None
+    metrics: dict[str, str] | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return self.model_dump(exclude_unset=True)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> ScaleState:
+        return cls.model_validate(dict(data))
+
+
 class ScalePort(Protocol):
     """Reads and sets a service's replica count (the HPA's floor; the local tier)."""
 
@@ -68,17 +91,17 @@ class ScalePort(Protocol):
         finds done (an HPA: {"minReplicas": n}, its floor; the local tier: {"replicas": n})."""
         ...
 
-    def scale_state(self, service: str) -> Mapping[str, Any]:
-        """Everything a scale may change, as JSON (an HPA: minReplicas, maxReplicas, metric targets; the local
+    def scale_state(self, service: str) -> ScaleState:
+        """Everything a scale may change (an HPA: minReplicas, maxReplicas, metric targets; the local
         tier: replicas), plus the current `replicas` for the record. Raises (with `transient`) when unreadable."""
         ...
 
     def restore_scale(
         self,
         service: str,
-        state: Mapping[str, Any],
+        state: ScaleState,
         *,
-        expected: Mapping[str, Any] | None,
+        expected: ScaleState | None,
         idempotency_key: str,
     ) -> ActionOutcome:
         """Set exactly `state` (a `scale_state` answer; `replicas` of an HPA is not settable and ignored), never
