@@ -35,10 +35,11 @@ if TYPE_CHECKING:
     from controller.core.ports import (
         ActionOutcome,
         Clock,
-        LoopJournalPort,
         MetricsSource,
         OutcomeStatus,
         RangeResult,
+        ScaleRequest,
+        ScaleState,
     )
     from controller.kit.clock import ManualClock, SystemClock
     from controller.kit.errors import ConfigError, InputError, TailguardError
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
         embed_loop,
     )
     from controller.loop.evaluation import EvaluationOutcome, EvaluationPorts, evaluate
+    from controller.loop.ports import LoopJournalPort
     from controller.tools.backtest import BacktestReport, run_backtest
     from controller.tools.backtest_world import WouldRun
     from controller.tools.incident_report import IncidentTimeline, write_report
@@ -100,9 +102,11 @@ _HOMES: dict[str, str] = {
     "ActionOutcome": ".core.ports",
     "Clock": ".core.ports",
     "MetricsSource": ".core.ports",
-    "LoopJournalPort": ".core.ports",
+    "LoopJournalPort": ".loop.ports",
     "OutcomeStatus": ".core.ports",
     "RangeResult": ".core.ports",
+    "ScaleRequest": ".core.ports",
+    "ScaleState": ".core.ports",
     "ManualClock": ".kit.clock",
     "SystemClock": ".kit.clock",
     "ConfigError": ".kit.errors",
@@ -153,6 +157,8 @@ __all__ = [
     "PrometheusSettings",
     "PrometheusSource",
     "RangeResult",
+    "ScaleRequest",
+    "ScaleState",
     "SignalResult",
     "SystemClock",
     "TailguardError",

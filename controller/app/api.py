@@ -83,6 +83,7 @@ from controller.app.forwarding import (
     forwarded_path,
 )
 from controller.app.peer_auth import PeerKey
+from controller.app.ports import ControllerPort, LeaderDirectoryPort
 from controller.app.replica_gate import ReplicaGate
 from controller.app.status_login import LOGIN_PATH
 from controller.app.status_page import render_status_page
@@ -92,16 +93,11 @@ from controller.core.alerts import (
     alert_scopes,
     alertmanager_payload,
 )
-from controller.core.ports import (
-    TRIGGER_ALERT,
-    ControllerPort,
-    LeaderDirectoryPort,
-    LeaderPort,
-    PeerCheckPort,
-)
+from controller.core.ports import LeaderPort, PeerCheckPort
 from controller.kit.net import is_loopback_host
 from controller.kit.redact import redact_value
 from controller.loop.metrics import EXPOSITION_CONTENT_TYPE, ControllerMetrics
+from controller.loop.ports import TRIGGER_ALERT
 
 logger = logging.getLogger("tailguard.api")
 

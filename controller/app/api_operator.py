@@ -9,8 +9,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qs
 
+from controller.app.ports import AbortControlPort, ControllerPort, OperatorPort
 from controller.core.controls import MAX_ABORT_REASON, AbortState
-from controller.core.ports import AbortControlPort, ControllerPort, OperatorPort
 from controller.kit.redact import redact_value
 
 DEFAULT_DECISIONS = 50

@@ -36,7 +36,8 @@ import aiohttp
 from yarl import URL
 
 from controller.app.peer_auth import NONCE_HEADER, SIGNATURE_HEADER, PeerKey
-from controller.core.ports import LeaderDirectoryPort, PeerCheckPort
+from controller.app.ports import LeaderDirectoryPort
+from controller.core.ports import PeerCheckPort
 
 logger = logging.getLogger("tailguard.api.forwarding")
 

@@ -32,7 +32,16 @@ from controller.adapters.tier.settings import TierSettings
 from controller.adapters.traffic.settings import TrafficSettings
 from controller.app.extras import CLUSTER, require
 from controller.app.registry import Adapter, BuildContext, PortRegistry, Section
-from controller.core.ports import Annotator, Notifier, RollbackPort, ScaleLimitsPort, ScalePort, TrafficRouter
+from controller.core.ports import (
+    Annotator,
+    NoticePayload,
+    Notifier,
+    NotifyRequest,
+    RollbackPort,
+    ScaleLimitsPort,
+    ScalePort,
+    TrafficRouter,
+)
 from controller.kit.errors import ConfigError
 
 if TYPE_CHECKING:  # the cluster extra: imported by the factories that need it
@@ -116,7 +125,7 @@ def _notify_receivers(notifier: WebhookNotifier, context: BuildContext) -> Calla
     def notice(text: str, detail: Mapping[str, Any]) -> None:
         key = f"notice:auto-sync-disabled:{detail.get('application', '')}:{clock.now():.0f}"
         for receiver in receivers:
-            notifier.notify(receiver, {"kind": "notice", "message": text, **detail}, idempotency_key=key)
+            notifier.notify(NotifyRequest(receiver, NoticePayload(text, detail), key))
 
     return notice
 

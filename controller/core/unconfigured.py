@@ -17,7 +17,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from controller.core.actions import ActionType
-from controller.core.ports import AbortSignal, ActionOutcome, Annotation, OutcomeStatus
+from controller.core.ports import (
+    AbortSignal,
+    ActionOutcome,
+    Annotation,
+    NotifyRequest,
+    OutcomeStatus,
+    RollbackPlan,
+    RollbackRequest,
+    ScaleLimits,
+    ScaleRequest,
+    ScaleState,
+    TrafficRequest,
+)
 from controller.kit.errors import ActuatorError
 
 ROLLBACK_MISSING = "no actuator configured for rollback: add argocd (or tier)"
@@ -45,19 +57,11 @@ class UnconfiguredRollback:
     def __init__(self, message: str = missing("deployer", ActionType.ROLLBACK)) -> None:
         self.message = message
 
-    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> Mapping[str, Any] | ActionOutcome:
+    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> RollbackPlan | ActionOutcome:
         return _failed({"service": service}, self.message)
 
-    def rollback(
-        self,
-        service: str,
-        *,
-        idempotency_key: str,
-        rollout_revision: str | None = None,
-        plan: Mapping[str, Any] | None = None,
-        abort: AbortSignal | None = None,
-    ) -> ActionOutcome:
-        return _failed({"service": service}, self.message)
+    def rollback(self, request: RollbackRequest, abort: AbortSignal | None = None) -> ActionOutcome:
+        return _failed({"service": request.service}, self.message)
 
 
 class UnconfiguredScale:
@@ -69,21 +73,44 @@ class UnconfiguredScale:
     def replicas(self, service: str) -> int:
         raise NoActuatorError(self.message)
 
-    def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome:
-        return _failed({"service": service, "replicas": replicas}, self.message)
+    def scale_target(self, replicas: int) -> dict[str, int]:
+        """Nothing scales; the count is what a plan would name."""
+        return {"replicas": replicas}
 
-    def scale_state(self, service: str) -> Mapping[str, Any]:
+    def set_replicas(self, request: ScaleRequest) -> ActionOutcome:
+        return _failed({"service": request.service, "replicas": request.replicas}, self.message)
+
+    def scale_state(self, service: str) -> ScaleState:
         raise NoActuatorError(self.message)
 
     def restore_scale(
         self,
         service: str,
-        state: Mapping[str, Any],
+        state: ScaleState,
         *,
-        expected: Mapping[str, Any] | None,
+        expected: ScaleState | None,
         idempotency_key: str,
     ) -> ActionOutcome:
         return _failed({"service": service}, self.message)
+
+
+class UnconfiguredScaleLimits:
+    """`ScaleLimitsPort` where nothing sets a ceiling or metric targets (no HPA: the local tier scales counts)."""
+
+    # Said in a scale's outcome when its count moved and nothing here takes its ceiling or metric targets.
+    NOT_APPLIED = "no HPA actuator: ceiling and metricTargets not applied"
+
+    def set_limits(
+        self,
+        service: str,
+        *,
+        max_replicas: int | None,
+        metric_targets: Mapping[str, float],
+        idempotency_key: str,
+    ) -> ActionOutcome:
+        limits = ScaleLimits(max_replicas, metric_targets).to_json()
+        error = f"scale of {service!r}: ceiling and metricTargets need an HPA (a `kubernetes.hpa` section)"
+        return _failed({"limits": limits}, error)
 
 
 class UnconfiguredRouter:
@@ -92,10 +119,8 @@ class UnconfiguredRouter:
     def __init__(self, message: str = missing("router", ActionType.SHIFT_TRAFFIC)) -> None:
         self.message = message
 
-    def set_weight(
-        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
-    ) -> ActionOutcome:
-        return _failed({"service": service, "version": version, "weight": weight}, self.message)
+    def set_weight(self, request: TrafficRequest, abort: AbortSignal | None = None) -> ActionOutcome:
+        return _failed({"service": request.service, "version": request.version, "weight": request.weight}, self.message)
 
     def weights(self, service: str) -> Mapping[str, int]:
         raise NoActuatorError(self.message)
@@ -128,5 +153,5 @@ class UnconfiguredNotifier:
     def __init__(self, message: str = missing("notifier", ActionType.NOTIFY)) -> None:
         self.message = message
 
-    def notify(self, receiver: str, payload: Mapping[str, Any], *, idempotency_key: str) -> ActionOutcome:
-        return _failed({"receiver": receiver}, self.message)
+    def notify(self, request: NotifyRequest) -> ActionOutcome:
+        return _failed({"receiver": request.receiver}, self.message)

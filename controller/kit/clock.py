@@ -14,7 +14,7 @@ import time
 from typing import Protocol
 
 # How often a real-time wait that another thread may cut short (an operator's abort; `sleep_unless`, the
-# WakeableClock of controller/core/ports.py) looks at its event and at shutdown: the longest an abort waits during a
+# WakeableClock of controller/loop/ports.py) looks at its event and at shutdown: the longest an abort waits during a
 # ramp's hold or a sync poll.
 WAKE_CHECK_SECONDS = 0.2
 

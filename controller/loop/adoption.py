@@ -26,7 +26,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from controller.core.actions import ActionRecord, ActionStatus, ActionType
-from controller.core.ports import AdoptingJournalPort, Clock
+from controller.core.ports import Clock
+from controller.loop.ports import AdoptingJournalPort
 from controller.loop.preconditions import Planner
 
 log = logging.getLogger(__name__)
@@ -35,8 +36,8 @@ ADOPTED = "adopted"  # the decision body's flag, and the action event's name
 
 
 class Adoption:
-    """The PendingHandoverPort (controller/core/ports.py) of one replica: its journal's unfinished actions out,
-    the previous leader's in."""
+    """The PendingHandoverPort (controller/core/ports/leadership.py) of one replica: its journal's unfinished
+    actions out, the previous leader's in."""
 
     def __init__(self, journal: AdoptingJournalPort, planner: Planner, clock: Clock) -> None:
         self.journal = journal

@@ -13,7 +13,8 @@ from typing import Any
 from controller.core.controls import AbortRequest, AbortResult, AbortState
 from controller.core.engine import PolicyState
 from controller.core.model import Decision
-from controller.core.ports import DecisionAborterPort, DecisionSink, DispatcherPort, OutcomeStatus, RecentDecisions
+from controller.core.ports import DispatcherPort, OutcomeStatus, RecentDecisions
+from controller.loop.ports import DecisionAborterPort, DecisionSink
 
 log = logging.getLogger(__name__)
 

@@ -24,12 +24,10 @@ from controller.core.engine import PolicyState
 from controller.core.model import Decision, TargetKey
 from controller.core.policy import Policy
 from controller.core.ports import (
-    TRIGGER_SCHEDULE,
     ActionJournalPort,
     ChangeTrackerPort,
     Clock,
     DispatcherPort,
-    LoopJournalPort,
     MetricsSource,
     PredictionPort,
 )
@@ -39,6 +37,7 @@ from controller.loop.evaluation import EvaluationOutcome, EvaluationPorts, Query
 from controller.loop.incident_ports import incident_layer
 from controller.loop.incidents import IncidentKeeper
 from controller.loop.metrics import ControllerMetrics
+from controller.loop.ports import TRIGGER_SCHEDULE, LoopJournalPort
 
 
 class DispatcherOptions(TypedDict, total=False):

@@ -36,19 +36,11 @@ from controller.core.engine import (
 )
 from controller.core.model import Decision, SignalResult, TargetKey, format_target
 from controller.core.policy import Policy, Signal
-from controller.core.ports import (
-    TRIGGER_SCHEDULE,
-    ChangeTrackerPort,
-    Clock,
-    DispatcherPort,
-    JournalPort,
-    MetricsSource,
-    PredictionPort,
-    RolloutAnnotatorPort,
-)
+from controller.core.ports import ChangeTrackerPort, Clock, DispatcherPort, JournalPort, MetricsSource, PredictionPort
 from controller.core.signals import query_signals as live_query_signals
 from controller.core.source_health import CHANGE_TRACKING, PROMETHEUS, SourceReading, signal_reading
 from controller.loop.metrics import ControllerMetrics
+from controller.loop.ports import TRIGGER_SCHEDULE, RolloutAnnotatorPort
 
 logger = logging.getLogger("tailguard.controller")
 

@@ -30,15 +30,20 @@ from controller.core.ports import (
     AbortSignal,
     ActionOutcome,
     ChangeTrackerPort,
-    DecisionAborterPort,
     DispatcherPort,
     OutcomeStatus,
+    RollbackPlan,
     RollbackPort,
+    RollbackRequest,
     ScalePort,
+    ScaleRequest,
+    ScaleState,
+    TrafficRequest,
     TrafficRouter,
 )
 from controller.loop.dispatcher import Actuators
 from controller.loop.incidents import IncidentKeeper
+from controller.loop.ports import DecisionAborterPort
 
 log = logging.getLogger(__name__)
 
@@ -100,37 +105,29 @@ class IncidentRollback:
         self.inner = inner
         self.keeper = keeper
 
-    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> Mapping[str, Any] | ActionOutcome:
+    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> RollbackPlan | ActionOutcome:
         planned = self.inner.plan_rollback(service, rollout_revision=rollout_revision)
         if isinstance(planned, ActionOutcome):
             return planned
-        refusal = self.keeper.rollback_refusal(service, planned)
+        refusal = self.keeper.rollback_refusal(service, planned.to_json())
         if refusal is not None:
-            return _refused(planned, refusal)
+            return _refused(planned.to_json(), refusal)
         return planned
 
-    def rollback(
-        self,
-        service: str,
-        *,
-        idempotency_key: str,
-        rollout_revision: str | None = None,
-        plan: Mapping[str, Any] | None = None,
-        abort: AbortSignal | None = None,
-    ) -> ActionOutcome:
+    def rollback(self, request: RollbackRequest, abort: AbortSignal | None = None) -> ActionOutcome:
+        service, idempotency_key = request.service, request.idempotency_key
+        plan = request.plan
         if plan is None:
-            planned = self.plan_rollback(service, rollout_revision=rollout_revision)
+            planned = self.plan_rollback(service, rollout_revision=request.rollout_revision)
             if isinstance(planned, ActionOutcome):
                 return planned
             plan = planned
-        refusal = self.keeper.rollback_starting(service, plan, idempotency_key)
+        refusal = self.keeper.rollback_starting(service, plan.to_json(), idempotency_key)
         if refusal is not None:
-            return _refused(plan, refusal)
-        outcome = self.inner.rollback(
-            service, idempotency_key=idempotency_key, rollout_revision=rollout_revision, plan=plan, abort=abort
-        )
+            return _refused(plan.to_json(), refusal)
+        outcome = self.inner.rollback(replace(request, plan=plan), abort)
         try:
-            self.keeper.action_ended(service, idempotency_key, "rollback", plan, outcome)
+            self.keeper.action_ended(service, idempotency_key, "rollback", plan.to_json(), outcome)
         except Exception:
             log.exception("rollback %s: its incident could not be updated", idempotency_key)
         return outcome
@@ -153,7 +150,7 @@ class IncidentScale:
         self.keeper = keeper
 
     def restore_scale(
-        self, service: str, state: Mapping[str, Any], *, expected: Mapping[str, Any] | None, idempotency_key: str
+        self, service: str, state: ScaleState, *, expected: ScaleState | None, idempotency_key: str
     ) -> ActionOutcome:
         outcome = self.inner.restore_scale(service, state, expected=expected, idempotency_key=idempotency_key)
         if outcome.status is OutcomeStatus.SKIPPED:
@@ -165,8 +162,9 @@ class IncidentScale:
                     log.exception("restore %s: its incident could not be updated", idempotency_key)
         return outcome
 
-    def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome:
-        outcome = self.inner.set_replicas(service, replicas, idempotency_key=idempotency_key)
+    def set_replicas(self, request: ScaleRequest) -> ActionOutcome:
+        service, replicas, idempotency_key = request.service, request.replicas, request.idempotency_key
+        outcome = self.inner.set_replicas(request)
         try:
             self.keeper.action_ended(service, idempotency_key, "scale", {"replicas": replicas}, outcome)
         except Exception:
@@ -185,10 +183,10 @@ class IncidentRouter:
         self.inner = inner
         self.keeper = keeper
 
-    def set_weight(
-        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
-    ) -> ActionOutcome:
-        outcome = self.inner.set_weight(service, version, weight, idempotency_key=idempotency_key, abort=abort)
+    def set_weight(self, request: TrafficRequest, abort: AbortSignal | None = None) -> ActionOutcome:
+        service, version, weight = request.service, request.version, request.weight
+        idempotency_key = request.idempotency_key
+        outcome = self.inner.set_weight(request, abort)
         try:
             plan = {"version": version, "weight": weight}
             self.keeper.action_ended(service, idempotency_key, "shift_traffic", plan, outcome)

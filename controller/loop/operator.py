@@ -18,18 +18,16 @@ from controller.core.controls import ABORT, ALL, AbortRequest, AbortResult, Abor
 from controller.core.incidents import Incident
 from controller.core.ports import (
     Clock,
-    ControlsStorePort,
-    DecisionAborterPort,
     DispatcherPort,
     JournalPort,
     PredictionPort,
-    Readiness,
 )
 from controller.core.source_health import SourceStatus
 from controller.core.status_view import status_document
 from controller.loop.health import SourceHealthTracker
 from controller.loop.leadership import Leadership
 from controller.loop.policy_set import PolicySet
+from controller.loop.ports import ControlsStorePort, DecisionAborterPort, Readiness
 
 logger = logging.getLogger("tailguard.controller")
 

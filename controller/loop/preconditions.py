@@ -24,7 +24,7 @@ is still made when it runs). A resume finds one of three things:
   neither the plan's source nor its target: `world-changed`).
 
 A transient failure is tried again with backoff while the deadline lasts and the condition holds, each failed
-attempt journaled as an `attempt` event (controller/loop/dispatcher.py `_execute_with`).
+attempt journaled as an `attempt` event (controller/loop/execution.py `ActionRunner`).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from controller.core.ports import (
     Clock,
     OutcomeStatus,
     RollbackPort,
+    ScaleLimits,
     ScalePort,
     TrafficRouter,
 )
@@ -175,15 +176,10 @@ def desired_replicas(params: Mapping[str, Any], current: int) -> int:
 SCALE_MODES = ("replicas", "delta", "targetPerReplica")
 
 
-def scale_limits(params: Mapping[str, Any]) -> dict[str, Any]:
-    """What a scale sets of an HPA besides its floor: `maxReplicas` (its `ceiling`) and `metrics` (its
-    `metricTargets`); empty when it sets neither."""
-    limits: dict[str, Any] = {}
-    if params.get("ceiling") is not None:
-        limits["maxReplicas"] = int(params["ceiling"])
-    if params.get("metricTargets"):
-        limits["metrics"] = {str(name): float(value) for name, value in dict(params["metricTargets"]).items()}
-    return limits
+def scale_limits(params: Mapping[str, Any]) -> dict[str, object]:
+    """What a scale sets besides its count (its `ceiling` and `metricTargets`), as its plan journals it
+    (core/ports/scale.py `ScaleLimits`); empty when it sets neither."""
+    return ScaleLimits.of_action(params).to_json()
 
 
 def _failed_read(what: str, exc: Exception) -> ActionOutcome:
@@ -276,20 +272,20 @@ class Planner:
             return _failed_read("planning the rollback", exc)
         if isinstance(planned, ActionOutcome):
             return planned
-        blamed, running = action.rollout_revision, planned.get("from_revision")
-        if blamed is not None and str(planned.get("bad_revision")) == str(blamed) and str(running) != str(blamed):
+        blamed, running = action.rollout_revision, planned.from_revision
+        if blamed is not None and str(planned.bad_revision) == str(blamed) and str(running) != str(blamed):
             # The decision blamed a revision that no longer runs (a human rolled out a fix, or back): rolling back
             # whatever runs now was never decided.
             reason = f"the decision blamed revision {blamed}, and {running} runs now: not rolled back"
-            return ActionOutcome(OutcomeStatus.WORLD_CHANGED, {**planned, "reason": reason}, reason)
+            return ActionOutcome(OutcomeStatus.WORLD_CHANGED, {**planned.to_json(), "reason": reason}, reason)
         decision = self.journal.decision(record.decision_id, record.decision_kind) or {}
-        deployed, decided = planned.get("from_deployed_at"), decision.get("at")
+        deployed, decided = planned.from_deployed_at, decision.get("at")
         if isinstance(deployed, (int, float)) and isinstance(decided, (int, float)) and deployed > decided:
             # What runs now was deployed after the breach was decided (a plan made late: a restart, a deferral):
             # the decision never saw it.
             reason = f"revision {running} was deployed after the decision: not rolled back"
-            return ActionOutcome(OutcomeStatus.WORLD_CHANGED, {**planned, "reason": reason}, reason)
-        return dict(planned)
+            return ActionOutcome(OutcomeStatus.WORLD_CHANGED, {**planned.to_json(), "reason": reason}, reason)
+        return planned.to_json()
 
     def _plan_change(self, record: ActionRecord, now: float) -> dict[str, Any] | ActionOutcome:
         planned: dict[str, Any] | ActionOutcome = {}
@@ -301,10 +297,9 @@ class Planner:
             return planned
         plan = {**planned, **restore.change_plan(self.journal, record, self._router(), self._scale(), now)}
         if record.type is ActionType.SCALE and plan.get("desired") is not None and "limits" not in plan:
-            # The HPA's floor (minReplicas) where the state has one, else the replica count (the local tier).
+            # The fields the scale port sets for that count (its own: an HPA's floor, the tier's count).
             # (A scale of an HPA's limits has no target to check on a resume: its port calls replay by key.)
-            field_name = "minReplicas" if "minReplicas" in (plan.get("before") or {}) else "replicas"
-            plan["target"] = {field_name: plan["desired"]}
+            plan["target"] = self._scale().scale_target(int(plan["desired"]))
         return plan
 
     def _plan_shift(self, record: ActionRecord) -> dict[str, Any] | ActionOutcome:
@@ -342,7 +337,7 @@ class Planner:
         service = str(plan.get("service", record.params.get("service", record.resource)))
         try:
             if record.type is ActionType.SCALE:
-                current: Mapping[str, Any] = dict(self._scale().scale_state(service))
+                current: Mapping[str, Any] = self._scale().scale_state(service).to_json()
                 fields = {name: (before.get(name), value) for name, value in target.items()}
             elif record.type is ActionType.SHIFT_TRAFFIC:
                 current = {str(k): int(v) for k, v in self._router().weights(service).items()}
@@ -375,7 +370,7 @@ class Planner:
                     return None
                 shown: dict[str, Any] = {"weights": weights}
             elif record.type is ActionType.SCALE:
-                state = dict(self._scale().scale_state(service))
+                state = self._scale().scale_state(service).to_json()
                 if any(state.get(name) != value for name, value in target.items()):
                     return None
                 shown = {"state": state}

@@ -36,6 +36,7 @@ from controller.core.ports import (
     ActionOutcome,
     OutcomeStatus,
     ScalePort,
+    ScaleState,
     TrafficRouter,
 )
 
@@ -52,7 +53,7 @@ def read_state(kind: str, service: str, router: TrafficRouter, scale: ScalePort)
     try:
         if kind == TRAFFIC:
             return {str(version): int(weight) for version, weight in router.weights(service).items()}
-        return dict(scale.scale_state(service))
+        return dict(scale.scale_state(service).to_json())
     except Exception as exc:  # noqa: BLE001 - a failed read must not stop a change; its restore will say why
         log.warning("could not read the %s state of %s before or after a change: %s", kind, service, exc)
         return None
@@ -150,7 +151,9 @@ def run_restore(
                 service, entry["target"], expected=entry["expected"], idempotency_key=key, abort=abort
             )
         else:
-            outcome = scale.restore_scale(service, entry["target"], expected=entry["expected"], idempotency_key=key)
+            target = ScaleState.from_json(entry["target"])
+            expected = ScaleState.from_json(entry["expected"]) if entry["expected"] is not None else None
+            outcome = scale.restore_scale(service, target, expected=expected, idempotency_key=key)
         parts[kind] = outcome.to_json()
         outcomes.append(outcome)
     detail: dict[str, Any] = {"service": service, **parts}

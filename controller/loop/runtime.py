@@ -30,19 +30,13 @@ from controller.core.model import TargetKey
 from controller.core.policy import Policy
 from controller.core.policy_files import PolicyError
 from controller.core.ports import (
-    TRIGGER_ALERT,
-    TRIGGER_SCHEDULE,
-    ActionWorkersPort,
     ChangeTrackerPort,
     Clock,
-    ControlsStorePort,
     DispatcherPort,
     JournalPort,
     LeaderPort,
     MetricsSource,
     PredictionPort,
-    Readiness,
-    RolloutAnnotatorPort,
 )
 from controller.kit.errors import StoreWriteError
 from controller.loop.evaluation import (
@@ -58,6 +52,14 @@ from controller.loop.leadership import Leadership
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.operator import Lifecycle, Operator, OperatorView
 from controller.loop.policy_set import PolicyCheck, PolicySet, ReloadOutcome
+from controller.loop.ports import (
+    TRIGGER_ALERT,
+    TRIGGER_SCHEDULE,
+    ActionWorkersPort,
+    ControlsStorePort,
+    Readiness,
+    RolloutAnnotatorPort,
+)
 from controller.loop.scheduling import EvaluationScheduler, scheduled_time
 
 logger = logging.getLogger("tailguard.controller")

@@ -20,9 +20,10 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from controller.core.model import TargetKey
 from controller.core.policy import TIME_TOLERANCE
-from controller.core.ports import TRIGGER_SCHEDULE, Clock
+from controller.core.ports import Clock
 from controller.kit.clock import ShutdownInterrupt
 from controller.loop.evaluation import EvaluationOutcome
+from controller.loop.ports import TRIGGER_SCHEDULE
 
 logger = logging.getLogger("tailguard.controller")
 

@@ -1,4 +1,4 @@
-"""Public fakes of the ports (controller/core/ports.py), for tests: like `kopf.testing`, shipped with the package.
+"""Public fakes of the ports (controller/core/ports/), for tests: like `kopf.testing`, shipped with the package.
 
 Action ports (FakeRollback, FakeScaler, FakeDeployer for both, FakeRouter, FakeAnnotator, FakeNotifier) record
 every call, deduplicate by idempotency key like the real ones, and fail on demand (`script(...)` queues outcomes:
@@ -31,8 +31,14 @@ from controller.core.ports import (
     Annotation,
     HandoverPort,
     MetricsSource,
+    NotifyRequest,
     OutcomeStatus,
     RangeResult,
+    RollbackPlan,
+    RollbackRequest,
+    ScaleRequest,
+    ScaleState,
+    TrafficRequest,
 )
 
 
@@ -108,30 +114,24 @@ class FakeRollback(_Recorder):
         super().__init__()
         self.active_revision: dict[str, int] = dict(revisions or {})
 
-    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> Mapping[str, Any] | ActionOutcome:
+    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> RollbackPlan | ActionOutcome:
         current = self.active_revision.get(service, 2)
         if current <= 1:
             return ActionOutcome(OutcomeStatus.FAILED, {}, "no earlier good revision", False)
-        return {"service": service, "from_revision": current, "to_revision": current - 1}
+        return RollbackPlan(service=service, from_revision=current, to_revision=current - 1)
 
-    def rollback(
-        self,
-        service: str,
-        *,
-        idempotency_key: str,
-        rollout_revision: str | None = None,
-        plan: Mapping[str, Any] | None = None,
-        abort: AbortSignal | None = None,
-    ) -> ActionOutcome:
+    def rollback(self, request: RollbackRequest, abort: AbortSignal | None = None) -> ActionOutcome:
+        service, rollout_revision = request.service, request.rollout_revision
+
         def act() -> ActionOutcome:
             stopped = _aborted(abort)
             if stopped is not None:
                 return stopped
             current = self.active_revision.get(service, 2)
-            planned = plan if plan is not None else self.plan_rollback(service, rollout_revision=rollout_revision)
+            planned = request.plan or self.plan_rollback(service, rollout_revision=rollout_revision)
             if isinstance(planned, ActionOutcome):
                 return planned
-            source, target = int(planned["from_revision"]), int(planned["to_revision"])
+            source, target = int(planned.from_revision or 0), int(planned.to_revision or 0)
             detail: dict[str, Any] = {"from_revision": source, "to_revision": target, "replayed": False}
             if current == target:
                 return ActionOutcome(OutcomeStatus.SUCCEEDED, {**detail, "already_done": True})
@@ -144,7 +144,7 @@ class FakeRollback(_Recorder):
         args: dict[str, Any] = {"service": service}
         if rollout_revision is not None:
             args["rollout_revision"] = rollout_revision
-        return self._handle("rollback", args, idempotency_key, act)
+        return self._handle("rollback", args, request.idempotency_key, act)
 
 
 class FakeScaler(_Recorder):
@@ -160,7 +160,12 @@ class FakeScaler(_Recorder):
             raise self.replicas_error
         return self.replica_counts.get(service, 1)
 
-    def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome:
+    def scale_target(self, replicas: int) -> dict[str, int]:
+        """A scale sets the fake's replica count."""
+        return {"replicas": replicas}
+
+    def set_replicas(self, request: ScaleRequest) -> ActionOutcome:
+        service, replicas, idempotency_key = request.service, request.replicas, request.idempotency_key
         def act() -> ActionOutcome:
             before = self.replica_counts.get(service, 1)
             self.replica_counts[service] = replicas
@@ -168,28 +173,28 @@ class FakeScaler(_Recorder):
 
         return self._handle("set_replicas", {"service": service, "replicas": replicas}, idempotency_key, act)
 
-    def scale_state(self, service: str) -> Mapping[str, Any]:
-        return {"replicas": self.replicas(service)}
+    def scale_state(self, service: str) -> ScaleState:
+        return ScaleState(replicas=self.replicas(service))
 
     def restore_scale(
         self,
         service: str,
-        state: Mapping[str, Any],
+        state: ScaleState,
         *,
-        expected: Mapping[str, Any] | None,
+        expected: ScaleState | None,
         idempotency_key: str,
     ) -> ActionOutcome:
         def act() -> ActionOutcome:
-            current, wanted = self.replica_counts.get(service, 1), int(state["replicas"])
+            current, wanted = self.replica_counts.get(service, 1), int(state.replicas or 0)
             detail: dict[str, Any] = {"from": {"replicas": current}, "to": {"replicas": wanted}, "replayed": False}
             if current == wanted:
                 return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": "already so"})
-            if expected is not None and int(expected["replicas"]) != current:
+            if expected is not None and int(expected.replicas or 0) != current:
                 return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": "changed by someone else"})
             self.replica_counts[service] = wanted
             return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
 
-        args = {"service": service, "state": dict(state), "expected": dict(expected) if expected else None}
+        args = {"service": service, "state": state.to_json(), "expected": expected.to_json() if expected else None}
         return self._handle("restore_scale", args, idempotency_key, act)
 
 
@@ -212,9 +217,9 @@ class FakeRouter(_Recorder):
     def weights(self, service: str) -> Mapping[str, int]:
         return dict(self.routes.get(service, {}))
 
-    def set_weight(
-        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
-    ) -> ActionOutcome:
+    def set_weight(self, request: TrafficRequest, abort: AbortSignal | None = None) -> ActionOutcome:
+        service, version, weight = request.service, request.version, request.weight
+        idempotency_key = request.idempotency_key
         def act() -> ActionOutcome:
             stopped = _aborted(abort, {"weights": dict(self.routes.get(service, {}))})
             if stopped is not None:
@@ -280,9 +285,11 @@ class FakeNotifier(_Recorder):
         super().__init__()
         self.sent: list[tuple[str, Mapping[str, Any]]] = []
 
-    def notify(self, receiver: str, payload: Mapping[str, Any], *, idempotency_key: str) -> ActionOutcome:
+    def notify(self, request: NotifyRequest) -> ActionOutcome:
+        receiver, idempotency_key = request.receiver, request.idempotency_key
+
         def act() -> ActionOutcome:
-            self.sent.append((receiver, payload))
+            self.sent.append((receiver, request.payload.to_json()))
             return ActionOutcome(OutcomeStatus.SUCCEEDED, {"receiver": receiver, "replayed": False})
 
         return self._handle("notify", {"receiver": receiver}, idempotency_key, act)

@@ -56,6 +56,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from controller.adapters.metrics.grid import RangeGrid
 from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource, SourceConfigError
 from controller.adapters.stores.incidents import SqliteIncidentStore
 from controller.adapters.stores.journal import Journal
@@ -63,18 +64,10 @@ from controller.core.actions import ActionRequest
 from controller.core.alerts import alert_scopes
 from controller.core.attribution import Rollout, lookback
 from controller.core.engine import PolicyState
-from controller.core.grid import RangeGrid
 from controller.core.model import Decision, DecisionKind, SignalResult, TargetKey, format_target, target_labels
 from controller.core.policy import Policy
 from controller.core.policy_files import load_policies
-from controller.core.ports import (
-    TRIGGER_ALERT,
-    TRIGGER_SCHEDULE,
-    ChangeTrackerPort,
-    HistoricalPredictionPort,
-    MetricsSource,
-    RangeResult,
-)
+from controller.core.ports import ChangeTrackerPort, HistoricalPredictionPort, MetricsSource, RangeResult
 from controller.core.signals import query_signals
 from controller.kit.cli_args import UsageError, parse_time
 from controller.kit.clock import ManualClock, SystemClock
@@ -82,6 +75,7 @@ from controller.kit.durations import parse_duration
 from controller.loop.dispatcher import Actuators, GlobalLimits
 from controller.loop.embedding import EmbeddedLoop, embed_loop
 from controller.loop.incidents import EscalationDecision, IncidentKeeper
+from controller.loop.ports import TRIGGER_ALERT, TRIGGER_SCHEDULE
 from controller.tools.backtest_coverage import TargetsSeen
 from controller.tools.backtest_feed import QUERIES_AT_ONCE, PolicyFeed, QuietRun, chunk_times
 from controller.tools.backtest_world import RecordedAlert, RecordedRollouts, WouldRun, dispatch_outcome, load_alerts

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from controller.core.grid import RangeGrid
+from controller.adapters.metrics.grid import RangeGrid
 from controller.core.model import TargetKey
 from controller.core.policy import Policy
 

@@ -2,9 +2,9 @@
 
 `PolicyFeed`: one policy's signals over the backtest window, one chunk of its evaluation grid at a time (CHUNK_POINTS
 per series, core/signals.range_chunks), each signal's answer held as a RangeGrid (arrays,
-no dict per sample: core/grid.py); the next chunk is fetched on a background thread while the engine replays the
-current one, so only two chunks per policy are ever held. A chunk a query fails for is errored for that chunk's
-evaluations alone (the live controller sees an error only while Prometheus fails).
+no dict per sample: adapters/metrics/grid.py); the next chunk is fetched on a background thread while the engine
+replays the current one, so only two chunks per policy are ever held. A chunk a query fails for is errored for that
+chunk's evaluations alone (the live controller sees an error only while Prometheus fails).
 
 `QuietRun`: most evaluations of a healthy fleet change nothing but each target's last value. When every condition
 state of the policy is in phase OK, none of its actions is deferred, and at the next grid time every target the
@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from controller.adapters.metrics.grid import BoolArray, FloatArray, RangeGrid, RangeGridSource, on_grid
 from controller.core.engine import Phase, PolicyState, StateKey, advance_healthy
-from controller.core.grid import BoolArray, FloatArray, RangeGrid
 from controller.core.model import TargetKey
 from controller.core.policy import Condition, Policy
-from controller.core.ports import MetricsSource, RangeGridSource, RangeResult
+from controller.core.ports import MetricsSource, RangeResult
 from controller.core.signals import MAX_POINTS_PER_QUERY, range_chunks, render_signal_queries
 
 Grids = dict[str, RangeGrid]
@@ -119,7 +119,7 @@ class PolicyFeed:
             pending = {name: self._querier.submit(self._grid, query, times) for name, query in self._queries.items()}
             grids = {name: future.result() for name, future in pending.items()}  # _grid never raises
         for name, result in self._predicted.items():
-            grids[name] = result.on_grid(times)
+            grids[name] = on_grid(result, times)
         return grids
 
     def _grid(self, query: str, times: tuple[float, ...]) -> RangeGrid:
@@ -128,7 +128,7 @@ class PolicyFeed:
         try:
             if isinstance(self._source, RangeGridSource):
                 return self._source.range_grid(query, group_by, times, self._step)
-            return self._source.range(query, group_by, times[0], times[-1], self._step).on_grid(times)
+            return on_grid(self._source.range(query, group_by, times[0], times[-1], self._step), times)
         except Exception as unexpected:  # noqa: BLE001 - sources answer errors as data; one raised is one too
             return RangeGrid.failed(times, f"source raised {type(unexpected).__name__}: {unexpected}")
 

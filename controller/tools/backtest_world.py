@@ -24,7 +24,19 @@ from typing import Any
 from controller.core.actions import ActionRecord, ActionStatus
 from controller.core.alerts import PayloadError, alertmanager_payload
 from controller.core.attribution import ChangeFeed, Rollout
-from controller.core.ports import AbortSignal, ActionOutcome, Annotation, Clock, OutcomeStatus
+from controller.core.ports import (
+    AbortSignal,
+    ActionOutcome,
+    Annotation,
+    Clock,
+    NotifyRequest,
+    OutcomeStatus,
+    RollbackPlan,
+    RollbackRequest,
+    ScaleRequest,
+    ScaleState,
+    TrafficRequest,
+)
 from controller.kit.cli_args import UsageError, parse_time
 
 WOULD_RUN = "would_run"
@@ -54,50 +66,49 @@ class WouldRun:
         return ActionOutcome(OutcomeStatus.SUCCEEDED, {"would_run": True, **(detail or {})})
 
     # RollbackPort (the revisions are not known to a backtest: the plan names the attributed one, if any)
-    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> Mapping[str, Any] | ActionOutcome:
-        return {"service": service, "from_revision": rollout_revision, "to_revision": None}
+    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> RollbackPlan | ActionOutcome:
+        return RollbackPlan(service=service, from_revision=rollout_revision, to_revision=None)
 
-    def rollback(
-        self,
-        service: str,
-        *,
-        idempotency_key: str,
-        rollout_revision: str | None = None,
-        plan: Mapping[str, Any] | None = None,
-        abort: AbortSignal | None = None,
-    ) -> ActionOutcome:
-        return self._would("rollback", idempotency_key, service=service, rollout_revision=rollout_revision)
+    def rollback(self, request: RollbackRequest, abort: AbortSignal | None = None) -> ActionOutcome:
+        return self._would(
+            "rollback", request.idempotency_key, service=request.service, rollout_revision=request.rollout_revision
+        )
 
     # ScalePort
     def replicas(self, service: str) -> int:
         return self.replica_counts.get(service, 1)
 
-    def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome:
+    def scale_target(self, replicas: int) -> dict[str, int]:
+        """A scale would set the replica count."""
+        return {"replicas": replicas}
+
+    def set_replicas(self, request: ScaleRequest) -> ActionOutcome:
+        service, replicas, idempotency_key = request.service, request.replicas, request.idempotency_key
         before = self.replicas(service)
         self.replica_counts[service] = replicas
         return self._would(
             "set_replicas", idempotency_key, {"from": before, "to": replicas}, service=service, replicas=replicas
         )
 
-    def scale_state(self, service: str) -> Mapping[str, Any]:
-        return {"replicas": self.replicas(service)}
+    def scale_state(self, service: str) -> ScaleState:
+        return ScaleState(replicas=self.replicas(service))
 
     def restore_scale(
-        self, service: str, state: Mapping[str, Any], *, expected: Mapping[str, Any] | None, idempotency_key: str
+        self, service: str, state: ScaleState, *, expected: ScaleState | None, idempotency_key: str
     ) -> ActionOutcome:
-        wanted = int(state.get("replicas", self.replicas(service)))
+        wanted = state.replicas if state.replicas is not None else self.replicas(service)
         if wanted == self.replicas(service):
             return ActionOutcome(OutcomeStatus.SKIPPED, {"reason": "already so"})
         self.replica_counts[service] = wanted
-        return self._would("restore_scale", idempotency_key, service=service, state=dict(state))
+        return self._would("restore_scale", idempotency_key, service=service, state=state.to_json())
 
     # TrafficRouter
     def weights(self, service: str) -> Mapping[str, int]:
         return dict(self.routes.get(service, {}))
 
-    def set_weight(
-        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
-    ) -> ActionOutcome:
+    def set_weight(self, request: TrafficRequest, abort: AbortSignal | None = None) -> ActionOutcome:
+        service, version, weight = request.service, request.version, request.weight
+        idempotency_key = request.idempotency_key
         self.routes.setdefault(service, {})[version] = weight
         return self._would("set_weight", idempotency_key, service=service, version=version, weight=weight)
 
@@ -119,8 +130,8 @@ class WouldRun:
     def annotate(self, annotation: Annotation, *, idempotency_key: str) -> ActionOutcome:
         return self._would("annotate", idempotency_key, text=annotation.text)
 
-    def notify(self, receiver: str, payload: Mapping[str, Any], *, idempotency_key: str) -> ActionOutcome:
-        return self._would("notify", idempotency_key, receiver=receiver)
+    def notify(self, request: NotifyRequest) -> ActionOutcome:
+        return self._would("notify", request.idempotency_key, receiver=request.receiver)
 
 
 class RecordedRollouts:

@@ -64,6 +64,8 @@ from controller import (
     PrometheusSettings,
     PrometheusSource,
     RangeResult,
+    ScaleRequest,
+    ScaleState,
     SignalResult,
     WouldRun,
     embed_loop,
@@ -340,21 +342,26 @@ class TierScaler:
     def replicas(self, service: str) -> int:
         return self.count
 
-    def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome:
+    def scale_target(self, replicas: int) -> dict[str, int]:
+        """A scale sets the simulated tier's replica count."""
+        return {"replicas": replicas}
+
+    def set_replicas(self, request: ScaleRequest) -> ActionOutcome:
+        replicas = request.replicas
         if replicas == self.count:
             return ActionOutcome(OutcomeStatus.SKIPPED, {"reason": f"already {replicas} replicas"})
         before = self.count
         self._set(replicas, "set_replicas")
         return ActionOutcome(OutcomeStatus.SUCCEEDED, {"from": before, "to": replicas})
 
-    def scale_state(self, service: str) -> Mapping[str, Any]:
-        return {"replicas": self.count}
+    def scale_state(self, service: str) -> ScaleState:
+        return ScaleState(replicas=self.count)
 
     def restore_scale(
-        self, service: str, state: Mapping[str, Any], *, expected: Mapping[str, Any] | None, idempotency_key: str
+        self, service: str, state: ScaleState, *, expected: ScaleState | None, idempotency_key: str
     ) -> ActionOutcome:
-        wanted = max(self.floor, int(state.get("replicas", self.count)))
-        if expected is not None and int(expected.get("replicas", self.count)) != self.count:
+        wanted = max(self.floor, state.replicas if state.replicas is not None else self.count)
+        if expected is not None and (expected.replicas if expected.replicas is not None else self.count) != self.count:
             return ActionOutcome(OutcomeStatus.SKIPPED, {"reason": "changed by someone else since"})
         if wanted == self.count:
             return ActionOutcome(OutcomeStatus.SKIPPED, {"reason": "already so"})
@@ -555,7 +562,7 @@ def run_closed_loop(
                 if hpa is not None:
                     desired = hpa.decide(next_scrape, scaler.count, _scalar(prometheus_url, hpa.query, next_scrape))
                     if desired != scaler.count:
-                        scaler.set_replicas("chat", desired, idempotency_key=f"{hpa.name}-{next_scrape}")
+                        scaler.set_replicas(ScaleRequest("chat", desired, f"{hpa.name}-{next_scrape}"))
                         result.decisions.append((next_scrape, "hpa", f"{hpa.name} -> {desired}"))
                 result.desired_timeline.append((next_scrape, scaler.count))
                 next_scrape += STEP_S

@@ -227,9 +227,9 @@ def test_an_argocd_rollback_aborted_before_its_post_sends_nothing(argocd: FakeAr
     decision = make_decision([("rollback", {"service": "web"})], onset=T0)
     original = rollback.rollback
 
-    def abort_then_rollback(service: str, **kwargs: Any) -> Any:
+    def abort_then_rollback(*args: Any, **kwargs: Any) -> Any:
         dispatcher.abort(abort_of(decision.id))  # the operator, after the start was journaled, before the POST
-        return original(service, **kwargs)
+        return original(*args, **kwargs)
 
     rollback.rollback = abort_then_rollback  # type: ignore[method-assign]
     (record,) = dispatcher.dispatch(decision)

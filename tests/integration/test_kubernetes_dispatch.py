@@ -13,6 +13,7 @@ from controller.adapters.kube.events import EventRecorder
 from controller.adapters.scale.hpa import HpaBounds, HpaScaler
 from controller.adapters.stores.journal import ActionStatus, Journal
 from controller.adapters.traffic.routes import HttpRouteRouter, Ramp
+from controller.core.ports import TrafficRequest
 from controller.kit.clock import ManualClock
 from controller.kit.http import RetryPolicy
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
@@ -96,7 +97,7 @@ def test_a_write_left_by_a_crashed_process_is_not_repeated(fake: FakeKubernetes,
     dispatcher, router = make_dispatcher(fake, tmp_path, clock)
     fire = make_decision([("shift_traffic", {"service": "chat", "version": "r2", "weight": 10})], onset=clock.now())
     # The previous process sent the change and died before journaling the outcome.
-    router.set_weight("chat", "r2", 10, idempotency_key=fire.actions[0].idempotency_key)
+    router.set_weight(TrafficRequest("chat", "r2", 10, idempotency_key=fire.actions[0].idempotency_key))
     writes = len(fake.calls("update", "httproutes"))
     (record,) = dispatcher.dispatch(fire)
     assert record.status is ActionStatus.SUCCEEDED

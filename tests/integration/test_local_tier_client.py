@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from controller.adapters.tier.local_tier import LocalTierClient, TierError
-from controller.core.ports import OutcomeStatus
+from controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest, ScaleState, TrafficRequest
 from controller.kit.clock import SystemClock
 from tests.support.fake_tier import running_serving_tier
 
@@ -48,7 +48,7 @@ def _roll_out(tier_url: str, key: str, canary_weight: int | None = None) -> int:
 def test_scale_and_read_back(client: LocalTierClient) -> None:
     assert client.healthy()
     before = client.replicas("chat")
-    outcome = client.set_replicas("chat", before + 1, idempotency_key="it-scale-1")
+    outcome = client.set_replicas(ScaleRequest("chat", before + 1, idempotency_key="it-scale-1"))
     assert outcome.status is OutcomeStatus.SUCCEEDED
     assert (outcome.detail["from"], outcome.detail["to"], outcome.detail["replayed"]) == (
         before,
@@ -56,7 +56,7 @@ def test_scale_and_read_back(client: LocalTierClient) -> None:
         False,
     )
     assert client.replicas("chat") == before + 1
-    replay = client.set_replicas("chat", before + 5, idempotency_key="it-scale-1")
+    replay = client.set_replicas(ScaleRequest("chat", before + 5, idempotency_key="it-scale-1"))
     assert replay.status is OutcomeStatus.SUCCEEDED and replay.detail["replayed"] is True
     assert client.replicas("chat") == before + 1  # the replayed key changed nothing
 
@@ -64,11 +64,11 @@ def test_scale_and_read_back(client: LocalTierClient) -> None:
 def test_canary_weight_is_set_and_verified(tier_url: str, client: LocalTierClient) -> None:
     canary = _roll_out(tier_url, "it-canary", canary_weight=50)
     version = f"r{canary}"
-    outcome = client.set_weight("chat", version, 10, idempotency_key="it-weight-1")
+    outcome = client.set_weight(TrafficRequest("chat", version, 10, idempotency_key="it-weight-1"))
     assert outcome.status is OutcomeStatus.SUCCEEDED, outcome.error
     assert outcome.detail["verified"] is True and outcome.detail["verified_weight"] == 10
     assert client.weights("chat")[version] == 10
-    unknown = client.set_weight("chat", "r99", 10, idempotency_key="it-weight-2")
+    unknown = client.set_weight(TrafficRequest("chat", "r99", 10, idempotency_key="it-weight-2"))
     assert unknown.status is OutcomeStatus.FAILED and unknown.transient is False
     assert unknown.error is not None and "live versions" in unknown.error
 
@@ -77,7 +77,7 @@ def test_rollback_until_no_earlier_good_revision(tier_url: str, client: LocalTie
     _roll_out(tier_url, "it-full")
     while True:
         active = int(client.service("chat")["active_revision"])
-        outcome = client.rollback("chat", idempotency_key=f"it-rollback-{active}")
+        outcome = client.rollback(RollbackRequest("chat", idempotency_key=f"it-rollback-{active}"))
         if outcome.status is not OutcomeStatus.SUCCEEDED:
             break
         assert outcome.detail["from_revision"] == active and outcome.detail["to_revision"] < active
@@ -91,7 +91,7 @@ def test_rollback_until_no_earlier_good_revision(tier_url: str, client: LocalTie
 def test_unknown_service(client: LocalTierClient) -> None:
     with pytest.raises(TierError, match="HTTP 404: unknown service 'nope'"):
         client.replicas("nope")
-    outcome = client.rollback("nope", idempotency_key="it-nope")
+    outcome = client.rollback(RollbackRequest("nope", idempotency_key="it-nope"))
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is False
 
 
@@ -100,7 +100,10 @@ def test_restore_calls_set_every_weight_and_the_replicas_exactly(tier_url: str, 
     canary = f"r{_roll_out(tier_url, 'it-restore-canary', canary_weight=10)}"
     before = dict(client.weights("chat"))
     assert before[canary] == 10
-    assert client.set_weight("chat", canary, 0, idempotency_key="it-restore-shift").status is OutcomeStatus.SUCCEEDED
+    assert (
+        client.set_weight(TrafficRequest("chat", canary, 0, idempotency_key="it-restore-shift")).status
+        is OutcomeStatus.SUCCEEDED
+    )
     shifted = dict(client.weights("chat"))
     changed = client.set_weights("chat", {v: 0 for v in before}, expected=shifted, idempotency_key="it-restore-bad")
     assert changed.status is OutcomeStatus.FAILED and changed.transient is False  # must sum to 100
@@ -110,9 +113,12 @@ def test_restore_calls_set_every_weight_and_the_replicas_exactly(tier_url: str, 
     restored = client.set_weights("chat", before, expected=shifted, idempotency_key="it-restore-1")
     assert restored.status is OutcomeStatus.SUCCEEDED and restored.detail["verified"] is True
     assert client.weights("chat") == before
-    replicas = client.scale_state("chat")["replicas"]
-    client.set_replicas("chat", replicas + 2, idempotency_key="it-restore-scale")
+    replicas = client.scale_state("chat").to_json()["replicas"]
+    client.set_replicas(ScaleRequest("chat", replicas + 2, idempotency_key="it-restore-scale"))
     back = client.restore_scale(
-        "chat", {"replicas": replicas}, expected={"replicas": replicas + 2}, idempotency_key="it-restore-2"
+        "chat",
+        ScaleState(replicas=replicas),
+        expected=ScaleState(replicas=replicas + 2),
+        idempotency_key="it-restore-2",
     )
     assert back.status is OutcomeStatus.SUCCEEDED and client.replicas("chat") == replicas

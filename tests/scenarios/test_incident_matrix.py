@@ -94,7 +94,9 @@ class Tape:
                     return target
 
                 def call(*args: Any, **kwargs: Any) -> Any:
-                    tape._add((name, *summary(*args, **kwargs)), str(kwargs.get("idempotency_key")))
+                    # the key: a keyword, or the typed request's (core/ports: RollbackRequest, ScaleRequest, ...)
+                    key = kwargs.get("idempotency_key", getattr(args[0] if args else None, "idempotency_key", None))
+                    tape._add((name, *summary(*args, **kwargs)), str(key))
                     return target(*args, **kwargs)
 
                 return call
@@ -107,13 +109,13 @@ def _annotation(annotation: Annotation, **_: Any) -> tuple[Any, ...]:
 
 
 _SUMMARIES: dict[str, Callable[..., tuple[Any, ...]]] = {
-    "rollback": lambda service, **kw: (service,),
-    "set_replicas": lambda service, replicas, **kw: (service, replicas),
+    "rollback": lambda request, *_, **kw: (request.service,),
+    "set_replicas": lambda request, **kw: (request.service, request.replicas),
     "restore_scale": lambda service, state, **kw: (service, dict(state)),
-    "set_weight": lambda service, version, weight, **kw: (service, version, weight),
+    "set_weight": lambda request, *_, **kw: (request.service, request.version, request.weight),
     "set_weights": lambda service, weights, **kw: (service, dict(weights)),
     "annotate": _annotation,
-    "notify": lambda receiver, payload, **kw: (receiver,),
+    "notify": lambda request, **kw: (request.receiver,),
 }
 
 

@@ -8,12 +8,11 @@ Dispatcher with a real journal and the test's ManualClock, and reads the outcome
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from controller.adapters.stores.journal import Journal
-from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus
+from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus, RollbackPlan, RollbackRequest
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.testing import make_decision
 
@@ -25,18 +24,10 @@ class _OneCall:
         self.act = act
         self.calls = 0
 
-    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> dict[str, Any]:
-        return {"service": service}
+    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> RollbackPlan:
+        return RollbackPlan(service=service)
 
-    def rollback(
-        self,
-        service: str,
-        *,
-        idempotency_key: str,
-        rollout_revision: str | None = None,
-        plan: Mapping[str, Any] | None = None,
-        abort: AbortSignal | None = None,
-    ) -> ActionOutcome:
+    def rollback(self, request: RollbackRequest, abort: AbortSignal | None = None) -> ActionOutcome:
         self.calls += 1
         return self.act()
 

@@ -15,7 +15,7 @@ import pytest
 from controller.adapters.stores.journal import Journal
 from controller.core.actions import ActionRecord, ActionStatus
 from controller.core.controls import AbortRequest, AbortState
-from controller.core.ports import AbortSignal, ActionOutcome, OutcomeStatus
+from controller.core.ports import AbortSignal, ActionOutcome, OutcomeStatus, TrafficRequest
 from controller.kit.clock import ManualClock, SystemClock
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.testing import FakeAnnotator, FakeDeployer, FakeRouter, make_decision, transient_failure
@@ -39,9 +39,8 @@ class SteppingRouter(FakeRouter):
         self.written: list[int] = []
         self.entered = threading.Event()
 
-    def set_weight(
-        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
-    ) -> ActionOutcome:
+    def set_weight(self, request: TrafficRequest, abort: AbortSignal | None = None) -> ActionOutcome:
+        service, version, weight = request.service, request.version, request.weight
         path = [step for step in self.steps if step < weight] + [weight]
         for index, step in enumerate(path):
             if index and abort is not None and abort.hold(self.hold) is not None:
@@ -149,10 +148,10 @@ def test_a_queued_action_is_cancelled_before_it_runs_and_stays_so_after_a_restar
     entered = threading.Event()
     original = rig.deployer.rollback
 
-    def slow_rollback(service: str, **kwargs: Any) -> ActionOutcome:
+    def slow_rollback(*args: Any, **kwargs: Any) -> ActionOutcome:
         entered.set()
         release.wait(timeout=30)  # holds the service's lane: the next decision's actions wait in the queue
-        return original(service, **kwargs)
+        return original(*args, **kwargs)
 
     rig.deployer.rollback = slow_rollback  # type: ignore[method-assign]
     dispatcher = rig.dispatcher(workers=True)
@@ -214,14 +213,13 @@ def test_an_action_in_flight_stops_at_its_next_step_on_real_threads(tmp_path: Pa
 def test_an_abort_during_a_retry_backoff_is_never_retried(rig: Rig) -> None:
     decision = make_decision([ROLLBACK])
     rig.deployer.script(transient_failure())
-    dispatcher = rig.dispatcher(attempts=3, backoff=10.0)
 
     class AbortInTheBackoff(ManualClock):
         def sleep(self, seconds: float) -> None:
             dispatcher.abort(abort_of(decision.id))  # the operator, while the dispatcher waits to retry
             super().sleep(seconds)
 
-    dispatcher.clock = AbortInTheBackoff(rig.clock.now())
+    dispatcher = rig.dispatcher(attempts=3, backoff=10.0, clock=AbortInTheBackoff(rig.clock.now()))
     (record,) = dispatcher.dispatch(decision)
     assert record.status is ActionStatus.ABORTED and record.attempts == 1
     assert len(rig.deployer.calls) == 1  # the one failed attempt; no second
@@ -252,8 +250,8 @@ def test_an_abort_that_arrives_after_the_last_step_is_noted_in_the_outcome(rig: 
     dispatcher = rig.dispatcher()
     original = rig.deployer.rollback
 
-    def rollback_then_abort(service: str, **kwargs: Any) -> ActionOutcome:
-        outcome = original(service, **kwargs)
+    def rollback_then_abort(*args: Any, **kwargs: Any) -> ActionOutcome:
+        outcome = original(*args, **kwargs)
         dispatcher.abort(abort_of(decision.id))  # the rollback is done; the abort comes just after
         return outcome
 

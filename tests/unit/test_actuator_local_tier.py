@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import pytest
 
 from controller.adapters.tier.local_tier import LocalTierClient, TierError
-from controller.core.ports import OutcomeStatus
+from controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest, TrafficRequest
 from controller.kit.clock import ManualClock
 from tests.support.dispatch import dispatched
 from tests.support.fake_tier import FakeTierState, running_fake_tier
@@ -24,7 +24,7 @@ def _client(url: str, clock: ManualClock | None = None, **kwargs: float) -> Loca
 
 def test_rollback_sends_the_key_in_header_and_body(tier: tuple[str, FakeTierState]) -> None:
     url, state = tier
-    outcome = _client(url).rollback("chat", idempotency_key="d1:fire:1")
+    outcome = _client(url).rollback(RollbackRequest("chat", idempotency_key="d1:fire:1"))
     assert outcome.status is OutcomeStatus.SUCCEEDED
     assert outcome.detail["from_revision"] == 3 and outcome.detail["to_revision"] == 2
     assert outcome.detail["replayed"] is False
@@ -37,8 +37,8 @@ def test_rollback_sends_the_key_in_header_and_body(tier: tuple[str, FakeTierStat
 def test_a_repeated_key_is_a_replayed_success(tier: tuple[str, FakeTierState]) -> None:
     url, state = tier
     client = _client(url)
-    client.rollback("chat", idempotency_key="k")
-    again = client.rollback("chat", idempotency_key="k")
+    client.rollback(RollbackRequest("chat", idempotency_key="k"))
+    again = client.rollback(RollbackRequest("chat", idempotency_key="k"))
     assert again.status is OutcomeStatus.SUCCEEDED and again.detail["replayed"] is True
     assert state.services["chat"].active == 2  # one rollback, not two
 
@@ -49,10 +49,10 @@ def test_no_earlier_good_revision_is_a_permanent_failure_with_the_servers_messag
     url, state = tier
     clock = ManualClock()
     client = _client(url, clock)
-    assert client.rollback("chat", idempotency_key="a").status is OutcomeStatus.SUCCEEDED
-    assert client.rollback("chat", idempotency_key="b").status is OutcomeStatus.SUCCEEDED
+    assert client.rollback(RollbackRequest("chat", idempotency_key="a")).status is OutcomeStatus.SUCCEEDED
+    assert client.rollback(RollbackRequest("chat", idempotency_key="b")).status is OutcomeStatus.SUCCEEDED
     start = clock.now()
-    outcome = client.rollback("chat", idempotency_key="c")
+    outcome = client.rollback(RollbackRequest("chat", idempotency_key="c"))
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is False
     assert outcome.error == "rollback of 'chat' refused: service 'chat' has no good revision earlier than r1"
     assert len(state.mutations("rollback")) == 3 and clock.now() == start  # not retried
@@ -64,7 +64,9 @@ def test_5xx_is_retried_with_backoff_then_succeeds(tier: tuple[str, FakeTierStat
     state.fail_next(503, 502)
     start = clock.now()
     client = _client(url, clock, retries=3, backoff=0.5)
-    outcome = dispatched(lambda: client.set_replicas("chat", 4, idempotency_key="s"), clock=clock, backoff=0.5)
+    outcome = dispatched(
+        lambda: client.set_replicas(ScaleRequest("chat", 4, idempotency_key="s")), clock=clock, backoff=0.5
+    )
     assert outcome.status is OutcomeStatus.SUCCEEDED and outcome.detail["attempts"] == 3
     assert outcome.detail["from"] == 2 and outcome.detail["to"] == 4
     assert clock.now() - start == pytest.approx(0.5 + 1.0)
@@ -76,7 +78,7 @@ def test_5xx_beyond_the_retries_is_a_transient_failure(tier: tuple[str, FakeTier
     state.fail_next(503, 503, 503)
     clock = ManualClock()
     client = _client(url, clock, retries=2)
-    outcome = dispatched(lambda: client.rollback("chat", idempotency_key="r"), clock=clock, attempts=2)
+    outcome = dispatched(lambda: client.rollback(RollbackRequest("chat", idempotency_key="r")), clock=clock, attempts=2)
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is True
     assert outcome.error is not None and "HTTP 503: injected 503" in outcome.error
     assert len(state.mutations("rollback")) == 2
@@ -84,7 +86,7 @@ def test_5xx_beyond_the_retries_is_a_transient_failure(tier: tuple[str, FakeTier
 
 def test_4xx_is_not_retried(tier: tuple[str, FakeTierState]) -> None:
     url, state = tier
-    outcome = _client(url).rollback("nope", idempotency_key="r")
+    outcome = _client(url).rollback(RollbackRequest("nope", idempotency_key="r"))
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is False
     assert outcome.error == (
         "rollback of 'nope' failed: POST http://"
@@ -99,7 +101,9 @@ def test_a_timeout_is_retried(tier: tuple[str, FakeTierState]) -> None:
     state.delay_next(2.0)
     clock = ManualClock()
     client = _client(url, clock, timeout=0.3, retries=2)
-    outcome = dispatched(lambda: client.set_replicas("chat", 3, idempotency_key="t"), clock=clock, attempts=2)
+    outcome = dispatched(
+        lambda: client.set_replicas(ScaleRequest("chat", 3, idempotency_key="t")), clock=clock, attempts=2
+    )
     assert outcome.status is OutcomeStatus.SUCCEEDED
     assert outcome.detail["attempts"] == 2
 
@@ -108,7 +112,7 @@ def test_connection_refused_is_transient() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    outcome = _client(f"http://127.0.0.1:{port}", retries=2).rollback("chat", idempotency_key="x")
+    outcome = _client(f"http://127.0.0.1:{port}", retries=2).rollback(RollbackRequest("chat", idempotency_key="x"))
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is True
     assert outcome.error is not None and "connection failed" in outcome.error
 
@@ -124,7 +128,7 @@ def test_replicas_reads_the_service(tier: tuple[str, FakeTierState]) -> None:
 def test_set_weight_verifies_by_reading_back(tier: tuple[str, FakeTierState]) -> None:
     url, state = tier
     state.services["chat"].weights = {"r2": 90, "r3": 10}
-    outcome = _client(url).set_weight("chat", "r3", 50, idempotency_key="w")
+    outcome = _client(url).set_weight(TrafficRequest("chat", "r3", 50, idempotency_key="w"))
     assert outcome.status is OutcomeStatus.SUCCEEDED
     assert outcome.detail["verified"] is True and outcome.detail["verified_weight"] == 50
     assert outcome.detail["weights"] == {"r3": 50, "r2": 50}
@@ -136,7 +140,7 @@ def test_set_weight_that_does_not_hold_fails(tier: tuple[str, FakeTierState]) ->
     url, state = tier
     state.services["chat"].weights = {"r2": 90, "r3": 10}
     state.lie_about_weights = True
-    outcome = _client(url).set_weight("chat", "r3", 20, idempotency_key="w")
+    outcome = _client(url).set_weight(TrafficRequest("chat", "r3", 20, idempotency_key="w"))
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is False
     assert outcome.error == "weight of 'chat' 'r3': asked for 20%, the tier reports 50%"
 

@@ -15,8 +15,9 @@ from controller.app.api import ControllerAPI
 from controller.core.model import TargetKey
 from controller.core.policy import Policy
 from controller.core.policy_files import load_policies
-from controller.core.ports import TRIGGER_ALERT, HandoverPort, Readiness
+from controller.core.ports import HandoverPort
 from controller.loop.metrics import ControllerMetrics
+from controller.loop.ports import TRIGGER_ALERT, Readiness
 from tests.unit.test_api import policy_yaml
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "alertmanager"

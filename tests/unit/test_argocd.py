@@ -14,7 +14,7 @@ from controller.adapters.argocd.client import ArgoCDClient, HistoryEntry
 from controller.adapters.argocd.settings import ArgoCDApp, ArgoCDSettings, AutoSyncMode
 from controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord, pick_target
 from controller.adapters.stores.journal import Journal
-from controller.core.ports import OutcomeStatus
+from controller.core.ports import OutcomeStatus, RollbackRequest
 from controller.kit.clock import ManualClock
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.testing import make_decision
@@ -61,7 +61,7 @@ def rollback_posts(fake: FakeArgoCD) -> list[Any]:
 
 
 def test_rollback_to_the_entry_before_the_current_rollout(fake: FakeArgoCD) -> None:
-    outcome = deployer(fake).rollback("web", idempotency_key=KEY)
+    outcome = deployer(fake).rollback(RollbackRequest("web", idempotency_key=KEY))
     assert outcome.status is OutcomeStatus.SUCCEEDED, outcome.error
     assert outcome.detail["to_revision"] == "r2" and outcome.detail["history_id"] == 2
     assert outcome.detail["health"] == "Healthy" and outcome.detail["operation_phase"] == "Succeeded"
@@ -71,7 +71,7 @@ def test_rollback_to_the_entry_before_the_current_rollout(fake: FakeArgoCD) -> N
 
 
 def test_rollback_targets_the_entry_before_the_attributed_rollout(fake: FakeArgoCD) -> None:
-    outcome = deployer(fake).rollback("web", idempotency_key=KEY, rollout_revision="r2")
+    outcome = deployer(fake).rollback(RollbackRequest("web", idempotency_key=KEY, rollout_revision="r2"))
     assert outcome.status is OutcomeStatus.SUCCEEDED
     assert (outcome.detail["bad_revision"], outcome.detail["to_revision"]) == ("r2", "r1")
 
@@ -92,7 +92,9 @@ def test_the_dispatcher_hands_over_the_attributed_revision_of_the_rollback_actio
 def test_never_targets_a_revision_recorded_as_bad(fake: FakeArgoCD, tmp_path: Path) -> None:
     record = BadRevisionRecord(tmp_path / "bad.json")
     record.record("llm-web", "r2", "old:fire:0", {}, T0 - 1000)
-    outcome = deployer(fake, record=BadRevisionRecord(tmp_path / "bad.json")).rollback("web", idempotency_key=KEY)
+    outcome = deployer(fake, record=BadRevisionRecord(tmp_path / "bad.json")).rollback(
+        RollbackRequest("web", idempotency_key=KEY)
+    )
     assert outcome.detail["to_revision"] == "r1"
     assert BadRevisionRecord(tmp_path / "bad.json").bad("llm-web") == {"r2", "r3"}
 
@@ -101,7 +103,7 @@ def test_no_earlier_good_revision_is_skipped_with_the_reason(fake: FakeArgoCD) -
     record = BadRevisionRecord()
     record.record("llm-web", "r1", "a:fire:0", {}, T0)
     record.record("llm-web", "r2", "b:fire:0", {}, T0)
-    outcome = deployer(fake, record=record).rollback("web", idempotency_key=KEY)
+    outcome = deployer(fake, record=record).rollback(RollbackRequest("web", idempotency_key=KEY))
     assert outcome.status is OutcomeStatus.SKIPPED
     assert outcome.error == "rollback of 'llm-web': no earlier good revision before r3 in its history (bad: r1, r2, r3)"
     assert rollback_posts(fake) == []
@@ -109,7 +111,7 @@ def test_no_earlier_good_revision_is_skipped_with_the_reason(fake: FakeArgoCD) -
 
 def test_auto_sync_with_notify_only_does_not_roll_back(fake: FakeArgoCD) -> None:
     fake.add_app(application("llm-web", [("r1", T0 - 3000), ("r2", T0 - 60)], automated=True))
-    outcome = deployer(fake, auto_sync="notifyOnly").rollback("web", idempotency_key=KEY)
+    outcome = deployer(fake, auto_sync="notifyOnly").rollback(RollbackRequest("web", idempotency_key=KEY))
     assert outcome.status is OutcomeStatus.FAILED and not outcome.transient
     assert outcome.error is not None and "automated sync is enabled, and autoSync is notifyOnly" in outcome.error
     assert fake.calls("POST") == [] and fake.calls("PATCH") == []
@@ -125,7 +127,7 @@ def test_auto_sync_refusal_from_the_server_is_reported(fake: FakeArgoCD) -> None
         fake.state.apps["llm-web"]["spec"]["syncPolicy"] = {"automated": {"prune": True}}
     # Read before the flip: the deployer sees no auto-sync, the POST is refused by Argo CD.
     target.client.get_app = lambda name, ns=None: app  # type: ignore[method-assign]
-    outcome = target.rollback("web", idempotency_key=KEY)
+    outcome = target.rollback(RollbackRequest("web", idempotency_key=KEY))
     assert outcome.status is OutcomeStatus.FAILED and "notifyOnly" in (outcome.error or "")
     refused = fake.calls("POST", "/rollback")
     assert [call.status for call in refused] == [400]
@@ -134,7 +136,9 @@ def test_auto_sync_refusal_from_the_server_is_reported(fake: FakeArgoCD) -> None
 def test_auto_sync_disabled_first_is_recorded_and_noticed(fake: FakeArgoCD) -> None:
     fake.add_app(application("llm-web", [("r1", T0 - 3000), ("r2", T0 - 60)], automated=True))
     notices: list[str] = []
-    outcome = deployer(fake, auto_sync="disableAutoSync", notices=notices).rollback("web", idempotency_key=KEY)
+    outcome = deployer(fake, auto_sync="disableAutoSync", notices=notices).rollback(
+        RollbackRequest("web", idempotency_key=KEY)
+    )
     assert outcome.status is OutcomeStatus.SUCCEEDED, outcome.error
     assert outcome.detail["auto_sync_disabled"] is True
     assert outcome.detail["previous_automated"] == {"prune": True, "selfHeal": True}
@@ -147,7 +151,7 @@ def test_auto_sync_disabled_first_is_recorded_and_noticed(fake: FakeArgoCD) -> N
 
 def test_unknown_history_id_is_a_clear_refusal(fake: FakeArgoCD) -> None:
     fake.state.hidden_ids.add(2)
-    outcome = deployer(fake).rollback("web", idempotency_key=KEY)
+    outcome = deployer(fake).rollback(RollbackRequest("web", idempotency_key=KEY))
     assert outcome.status is OutcomeStatus.FAILED and not outcome.transient
     assert outcome.error == (
         "rollback of 'llm-web' to r2 (history id 2) refused: application llm-web does not have deployment id '2' "
@@ -158,7 +162,7 @@ def test_unknown_history_id_is_a_clear_refusal(fake: FakeArgoCD) -> None:
 
 def test_401_names_the_token_and_never_shows_it(fake: FakeArgoCD, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
-    outcome = deployer(fake, token="wrong-secret-token").rollback("web", idempotency_key=KEY)
+    outcome = deployer(fake, token="wrong-secret-token").rollback(RollbackRequest("web", idempotency_key=KEY))
     assert outcome.status is OutcomeStatus.FAILED and not outcome.transient
     assert outcome.error is not None and "unauthorized" in outcome.error and "check the Argo CD token" in outcome.error
     assert "wrong-secret-token" not in json.dumps(outcome.to_json()) + caplog.text
@@ -166,14 +170,14 @@ def test_401_names_the_token_and_never_shows_it(fake: FakeArgoCD, caplog: pytest
 
 
 def test_missing_token_fails_without_a_request(fake: FakeArgoCD) -> None:
-    outcome = deployer(fake, token=None).rollback("web", idempotency_key=KEY)
+    outcome = deployer(fake, token=None).rollback(RollbackRequest("web", idempotency_key=KEY))
     assert outcome.status is OutcomeStatus.FAILED and "no Argo CD token" in (outcome.error or "")
     assert fake.state.requests == []
 
 
 def test_500_on_read_is_retried(fake: FakeArgoCD) -> None:
     fake.fail_next(500, 1, method="GET")
-    outcome = deployer(fake).rollback("web", idempotency_key=KEY)
+    outcome = deployer(fake).rollback(RollbackRequest("web", idempotency_key=KEY))
     assert outcome.status is OutcomeStatus.SUCCEEDED
     assert len(rollback_posts(fake)) == 1
 
@@ -181,7 +185,9 @@ def test_500_on_read_is_retried(fake: FakeArgoCD) -> None:
 def test_500_on_every_try_is_a_transient_failure(fake: FakeArgoCD) -> None:
     fake.fail_next(500, 3, method="POST")
     target = deployer(fake)
-    outcome = dispatched(lambda: target.rollback("web", idempotency_key=KEY), clock=target.clock, attempts=3)
+    outcome = dispatched(
+        lambda: target.rollback(RollbackRequest("web", idempotency_key=KEY)), clock=target.clock, attempts=3
+    )
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient
     assert outcome.error is not None and "HTTP 500" in outcome.error
     assert [call.status for call in fake.calls("POST")] == [500, 500, 500]
@@ -191,7 +197,9 @@ def test_500_on_every_try_is_a_transient_failure(fake: FakeArgoCD) -> None:
 def test_500_on_post_then_success_rolls_back_once(fake: FakeArgoCD) -> None:
     fake.fail_next(503, 1, method="POST")
     target = deployer(fake)
-    outcome = dispatched(lambda: target.rollback("web", idempotency_key=KEY), clock=target.clock, attempts=3)
+    outcome = dispatched(
+        lambda: target.rollback(RollbackRequest("web", idempotency_key=KEY)), clock=target.clock, attempts=3
+    )
     assert outcome.status is OutcomeStatus.SUCCEEDED
     assert [call.status for call in fake.calls("POST")] == [503, 200]
 
@@ -217,7 +225,7 @@ def test_a_rollback_is_posted_at_most_once_per_dispatcher_attempt(fake: FakeArgo
 
 def test_post_timeout_that_took_effect_is_not_repeated(fake: FakeArgoCD) -> None:
     fake.answer_late(0.6, 1, method="POST")
-    outcome = deployer(fake, timeout=0.2).rollback("web", idempotency_key=KEY)
+    outcome = deployer(fake, timeout=0.2).rollback(RollbackRequest("web", idempotency_key=KEY))
     assert outcome.status is OutcomeStatus.SUCCEEDED, outcome.error
     assert len(fake.calls("POST")) == 1  # the re-read showed the operation running: no second POST
     assert fake.app("llm-web")["status"]["sync"]["revision"] == "r2"
@@ -225,7 +233,7 @@ def test_post_timeout_that_took_effect_is_not_repeated(fake: FakeArgoCD) -> None
 
 def test_read_timeout_is_transient(fake: FakeArgoCD) -> None:
     fake.delay_next(0.6, 3, method="GET")
-    outcome = deployer(fake, timeout=0.2).rollback("web", idempotency_key=KEY)
+    outcome = deployer(fake, timeout=0.2).rollback(RollbackRequest("web", idempotency_key=KEY))
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient
     assert outcome.error is not None and "timed out" in outcome.error
     assert rollback_posts(fake) == []
@@ -233,10 +241,10 @@ def test_read_timeout_is_transient(fake: FakeArgoCD) -> None:
 
 def test_repeated_key_and_resume_do_not_roll_back_twice(fake: FakeArgoCD) -> None:
     record = BadRevisionRecord()
-    first = deployer(fake, record=record).rollback("web", idempotency_key=KEY)
-    again = deployer(fake, record=record).rollback("web", idempotency_key=KEY)
+    first = deployer(fake, record=record).rollback(RollbackRequest("web", idempotency_key=KEY))
+    again = deployer(fake, record=record).rollback(RollbackRequest("web", idempotency_key=KEY))
     # A new process that lost the record: the app already runs the target, so nothing is POSTed either.
-    resumed = deployer(fake).rollback("web", idempotency_key=KEY, rollout_revision="r3")
+    resumed = deployer(fake).rollback(RollbackRequest("web", idempotency_key=KEY, rollout_revision="r3"))
     assert first.status is again.status is resumed.status is OutcomeStatus.SUCCEEDED
     assert again.detail["replayed"] is True and resumed.detail["already_done"] is True
     assert len(rollback_posts(fake)) == 1
@@ -244,20 +252,20 @@ def test_repeated_key_and_resume_do_not_roll_back_twice(fake: FakeArgoCD) -> Non
 
 def test_failed_operation_is_reported(fake: FakeArgoCD) -> None:
     fake.state.rollback_phase = "Failed"
-    outcome = deployer(fake).rollback("web", idempotency_key=KEY)
+    outcome = deployer(fake).rollback(RollbackRequest("web", idempotency_key=KEY))
     assert outcome.status is OutcomeStatus.FAILED
     assert outcome.error == "rollback of 'llm-web' to r2: operation Failed: sync failed"
 
 
 def test_not_healthy_within_the_wait_is_reported(fake: FakeArgoCD) -> None:
     fake.state.rollback_health = "Degraded"
-    outcome = deployer(fake).rollback("web", idempotency_key=KEY)
+    outcome = deployer(fake).rollback(RollbackRequest("web", idempotency_key=KEY))
     assert outcome.status is OutcomeStatus.FAILED
     assert outcome.error is not None and "not Healthy after 60s (operation Succeeded, health Degraded)" in outcome.error
 
 
 def test_unknown_service_fails_clearly(fake: FakeArgoCD) -> None:
-    outcome = deployer(fake).rollback("nope", idempotency_key=KEY)
+    outcome = deployer(fake).rollback(RollbackRequest("nope", idempotency_key=KEY))
     assert outcome.error == "no Argo CD application for service 'nope' (known: web)"
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from controller.adapters.metrics.grid import on_grid
 from controller.core.engine import ConditionState, PolicyState, advance_healthy, transition
 from controller.core.model import SignalResult, TargetKey, target_key
 from controller.core.policy import Policy
@@ -204,8 +205,8 @@ def test_quiet_run_gives_the_engine_state_of_every_evaluation() -> None:
     points = 400
     times = tuple(i * 15.0 for i in range(points))
     grids = {
-        "p99": RangeResult(_series(1, points, 0.5, 2.0)).on_grid(times),
-        "queue": RangeResult(_series(2, points, 20.0, 80.0)).on_grid(times),
+        "p99": on_grid(RangeResult(_series(1, points, 0.5, 2.0)), times),
+        "queue": on_grid(RangeResult(_series(2, points, 20.0, 80.0)), times),
     }
     quiet = QuietRun(policy)
     commits: list[float] = []

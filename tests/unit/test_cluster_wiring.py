@@ -26,7 +26,7 @@ from controller.app.cluster import (
 )
 from controller.app.cluster_settings import KubernetesSettings
 from controller.app.settings import SettingsError, load_settings
-from controller.core.ports import OutcomeStatus
+from controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest, TrafficRequest
 from controller.core.unconfigured import (
     ROLLBACK_MISSING,
     SCALE_MISSING,
@@ -139,14 +139,14 @@ def test_builder_scales_the_configured_hpa_and_records_an_event(fake: FakeKubern
     )
     assert isinstance(built.scaler, HpaScaler) and built.router is None and built.events is not None
     assert built.scaler.replicas("chat") == 2
-    outcome = built.scaler.set_replicas("chat", 5, idempotency_key="d1:fire:0")
+    outcome = built.scaler.set_replicas(ScaleRequest("chat", 5, idempotency_key="d1:fire:0"))
     assert outcome.status is OutcomeStatus.SUCCEEDED, outcome
     stored = fake.get_object("horizontalpodautoscalers", "llm", "chat-stable")
     assert stored is not None
     assert stored["spec"]["minReplicas"] == 5 and stored["spec"]["maxReplicas"] == 6
     assert "d1:fire:0" in json.loads(stored["metadata"]["annotations"][ANNOTATION_KEYS])
     # Clamped to the configured maximum, never past it.
-    clamped = built.scaler.set_replicas("chat", 50, idempotency_key="d2:fire:0")
+    clamped = built.scaler.set_replicas(ScaleRequest("chat", 50, idempotency_key="d2:fire:0"))
     assert clamped.detail["to"] == {"minReplicas": 8, "maxReplicas": 8}
     (event, _second) = fake.objects("events", "llm")
     assert event["involvedObject"]["name"] == "chat-stable" and event["reason"] == "TailguardScale"
@@ -159,7 +159,7 @@ def test_builder_without_events_writes_none(fake: FakeKubernetes) -> None:
     )
     assert built.events is None and built.scaler is not None
     # No target mapping: the HPA named like the service in kubernetes.namespace.
-    assert built.scaler.set_replicas("chat", 3, idempotency_key="k").status is OutcomeStatus.SUCCEEDED
+    assert built.scaler.set_replicas(ScaleRequest("chat", 3, idempotency_key="k")).status is OutcomeStatus.SUCCEEDED
     assert fake.objects("events") == []
     assert fake.calls("create", "events") == []
 
@@ -174,7 +174,7 @@ def test_builder_httproute_router_with_ramp(fake: FakeKubernetes) -> None:
     )
     assert isinstance(built.router, HttpRouteRouter) and built.scaler is None
     start = clock.now()
-    outcome = built.router.set_weight("chat", "canary", 100, idempotency_key="d3:fire:0")
+    outcome = built.router.set_weight(TrafficRequest("chat", "canary", 100, idempotency_key="d3:fire:0"))
     assert outcome.status is OutcomeStatus.SUCCEEDED, outcome
     assert outcome.detail["steps"] == [50, 100]
     assert clock.now() - start == 30.0  # one hold, on the injected clock
@@ -191,7 +191,7 @@ def test_builder_virtualservice_router_in_another_namespace(fake: FakeKubernetes
         api_client=fake.api_client(),
     )
     assert isinstance(built.router, VirtualServiceRouter)
-    outcome = built.router.set_weight("chat", "canary", 0, idempotency_key="d4:fire:0")
+    outcome = built.router.set_weight(TrafficRequest("chat", "canary", 0, idempotency_key="d4:fire:0"))
     assert outcome.status is OutcomeStatus.SUCCEEDED, outcome
     stored = fake.get_object("virtualservices", "mesh", "chat-vs")
     assert stored is not None
@@ -250,20 +250,20 @@ def test_each_port_goes_to_its_own_actuator() -> None:
     rollbacks = FakeDeployer(replicas={"chat": 9}, revisions={"chat": 3})
     scaling = FakeDeployer(replicas={"chat": 2})
     ports = Actuators(rollback=rollbacks, scale=scaling)
-    assert ports.rollback.rollback("chat", idempotency_key="r").detail["to_revision"] == 2
+    assert ports.rollback.rollback(RollbackRequest("chat", idempotency_key="r")).detail["to_revision"] == 2
     assert ports.scale.replicas("chat") == 2
-    assert ports.scale.set_replicas("chat", 4, idempotency_key="s").status is OutcomeStatus.SUCCEEDED
+    assert ports.scale.set_replicas(ScaleRequest("chat", 4, idempotency_key="s")).status is OutcomeStatus.SUCCEEDED
     assert [c.method for c in rollbacks.calls] == ["rollback"]
     assert [c.method for c in scaling.calls] == ["set_replicas"]
     assert scaling.replica_counts == {"chat": 4} and rollbacks.replica_counts == {"chat": 9}
 
 
 def test_unconfigured_ports_answer_clear_failures() -> None:
-    outcome = UnconfiguredRollback(ROLLBACK_MISSING).rollback("chat", idempotency_key="r")
+    outcome = UnconfiguredRollback(ROLLBACK_MISSING).rollback(RollbackRequest("chat", idempotency_key="r"))
     assert outcome.status is OutcomeStatus.FAILED and not outcome.transient
     assert outcome.error == "no actuator configured for rollback: add argocd (or tier)"
     only_rollbacks = UnconfiguredScale(SCALE_MISSING)
-    outcome = only_rollbacks.set_replicas("chat", 3, idempotency_key="s")
+    outcome = only_rollbacks.set_replicas(ScaleRequest("chat", 3, idempotency_key="s"))
     assert outcome.status is OutcomeStatus.FAILED and outcome.error == SCALE_MISSING and not outcome.transient
     assert SCALE_MISSING.startswith("no actuator configured for scale: add kubernetes.hpa")
     with pytest.raises(NoActuatorError, match="add kubernetes.hpa"):

@@ -496,13 +496,11 @@ def test_a_slow_change_on_one_service_does_not_hold_up_another(tmp_path: Path) -
     entered, release = threading.Event(), threading.Event()
     original = rig.router.set_weight
 
-    def slow_for_chat(
-        service: str, version: str, weight: int, *, idempotency_key: str, abort: Any = None
-    ) -> ActionOutcome:
-        if service == "chat":
+    def slow_for_chat(request: Any, abort: Any = None) -> ActionOutcome:
+        if request.service == "chat":
             entered.set()
             release.wait(timeout=30)  # e.g. a ramp holding between weight steps
-        return original(service, version, weight, idempotency_key=idempotency_key, abort=abort)
+        return original(request, abort)
 
     rig.router.set_weight = slow_for_chat  # type: ignore[method-assign]
     try:

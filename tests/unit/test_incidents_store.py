@@ -29,11 +29,12 @@ from controller.core.engine import ConditionState, Phase, PolicyState
 from controller.core.incidents import Firing, Incident, IncidentConflict, IncidentPhase, Ledger, TakenAction
 from controller.core.model import target_key
 from controller.core.policy_files import parse_policy_text
-from controller.core.ports import DecisionAborterPort, IncidentStorePort
+from controller.core.ports import IncidentStorePort
 from controller.kit.clock import ManualClock
 from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
 from controller.loop.incident_ports import incident_layer
 from controller.loop.incidents import IncidentKeeper
+from controller.loop.ports import DecisionAborterPort
 from controller.testing import FakeRollback, condition_state, make_decision
 from controller.tools.cluster_permissions import INCIDENT_PERMISSIONS
 from serving.tier.manifests import render_kustomization, validate_objects

@@ -14,7 +14,7 @@ from controller.adapters.kube.api_client import cluster_api_client
 from controller.adapters.kube.calls import KubernetesActuatorError
 from controller.adapters.kube.events import EventRecorder
 from controller.adapters.scale.hpa import ANNOTATION_HUMAN_FLOOR, HpaBounds, HpaScaler, plan_replicas
-from controller.core.ports import OutcomeStatus
+from controller.core.ports import OutcomeStatus, ScaleRequest
 from controller.kit.clock import ManualClock
 from controller.kit.http import RetryPolicy
 from tests.support.dispatch import dispatched
@@ -50,7 +50,7 @@ def spec(fake: FakeKubernetes) -> dict[str, object]:
 
 def test_scale_up_raises_the_floor_records_the_human_floor_key_and_an_event(fake: FakeKubernetes) -> None:
     clock = ManualClock()
-    outcome = deployer(fake, clock).set_replicas("chat", 7, idempotency_key="d1:fire:0")
+    outcome = deployer(fake, clock).set_replicas(ScaleRequest("chat", 7, idempotency_key="d1:fire:0"))
     assert outcome.status is OutcomeStatus.SUCCEEDED, outcome
     stored = spec(fake)
     assert stored["spec"]["minReplicas"] == 7  # type: ignore[index]
@@ -66,9 +66,9 @@ def test_scale_up_raises_the_floor_records_the_human_floor_key_and_an_event(fake
 def test_replay_of_a_key_is_a_no_op(fake: FakeKubernetes) -> None:
     clock = ManualClock()
     actuator = deployer(fake, clock)
-    actuator.set_replicas("chat", 5, idempotency_key="d1:fire:0")
+    actuator.set_replicas(ScaleRequest("chat", 5, idempotency_key="d1:fire:0"))
     writes = len(fake.calls("update", "horizontalpodautoscalers"))
-    again = actuator.set_replicas("chat", 5, idempotency_key="d1:fire:0")
+    again = actuator.set_replicas(ScaleRequest("chat", 5, idempotency_key="d1:fire:0"))
     assert again.status is OutcomeStatus.SUCCEEDED and again.detail["replayed"] is True
     assert len(fake.calls("update", "horizontalpodautoscalers")) == writes
     assert len(fake.objects("events", "llm")) == 1
@@ -77,19 +77,19 @@ def test_replay_of_a_key_is_a_no_op(fake: FakeKubernetes) -> None:
 def test_scale_down_never_goes_below_the_human_floor(fake: FakeKubernetes) -> None:
     clock = ManualClock()
     actuator = deployer(fake, clock)
-    actuator.set_replicas("chat", 6, idempotency_key="up")
-    down = actuator.set_replicas("chat", 1, idempotency_key="down")
+    actuator.set_replicas(ScaleRequest("chat", 6, idempotency_key="up"))
+    down = actuator.set_replicas(ScaleRequest("chat", 1, idempotency_key="down"))
     assert down.status is OutcomeStatus.SUCCEEDED
     assert "human floor 2" in down.detail["clamped"]
     assert spec(fake)["spec"]["minReplicas"] == 2  # type: ignore[index]
     # Already at the floor: asking for less again changes nothing and says why.
-    again = actuator.set_replicas("chat", 1, idempotency_key="down-again")
+    again = actuator.set_replicas(ScaleRequest("chat", 1, idempotency_key="down-again"))
     assert again.status is OutcomeStatus.SKIPPED and "human floor" in again.detail["clamped"]
 
 
 def test_below_the_floor_only_when_the_bounds_allow_it(fake: FakeKubernetes) -> None:
     actuator = deployer(fake, ManualClock(), bounds=HpaBounds(max_replicas=8, allow_below_human_floor=True))
-    assert actuator.set_replicas("chat", 1, idempotency_key="k").status is OutcomeStatus.SUCCEEDED
+    assert actuator.set_replicas(ScaleRequest("chat", 1, idempotency_key="k")).status is OutcomeStatus.SUCCEEDED
     assert spec(fake)["spec"]["minReplicas"] == 1  # type: ignore[index]
 
 
@@ -110,7 +110,7 @@ def test_conflict_is_retried_with_a_fresh_read(fake: FakeKubernetes) -> None:
     fake.inject(
         "update", "horizontalpodautoscalers", hook=lambda: fake.touch("horizontalpodautoscalers", "llm", "chat")
     )
-    outcome = deployer(fake, clock).set_replicas("chat", 4, idempotency_key="k")
+    outcome = deployer(fake, clock).set_replicas(ScaleRequest("chat", 4, idempotency_key="k"))
     assert outcome.status is OutcomeStatus.SUCCEEDED and outcome.detail["conflicts"] == 1
     assert len(fake.calls("get", "horizontalpodautoscalers")) == 2
     assert len(fake.calls("update", "horizontalpodautoscalers")) == 2
@@ -127,14 +127,16 @@ def test_conflicts_are_bounded(fake: FakeKubernetes) -> None:
         hook=lambda: fake.touch("horizontalpodautoscalers", "llm", "chat"),
         times=10,
     )
-    outcome = deployer(fake, ManualClock(), conflict_retries=2).set_replicas("chat", 4, idempotency_key="k")
+    outcome = deployer(fake, ManualClock(), conflict_retries=2).set_replicas(
+        ScaleRequest("chat", 4, idempotency_key="k")
+    )
     assert outcome.status is OutcomeStatus.FAILED and not outcome.transient
     assert "409" in (outcome.error or "")
     assert len(fake.calls("update", "horizontalpodautoscalers")) == 3
 
 
 def test_unknown_hpa_is_a_permanent_failure(fake: FakeKubernetes) -> None:
-    outcome = deployer(fake, ManualClock()).set_replicas("nope", 3, idempotency_key="k")
+    outcome = deployer(fake, ManualClock()).set_replicas(ScaleRequest("nope", 3, idempotency_key="k"))
     assert outcome.status is OutcomeStatus.FAILED and not outcome.transient
     assert "404" in (outcome.error or "") and "llm/nope" in (outcome.error or "")
     assert len(fake.calls("get", "horizontalpodautoscalers")) == 1  # 404 is not retried
@@ -144,7 +146,7 @@ def test_server_errors_are_retried_with_backoff_then_reported_transient(fake: Fa
     clock = ManualClock()
     fake.inject("get", "horizontalpodautoscalers", status=500, times=3)
     start = clock.now()
-    outcome = deployer(fake, clock).set_replicas("chat", 3, idempotency_key="k")
+    outcome = deployer(fake, clock).set_replicas(ScaleRequest("chat", 3, idempotency_key="k"))
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient
     assert "HTTP 500" in (outcome.error or "")
     assert len(fake.calls("get", "horizontalpodautoscalers")) == 3
@@ -154,7 +156,7 @@ def test_server_errors_are_retried_with_backoff_then_reported_transient(fake: Fa
 
 def test_one_server_error_then_success(fake: FakeKubernetes) -> None:
     fake.inject("get", "horizontalpodautoscalers", status=503)
-    outcome = deployer(fake, ManualClock()).set_replicas("chat", 3, idempotency_key="k")
+    outcome = deployer(fake, ManualClock()).set_replicas(ScaleRequest("chat", 3, idempotency_key="k"))
     assert outcome.status is OutcomeStatus.SUCCEEDED
     assert len(fake.calls("update", "horizontalpodautoscalers")) == 1
 
@@ -164,7 +166,7 @@ def test_a_write_that_times_out_is_not_applied_twice(fake: FakeKubernetes) -> No
     fake.inject("update", "horizontalpodautoscalers", delay_after=1.0)
     clock = ManualClock()
     scaler = deployer(fake, clock, timeout=0.3)
-    outcome = dispatched(lambda: scaler.set_replicas("chat", 5, idempotency_key="k"), clock=clock)
+    outcome = dispatched(lambda: scaler.set_replicas(ScaleRequest("chat", 5, idempotency_key="k")), clock=clock)
     assert outcome.status is OutcomeStatus.SUCCEEDED and outcome.detail["replayed"] is True
     assert len(fake.calls("update", "horizontalpodautoscalers")) == 1
     assert spec(fake)["spec"]["minReplicas"] == 5  # type: ignore[index]
@@ -173,7 +175,7 @@ def test_a_write_that_times_out_is_not_applied_twice(fake: FakeKubernetes) -> No
 def test_read_timeout_is_a_transient_failure(fake: FakeKubernetes) -> None:
     fake.inject("get", "horizontalpodautoscalers", delay=1.0, times=2)
     outcome = deployer(fake, ManualClock(), timeout=0.2, retry=RetryPolicy(attempts=2)).set_replicas(
-        "chat", 5, idempotency_key="k"
+        ScaleRequest("chat", 5, idempotency_key="k")
     )
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient
     assert "no answer" in (outcome.error or "")
@@ -191,7 +193,7 @@ def test_replicas_reads_the_current_count_and_raises_transiently_on_outage(fake:
 
 def test_an_event_failure_never_fails_the_action(fake: FakeKubernetes) -> None:
     fake.inject("create", "events", status=500)
-    outcome = deployer(fake, ManualClock()).set_replicas("chat", 4, idempotency_key="k")
+    outcome = deployer(fake, ManualClock()).set_replicas(ScaleRequest("chat", 4, idempotency_key="k"))
     assert outcome.status is OutcomeStatus.SUCCEEDED
     assert len(fake.calls("create", "events")) == 1  # one try, never retried
 

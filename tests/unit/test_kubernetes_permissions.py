@@ -11,7 +11,7 @@ from controller.adapters.lease.leader import LeaderElector
 from controller.adapters.rollback.deployment import DeploymentRollback
 from controller.adapters.scale.hpa import HpaBounds, HpaScaler
 from controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
-from controller.core.ports import OutcomeStatus
+from controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest, TrafficRequest
 from controller.kit.clock import ManualClock
 from controller.tools.cluster_permissions import ACTUATOR_PERMISSIONS, ALL_PERMISSIONS, permission_triples
 from tests.support.fake_kubernetes import (
@@ -46,19 +46,22 @@ def test_recorded_calls_equal_the_declared_permissions() -> None:
             k8s.AutoscalingV2Api(api), clock=clock, bounds=HpaBounds(max_replicas=10), namespace="llm", events=events
         )
         assert deployer.replicas("chat") == 2
-        assert deployer.set_replicas("chat", 4, idempotency_key="a").status is OutcomeStatus.SUCCEEDED
+        assert deployer.set_replicas(ScaleRequest("chat", 4, idempotency_key="a")).status is OutcomeStatus.SUCCEEDED
         metric = deployer.set_metric_target("chat", "vllm:num_requests_waiting", "3", idempotency_key="b")
         assert metric.status is OutcomeStatus.SUCCEEDED
         for router in (
             HttpRouteRouter(k8s.CustomObjectsApi(api), clock=clock, namespace="llm", events=events),
             VirtualServiceRouter(k8s.CustomObjectsApi(api), clock=clock, namespace="llm", events=events),
         ):
-            assert router.set_weight("chat", "r2", 0, idempotency_key="c").status is OutcomeStatus.SUCCEEDED
+            assert (
+                router.set_weight(TrafficRequest("chat", "r2", 0, idempotency_key="c")).status
+                is OutcomeStatus.SUCCEEDED
+            )
         assert KubernetesDeploymentSource(k8s.AppsV1Api(api), "llm").rollouts(0.0) != []
         undo = DeploymentRollback(
             k8s.AppsV1Api(api), k8s.CoreV1Api(api), clock=clock, namespace="llm", helm=True, events=events
         )
-        assert undo.rollback("chat", idempotency_key="d").status is OutcomeStatus.SUCCEEDED
+        assert undo.rollback(RollbackRequest("chat", idempotency_key="d")).status is OutcomeStatus.SUCCEEDED
         lease_api = k8s.CoordinationV1Api(api)
         first = LeaderElector(lease_api, "tailguard-leader", "tailguard", "pod-a", 15, clock)
         second = LeaderElector(lease_api, "tailguard-leader", "tailguard", "pod-b", 15, clock)

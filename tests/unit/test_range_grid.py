@@ -1,5 +1,5 @@
-"""RangeGrid (core/grid.py): Prometheus' matrix parsed onto the evaluation grid in bulk is exactly the dict path
-(matrix_result(...).on_grid(times)), sample for sample, NaN, +Inf, off-grid and missing samples included; the
+"""RangeGrid (adapters/metrics/grid.py): Prometheus' matrix parsed onto the evaluation grid in bulk is exactly the
+dict path (on_grid(matrix_result(...), times)), sample for sample, NaN, +Inf, off-grid and missing samples included; the
 same errors; at(i) is RangeResult.at(times[i])."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from controller.adapters.metrics.grid import on_grid
 from controller.adapters.metrics.prometheus import matrix_grid, matrix_result
 from controller.core.model import target_key
 from controller.core.policy import Threshold
@@ -42,7 +43,7 @@ def _same(left: Any, right: Any) -> bool:
 
 def test_bulk_parse_is_the_dict_path_on_the_grid() -> None:
     fast = matrix_grid(DATA, ["service"], TIMES, 15.0)
-    slow = matrix_result(DATA, ["service"]).on_grid(TIMES)
+    slow = on_grid(matrix_result(DATA, ["service"]), TIMES)
     assert fast.targets == slow.targets == tuple(target_key({"service": s}) for s in "abc")
     assert (fast.present == slow.present).all()
     assert np.array_equal(fast.values, slow.values, equal_nan=True)

@@ -21,7 +21,7 @@ from controller.adapters.rollback.deployment import (
 )
 from controller.app.cluster import build_cluster_actuators
 from controller.app.cluster_settings import KubernetesSettings
-from controller.core.ports import OutcomeStatus
+from controller.core.ports import OutcomeStatus, RollbackPlan, RollbackRequest
 from controller.kit.clock import ManualClock
 from controller.tools.cluster_permissions import HELM_PERMISSIONS
 from tests.support.fake_kubernetes import FakeKubernetes, deployment, helm_release_secret
@@ -77,7 +77,9 @@ def test_rollback_is_kubectl_rollout_undo_and_the_tracker_sees_it(fake: FakeKube
     _seed(fake)
     clock = ManualClock(1767236400.0)
     record = RollbackRecord(tmp_path / "bad.json")
-    outcome = _rollback(fake, clock, record).rollback("chat", idempotency_key="d1:fire:0", rollout_revision="3")
+    outcome = _rollback(fake, clock, record).rollback(
+        RollbackRequest("chat", idempotency_key="d1:fire:0", rollout_revision="3")
+    )
 
     assert outcome.status is OutcomeStatus.SUCCEEDED, outcome
     assert (outcome.detail["from_revision"], outcome.detail["to_revision"]) == (3, 2)
@@ -99,7 +101,9 @@ def test_rollback_is_kubectl_rollout_undo_and_the_tracker_sees_it(fake: FakeKube
     assert [(r.previous_revision, r.revision, r.at) for r in rollouts] == [("3", "4", 1767236400.0)]
 
     # A replay with the same key does nothing; resuming with the key's plan (world shows the target) is done.
-    replay = _rollback(fake, clock, record).rollback("chat", idempotency_key="d1:fire:0", rollout_revision="3")
+    replay = _rollback(fake, clock, record).rollback(
+        RollbackRequest("chat", idempotency_key="d1:fire:0", rollout_revision="3")
+    )
     assert replay.status is OutcomeStatus.SUCCEEDED and replay.detail["replayed"] is True
     assert len(fake.calls("patch", "deployments")) == 1
 
@@ -108,17 +112,17 @@ def test_never_back_to_a_revision_recorded_as_bad(fake: FakeKubernetes, tmp_path
     _seed(fake)
     clock = ManualClock(1767236400.0)
     record = RollbackRecord(tmp_path / "bad.json")
-    first = _rollback(fake, clock, record).rollback("chat", idempotency_key="a", rollout_revision="3")
+    first = _rollback(fake, clock, record).rollback(RollbackRequest("chat", idempotency_key="a", rollout_revision="3"))
     assert first.status is OutcomeStatus.SUCCEEDED and _image(fake) == "vllm:0.31"
     # Someone rolls 0.32 forward again (revision 5) and it breaches again.
     _roll_out(fake, "vllm:0.32", at=1767240000.0, cause="retry 0.32")
-    second = _rollback(fake, clock, record).rollback("chat", idempotency_key="b")
+    second = _rollback(fake, clock, record).rollback(RollbackRequest("chat", idempotency_key="b"))
     assert second.status is OutcomeStatus.SUCCEEDED, second
     # Revision 4 (0.31) is the newest before 5 and not recorded bad: chosen; 0.32 (bad) is never a target.
     assert _image(fake) == "vllm:0.31"
     assert second.detail["to_revision"] == 4
     # The bad record holds 0.32's template; asked to roll back 0.31 now, it skips 0.32 and goes to 0.30.
-    third = _rollback(fake, clock, record).rollback("chat", idempotency_key="c")
+    third = _rollback(fake, clock, record).rollback(RollbackRequest("chat", idempotency_key="c"))
     assert third.status is OutcomeStatus.SUCCEEDED and _image(fake) == "vllm:0.30"
 
 
@@ -127,8 +131,8 @@ def test_resume_acts_on_the_journaled_plan_and_the_world_decides(fake: FakeKuber
     clock = ManualClock(1767236400.0)
     path = tmp_path / "bad.json"
     plan = _rollback(fake, clock, RollbackRecord(path)).plan_rollback("chat", rollout_revision="3")
-    assert isinstance(plan, dict)
-    assert {k: plan[k] for k in ("service", "from_revision", "bad_revision", "to_revision")} == {
+    assert isinstance(plan, RollbackPlan)
+    assert {k: plan.to_json()[k] for k in ("service", "from_revision", "bad_revision", "to_revision")} == {
         "service": "chat",
         "from_revision": 3,
         "bad_revision": 3,
@@ -138,15 +142,21 @@ def test_resume_acts_on_the_journaled_plan_and_the_world_decides(fake: FakeKuber
     fake.inject(
         "patch", "deployments", mutate=lambda obj: obj["metadata"]["annotations"].pop("tailguard.io/action-keys")
     )
-    first = _rollback(fake, clock, RollbackRecord(path)).rollback("chat", idempotency_key="k", plan=plan)
+    first = _rollback(fake, clock, RollbackRecord(path)).rollback(
+        RollbackRequest("chat", idempotency_key="k", plan=plan)
+    )
     assert first.status is OutcomeStatus.SUCCEEDED
     # The resume (same journaled plan): the Deployment already runs the target's template: done, no second patch.
-    again = _rollback(fake, clock, RollbackRecord(path)).rollback("chat", idempotency_key="k", plan=plan)
+    again = _rollback(fake, clock, RollbackRecord(path)).rollback(
+        RollbackRequest("chat", idempotency_key="k", plan=plan)
+    )
     assert again.status is OutcomeStatus.SUCCEEDED and again.detail["already_done"] is True
     assert len(fake.calls("patch", "deployments")) == 1
     # Someone rolled out something else since the plan: world-changed, nothing written, never a new target.
     _roll_out(fake, "vllm:0.33", at=1767240000.0, cause="0.33")
-    other = _rollback(fake, clock, RollbackRecord(path)).rollback("chat", idempotency_key="k2", plan=plan)
+    other = _rollback(fake, clock, RollbackRecord(path)).rollback(
+        RollbackRequest("chat", idempotency_key="k2", plan=plan)
+    )
     assert other.status is OutcomeStatus.WORLD_CHANGED and "someone else" in other.detail["reason"]
     assert len(fake.calls("patch", "deployments")) == 1 and _image(fake) == "vllm:0.33"
 
@@ -157,7 +167,7 @@ def test_paused_deployment_is_refused(fake: FakeKubernetes, tmp_path: Path) -> N
     assert stored is not None
     stored["spec"]["paused"] = True
     k8s.AppsV1Api(fake.api_client()).replace_namespaced_deployment("chat", NS, stored)
-    outcome = _rollback(fake, ManualClock(0.0), RollbackRecord()).rollback("chat", idempotency_key="p")
+    outcome = _rollback(fake, ManualClock(0.0), RollbackRecord()).rollback(RollbackRequest("chat", idempotency_key="p"))
     assert outcome.status is OutcomeStatus.FAILED and "paused" in (outcome.error or "")
     assert fake.calls("patch", "deployments") == []
 
@@ -174,7 +184,7 @@ def test_helm_release_previous_revision_through_the_deployment(fake: FakeKuberne
     # Helm revision 2 installed 0.32 (the bad one); 0.31 was a kubectl edit Helm never knew: Helm's previous
     # revision (1, 0.30) is the target, never the unrecorded 0.31.
     outcome = _rollback(fake, ManualClock(1767236400.0), RollbackRecord(), helm=True).rollback(
-        "chat", idempotency_key="h"
+        RollbackRequest("chat", idempotency_key="h")
     )
     assert outcome.status is OutcomeStatus.SUCCEEDED, outcome
     assert _image(fake) == "vllm:0.30"
@@ -191,7 +201,9 @@ def test_helm_without_a_replicaset_of_an_earlier_release_writes_nothing(fake: Fa
     _seed(fake, helm=True)
     fake.put_object(helm_release_secret("chat", 1, "superseded", _manifest("vllm:0.20")))
     fake.put_object(helm_release_secret("chat", 2, "deployed", _manifest("vllm:0.32")))
-    outcome = _rollback(fake, ManualClock(0.0), RollbackRecord(), helm=True).rollback("chat", idempotency_key="h")
+    outcome = _rollback(fake, ManualClock(0.0), RollbackRecord(), helm=True).rollback(
+        RollbackRequest("chat", idempotency_key="h")
+    )
     assert outcome.status is OutcomeStatus.FAILED and "helm rollback chat" in (outcome.error or "")
     assert fake.calls("patch", "deployments") == []
 

@@ -14,11 +14,12 @@ from controller.app.logging_setup import JsonLogFormatter
 from controller.core.controls import Control, Controls
 from controller.core.model import DecisionKind, SignalResult, target_key
 from controller.core.policy_files import load_policies
-from controller.core.ports import TRIGGER_ALERT, ControlsHandoverPort
+from controller.core.ports import ControlsHandoverPort
 from controller.core.signals import render_signal_queries
 from controller.kit.clock import ManualClock
 from controller.loop.metrics import ControllerMetrics
 from controller.loop.policy_set import PolicyLoadError
+from controller.loop.ports import TRIGGER_ALERT
 from controller.loop.runtime import Controller
 from controller.testing import FakeDispatcher, FakeLeader, FakeSource
 

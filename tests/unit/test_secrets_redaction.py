@@ -14,9 +14,10 @@ import requests
 from controller.adapters.notify.webhook import WebhookNotifier, WebhookReceiver
 from controller.app.api import ControllerAPI
 from controller.app.logging_setup import configure_logging
-from controller.core.ports import OutcomeStatus, Readiness
+from controller.core.ports import NotifyPayload, NotifyRequest, OutcomeStatus
 from controller.kit.clock import ManualClock
 from controller.kit.redact import REDACTED, redact_value, url_origin
+from controller.loop.ports import Readiness
 from tests.support.dispatch import dispatched
 from tests.support.webhook_receiver import receiver
 from tests.unit.test_api_standby import FakeController, controller  # noqa: F401 - the fixture
@@ -60,7 +61,11 @@ def test_the_receiver_path_is_not_in_the_outcome_the_journal_or_the_log(
     with receiver(*statuses) as (url, state):
         notifier = WebhookNotifier({"oncall": WebhookReceiver(url=url + SECRET_PATH, secretEnv=secret_env)}, clock)
         # Through a real dispatcher and journal: the outcome read back is what the journal holds.
-        outcome = dispatched(lambda: notifier.notify("oncall", {}, idempotency_key="k"), clock=clock, attempts=2)
+        outcome = dispatched(
+            lambda: notifier.notify(NotifyRequest("oncall", NotifyPayload.from_json({}), idempotency_key="k")),
+            clock=clock,
+            attempts=2,
+        )
     assert state.requests, "the receiver was called"
     journaled = json.dumps({"detail": outcome.detail, "error": outcome.error})
     assert "XXXXslackSECRETpath" not in journaled and "XXXXslackSECRETpath" not in caplog.text

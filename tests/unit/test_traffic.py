@@ -18,7 +18,7 @@ from controller.adapters.traffic.routes import (
     WeightError,
     split_weights,
 )
-from controller.core.ports import OutcomeStatus
+from controller.core.ports import OutcomeStatus, TrafficRequest
 from controller.kit.clock import ManualClock
 from controller.kit.http import RetryPolicy
 from tests.support.dispatch import dispatched
@@ -101,7 +101,7 @@ def test_ramp_paths() -> None:
 
 
 def test_httproute_shift_writes_verifies_records_key_and_event(fake: FakeKubernetes) -> None:
-    outcome = gateway(fake, ManualClock()).set_weight("chat", "r2", 0, idempotency_key="d:fire:0")
+    outcome = gateway(fake, ManualClock()).set_weight(TrafficRequest("chat", "r2", 0, idempotency_key="d:fire:0"))
     assert outcome.status is OutcomeStatus.SUCCEEDED, outcome
     assert outcome.detail["verified"] is True
     assert route_weights(fake) == {"chat-r1": 100, "chat-r2": 0}
@@ -112,16 +112,16 @@ def test_httproute_shift_writes_verifies_records_key_and_event(fake: FakeKuberne
 
 
 def test_virtualservice_shift(fake: FakeKubernetes) -> None:
-    outcome = istio(fake, ManualClock()).set_weight("chat", "r2", 50, idempotency_key="k")
+    outcome = istio(fake, ManualClock()).set_weight(TrafficRequest("chat", "r2", 50, idempotency_key="k"))
     assert outcome.status is OutcomeStatus.SUCCEEDED, outcome
     assert vs_weights(fake) == {"r1": 50, "r2": 50}
 
 
 def test_replay_is_a_no_op(fake: FakeKubernetes) -> None:
     router = gateway(fake, ManualClock())
-    router.set_weight("chat", "r2", 0, idempotency_key="k")
+    router.set_weight(TrafficRequest("chat", "r2", 0, idempotency_key="k"))
     writes = len(fake.calls("update", "httproutes"))
-    again = router.set_weight("chat", "r2", 0, idempotency_key="k")
+    again = router.set_weight(TrafficRequest("chat", "r2", 0, idempotency_key="k"))
     assert again.status is OutcomeStatus.SUCCEEDED and again.detail["replayed"] is True
     assert len(fake.calls("update", "httproutes")) == writes
 
@@ -132,7 +132,7 @@ def test_verify_mismatch_is_a_failed_outcome(fake: FakeKubernetes) -> None:
         obj["spec"]["rules"][0]["backendRefs"][0]["weight"] = 90
 
     fake.inject("update", "httproutes", mutate=fight)
-    outcome = gateway(fake, ManualClock()).set_weight("chat", "r2", 0, idempotency_key="k")
+    outcome = gateway(fake, ManualClock()).set_weight(TrafficRequest("chat", "r2", 0, idempotency_key="k"))
     assert outcome.status is OutcomeStatus.FAILED and not outcome.transient
     assert outcome.detail["expected"] == {"r1": 100, "r2": 0}
     assert outcome.detail["observed"] == {"r1": 90, "r2": 10}
@@ -142,7 +142,7 @@ def test_verify_mismatch_is_a_failed_outcome(fake: FakeKubernetes) -> None:
 
 def test_conflict_is_retried_with_a_fresh_read(fake: FakeKubernetes) -> None:
     fake.inject("update", "virtualservices", hook=lambda: fake.touch("virtualservices", "llm", "chat"))
-    outcome = istio(fake, ManualClock()).set_weight("chat", "r2", 0, idempotency_key="k")
+    outcome = istio(fake, ManualClock()).set_weight(TrafficRequest("chat", "r2", 0, idempotency_key="k"))
     assert outcome.status is OutcomeStatus.SUCCEEDED and outcome.detail["conflicts"] == 1
     assert len(fake.calls("update", "virtualservices")) == 2
     assert vs_weights(fake) == {"r1": 100, "r2": 0}
@@ -150,9 +150,9 @@ def test_conflict_is_retried_with_a_fresh_read(fake: FakeKubernetes) -> None:
 
 def test_unknown_route_and_unknown_version(fake: FakeKubernetes) -> None:
     router = gateway(fake, ManualClock())
-    missing = router.set_weight("nope", "r2", 0, idempotency_key="k1")
+    missing = router.set_weight(TrafficRequest("nope", "r2", 0, idempotency_key="k1"))
     assert missing.status is OutcomeStatus.FAILED and not missing.transient and "404" in (missing.error or "")
-    unknown = router.set_weight("chat", "r9", 0, idempotency_key="k2")
+    unknown = router.set_weight(TrafficRequest("chat", "r9", 0, idempotency_key="k2"))
     assert unknown.status is OutcomeStatus.FAILED and "no backend for version 'r9'" in (unknown.error or "")
     assert fake.calls("update", "httproutes") == []
 
@@ -160,7 +160,7 @@ def test_unknown_route_and_unknown_version(fake: FakeKubernetes) -> None:
 def test_server_error_retried_then_transient_failure_without_a_write(fake: FakeKubernetes) -> None:
     clock = ManualClock()
     fake.inject("get", "httproutes", status=500, times=3)
-    outcome = gateway(fake, clock).set_weight("chat", "r2", 0, idempotency_key="k")
+    outcome = gateway(fake, clock).set_weight(TrafficRequest("chat", "r2", 0, idempotency_key="k"))
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient and "HTTP 500" in (outcome.error or "")
     assert len(fake.calls("get", "httproutes")) == 3
     assert fake.calls("update", "httproutes") == []
@@ -170,7 +170,7 @@ def test_write_timeout_then_replay_does_not_write_twice(fake: FakeKubernetes) ->
     fake.inject("update", "httproutes", delay_after=1.0)
     clock = ManualClock()
     router = gateway(fake, clock, timeout=0.3)
-    outcome = dispatched(lambda: router.set_weight("chat", "r2", 0, idempotency_key="k"), clock=clock)
+    outcome = dispatched(lambda: router.set_weight(TrafficRequest("chat", "r2", 0, idempotency_key="k")), clock=clock)
     assert outcome.status is OutcomeStatus.SUCCEEDED, outcome
     assert len(fake.calls("update", "httproutes")) == 1
     assert route_weights(fake) == {"chat-r1": 100, "chat-r2": 0}
@@ -181,13 +181,13 @@ def test_step_down_then_step_up_with_holds(fake: FakeKubernetes) -> None:
     router = gateway(fake, clock, ramp=Ramp(steps=(50,), hold_seconds=60))
     fake.put_object(http_route("chat", backends={"chat-r1": 0, "chat-r2": 100}))  # r2: the new version
     start = clock.now()
-    down = router.set_weight("chat", "r2", 10, idempotency_key="fire")
+    down = router.set_weight(TrafficRequest("chat", "r2", 10, idempotency_key="fire"))
     assert down.status is OutcomeStatus.SUCCEEDED and down.detail["steps"] == [10]
     assert clock.now() == start  # no hold on the way down
     assert route_weights(fake) == {"chat-r1": 90, "chat-r2": 10}
     seen: list[dict[str, int]] = []
     fake.inject("get", "httproutes", hook=lambda: seen.append(route_weights(fake)), times=100)
-    up = router.set_weight("chat", "r2", 100, idempotency_key="resolve")
+    up = router.set_weight(TrafficRequest("chat", "r2", 100, idempotency_key="resolve"))
     assert up.status is OutcomeStatus.SUCCEEDED, up
     assert up.detail["steps"] == [50, 100]
     assert clock.now() == start + 60  # one hold between the two steps
@@ -206,10 +206,10 @@ def test_ramp_interrupted_by_another_change_stops(fake: FakeKubernetes) -> None:
         original_sleep(seconds)
         if seconds == 60:  # during the hold, a human shifts r2 back down
             other = gateway(fake, ManualClock())
-            other.set_weight("chat", "r2", 5, idempotency_key="human")
+            other.set_weight(TrafficRequest("chat", "r2", 5, idempotency_key="human"))
 
     clock.sleep = someone_else_changes_it  # type: ignore[method-assign]
-    outcome = router.set_weight("chat", "r2", 100, idempotency_key="up")
+    outcome = router.set_weight(TrafficRequest("chat", "r2", 100, idempotency_key="up"))
     assert outcome.status is OutcomeStatus.FAILED and "interrupted" in (outcome.error or "")
     assert outcome.detail["reached"] == {"r1": 50, "r2": 50}
     assert route_weights(fake) == {"chat-r1": 95, "chat-r2": 5}  # the human's change stands
@@ -217,6 +217,6 @@ def test_ramp_interrupted_by_another_change_stops(fake: FakeKubernetes) -> None:
 
 def test_rejected_write_is_a_permanent_failure(fake: FakeKubernetes) -> None:
     fake.inject("update", "httproutes", status=422)
-    outcome = gateway(fake, ManualClock()).set_weight("chat", "r2", 30, idempotency_key="k")
+    outcome = gateway(fake, ManualClock()).set_weight(TrafficRequest("chat", "r2", 30, idempotency_key="k"))
     assert outcome.status is OutcomeStatus.FAILED and not outcome.transient and "HTTP 422" in (outcome.error or "")
     assert len(fake.calls("update", "httproutes")) == 1

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from controller.adapters.notify.webhook import WebhookNotifier, WebhookReceiver, sign, verify_signature
-from controller.core.ports import OutcomeStatus
+from controller.core.ports import NotifyPayload, NotifyRequest, OutcomeStatus
 from controller.kit.clock import ManualClock
 from tests.support.dispatch import dispatched
 from tests.support.webhook_receiver import receiver
@@ -65,7 +65,11 @@ def test_a_retry_late_in_the_window_is_signed_afresh(secret_env: str) -> None:
         notifier = WebhookNotifier({"oncall": WebhookReceiver(url=url, secretEnv=secret_env)}, clock)
         for advance in (0.0, 100.0, 100.0):  # sent at +0, +100, +200 (half the window is 150)
             clock.advance(advance)
-            notifier.notify("oncall", {"decision": {"id": "d1"}}, idempotency_key="d1:fire:2")
+            notifier.notify(
+                NotifyRequest(
+                    "oncall", NotifyPayload.from_json({"decision": {"id": "d1"}}), idempotency_key="d1:fire:2"
+                )
+            )
     stamps = [headers["X-Tailguard-Timestamp"] for headers, _ in state.requests]
     assert stamps == ["1700000000", "1700000000", "1700000200"]
     for (headers, body), now in zip(state.requests, (1_700_000_000.0, 1_700_000_100.0, 1_700_000_200.0), strict=True):
@@ -79,7 +83,9 @@ def test_notify_posts_signed_json(secret_env: str) -> None:
     with receiver() as (url, state):
         notifier = WebhookNotifier({"oncall": WebhookReceiver(url=url, secretEnv=secret_env)}, clock)
         payload = {"decision": {"id": "d1"}, "evidence": [[1.0, 1.2]], "actions": [], "links": {}}
-        outcome = notifier.notify("oncall", payload, idempotency_key="d1:fire:2")
+        outcome = notifier.notify(
+            NotifyRequest("oncall", NotifyPayload.from_json(payload), idempotency_key="d1:fire:2")
+        )
     assert outcome.status is OutcomeStatus.SUCCEEDED and outcome.detail["http_status"] == 200
     [(headers, body)] = state.requests
     assert headers["X-Tailguard-Timestamp"] == "1700000000"
@@ -99,7 +105,10 @@ def test_503_is_retried_then_succeeds(secret_env: str) -> None:
         notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=3)}, clock)
         start = clock.now()
         outcome = dispatched(
-            lambda: notifier.notify("r", {"decision": {}}, idempotency_key="k"), clock=clock, attempts=3, backoff=1.0
+            lambda: notifier.notify(NotifyRequest("r", NotifyPayload.from_json({"decision": {}}), idempotency_key="k")),
+            clock=clock,
+            attempts=3,
+            backoff=1.0,
         )
     assert outcome.status is OutcomeStatus.SUCCEEDED and outcome.detail["attempts"] == 3
     assert len(state.requests) == 3
@@ -111,7 +120,7 @@ def test_503_is_retried_then_succeeds(secret_env: str) -> None:
 def test_400_is_not_retried(secret_env: str) -> None:
     with receiver(400) as (url, state):
         notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=3)}, ManualClock())
-        outcome = notifier.notify("r", {}, idempotency_key="k")
+        outcome = notifier.notify(NotifyRequest("r", NotifyPayload.from_json({}), idempotency_key="k"))
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is False
     assert outcome.error is not None and "HTTP 400" in outcome.error
     assert len(state.requests) == 1
@@ -121,7 +130,11 @@ def test_503_until_the_bound_is_a_transient_failure(secret_env: str) -> None:
     with receiver(503, 503, 503) as (url, state):
         clock = ManualClock()
         notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=2)}, clock)
-        outcome = dispatched(lambda: notifier.notify("r", {}, idempotency_key="k"), clock=clock, attempts=2)
+        outcome = dispatched(
+            lambda: notifier.notify(NotifyRequest("r", NotifyPayload.from_json({}), idempotency_key="k")),
+            clock=clock,
+            attempts=2,
+        )
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is True
     assert len(state.requests) == 2
 
@@ -131,7 +144,10 @@ def test_secret_never_logged_nor_in_errors(secret_env: str, caplog: pytest.LogCa
     with receiver(503, 503, 500) as (url, _state):
         clock = ManualClock()
         notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv=secret_env, retries=3)}, clock)
-        outcome = dispatched(lambda: notifier.notify("r", {"decision": {}}, idempotency_key="k"), clock=clock)
+        outcome = dispatched(
+            lambda: notifier.notify(NotifyRequest("r", NotifyPayload.from_json({"decision": {}}), idempotency_key="k")),
+            clock=clock,
+        )
     assert outcome.status is OutcomeStatus.FAILED
     assert caplog.records, "the failures should have been logged"
     assert SECRET not in caplog.text
@@ -145,7 +161,9 @@ def test_url_credentials_stay_out_of_our_logs_and_errors(secret_env: str, caplog
         leaky_url = url.replace("http://", f"http://user:{token}@") + f"?token={token}"
         clock = ManualClock()
         notifier = WebhookNotifier({"r": WebhookReceiver(url=leaky_url, secretEnv=secret_env, retries=3)}, clock)
-        outcome = dispatched(lambda: notifier.notify("r", {}, idempotency_key="k"), clock=clock)
+        outcome = dispatched(
+            lambda: notifier.notify(NotifyRequest("r", NotifyPayload.from_json({}), idempotency_key="k")), clock=clock
+        )
     assert outcome.status is OutcomeStatus.FAILED
     ours = [r.getMessage() for r in caplog.records if r.name.startswith("controller")]
     assert ours and not any(token in message for message in ours)
@@ -156,7 +174,7 @@ def test_missing_secret_is_a_clear_failure_without_sending(monkeypatch: pytest.M
     monkeypatch.delenv("TG_UNSET_SECRET", raising=False)
     with receiver() as (url, state):
         notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretEnv="TG_UNSET_SECRET")}, ManualClock())
-        outcome = notifier.notify("r", {}, idempotency_key="k")
+        outcome = notifier.notify(NotifyRequest("r", NotifyPayload.from_json({}), idempotency_key="k"))
     assert outcome.status is OutcomeStatus.FAILED and outcome.transient is False
     assert outcome.error == "receiver 'r': environment variable TG_UNSET_SECRET is not set or empty"
     assert state.requests == []
@@ -168,7 +186,10 @@ def test_secret_from_file(tmp_path: Path) -> None:
     with receiver() as (url, state):
         clock = ManualClock()
         notifier = WebhookNotifier({"r": WebhookReceiver(url=url, secretFile=path)}, clock)
-        assert notifier.notify("r", {}, idempotency_key="k").status is OutcomeStatus.SUCCEEDED
+        assert (
+            notifier.notify(NotifyRequest("r", NotifyPayload.from_json({}), idempotency_key="k")).status
+            is OutcomeStatus.SUCCEEDED
+        )
     headers, body = state.requests[0]
     assert verify_signature(
         SECRET, headers["X-Tailguard-Timestamp"], body, headers["X-Tailguard-Signature"], now=clock.now()
@@ -177,7 +198,7 @@ def test_secret_from_file(tmp_path: Path) -> None:
 
 def test_unknown_receiver() -> None:
     notifier = WebhookNotifier({}, ManualClock())
-    outcome = notifier.notify("pager", {}, idempotency_key="k")
+    outcome = notifier.notify(NotifyRequest("pager", NotifyPayload.from_json({}), idempotency_key="k"))
     assert outcome.status is OutcomeStatus.FAILED
     assert outcome.error == "unknown receiver 'pager'; configured: none"
 

@@ -19,7 +19,7 @@ from controller.adapters.notify.webhook import (
     slack_payload,
     verify_signature,
 )
-from controller.core.ports import OutcomeStatus
+from controller.core.ports import NotifyPayload, NotifyRequest, OutcomeStatus
 from controller.kit.clock import ManualClock
 from tests.support.dispatch import dispatched
 from tests.support.webhook_receiver import receiver
@@ -98,7 +98,9 @@ def test_generic_payload_carries_decision_evidence_links_and_is_signed(monkeypat
     with receiver() as (url, state):
         clock = ManualClock(ONSET + 60)
         notifier = WebhookNotifier({"ops": WebhookReceiver(url=url, secretEnv="TG_PAYLOAD_SECRET")}, clock)
-        outcome = notifier.notify("ops", payload(), idempotency_key="abcdef0123456789:fire:2")
+        outcome = notifier.notify(
+            NotifyRequest("ops", NotifyPayload.from_json(payload()), idempotency_key="abcdef0123456789:fire:2")
+        )
     assert outcome.status is OutcomeStatus.SUCCEEDED and outcome.detail["format"] == "generic"
     [(headers, body)] = state.requests
     assert verify_signature(SECRET, headers[TIMESTAMP_HEADER], body, headers[SIGNATURE_HEADER], now=clock.now())
@@ -116,7 +118,11 @@ def test_slack_payload_is_text_and_blocks_signed_and_retried(monkeypatch: pytest
         clock = ManualClock(ONSET + 60)
         notifier = WebhookNotifier({"slack": settings}, clock)
         outcome = dispatched(
-            lambda: notifier.notify("slack", payload(), idempotency_key="k:fire:1"), clock=clock, backoff=0.01
+            lambda: notifier.notify(
+                NotifyRequest("slack", NotifyPayload.from_json(payload()), idempotency_key="k:fire:1")
+            ),
+            clock=clock,
+            backoff=0.01,
         )
     assert outcome.status is OutcomeStatus.SUCCEEDED and outcome.detail["attempts"] == 2
     assert len(state.requests) == 2 and state.requests[0][1] == state.requests[1][1]  # the same message again

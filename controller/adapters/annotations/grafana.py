@@ -22,7 +22,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import requests
@@ -32,13 +32,7 @@ from grafana_client.client import GrafanaException
 from controller.adapters.annotations.settings import GrafanaSettings
 from controller.adapters.stores.outbox import Backoff, DeliveryResult, Outbox, OutboxItem, OutboxWorker, deliver_due
 from controller.core.model import format_target, target_key
-from controller.core.ports import (
-    ActionOutcome,
-    Annotation,
-    Clock,
-    GrafanaPort,
-    OutcomeStatus,
-)
+from controller.core.ports import ActionOutcome, Annotation, Clock, OutcomeStatus
 from controller.kit.http import (
     TRANSIENT_STATUSES,
     DeadlineAdapter,
@@ -56,6 +50,15 @@ UPDATE = "grafana.update"
 WAIT_STATUSES = frozenset({401, 403})
 OPENING_KINDS = ("fire", "suppressed", "errored")
 
+
+
+class GrafanaPort(Protocol):
+    """The Grafana HTTP API as the annotation adapters need it (controller/adapters/annotations/grafana.py's
+    GrafanaHttp): one call, its answer as data; `retry` only for idempotent requests (GET, PATCH)."""
+
+    def call(
+        self, method: str, path: str, body: Mapping[str, Any] | None = None, *, retry: bool = False
+    ) -> HttpAnswer: ...
 
 class GrafanaHttp:
     """The Grafana HTTP API through grafana-client's GrafanaApi: timeouts, answers as data, bounded retries."""

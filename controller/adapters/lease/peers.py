@@ -35,7 +35,7 @@ TEMPLATE_HASH_LABEL = "pod-template-hash"
 
 
 class PodPeerCheck:
-    """The PeerCheckPort against the Kubernetes API (controller/core/ports.py)."""
+    """The PeerCheckPort against the Kubernetes API (controller/core/ports/leadership.py)."""
 
     def __init__(
         self,

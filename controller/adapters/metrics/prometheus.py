@@ -43,7 +43,7 @@ from prometheus_api_client.prometheus_connect import PrometheusConnect
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from urllib3.util.retry import Retry
 
-from controller.core.grid import FloatArray, RangeGrid
+from controller.adapters.metrics.grid import FloatArray, RangeGrid
 from controller.core.model import SignalResult, TargetKey, target_key
 from controller.core.ports import Clock, RangeResult
 from controller.kit.durations import format_duration
@@ -311,7 +311,7 @@ class PrometheusSource:
 
     def range_grid(self, query: str, group_by: Sequence[str], times: Sequence[float], step: float) -> RangeGrid:
         """The same request as range(times[0], times[-1], step), its samples put on the grid as arrays (no dict per
-        sample): exactly `range(...).on_grid(times)`."""
+        sample): exactly `on_grid(range(...), times)`."""
         data, error = self._range(query, times[0], times[-1], step)
         if error is not None:
             return RangeGrid.failed(times, error, self._attempt.bad_data)
@@ -491,7 +491,7 @@ def matrix_result(data: Any, group_by: Sequence[str]) -> RangeResult:
 
 
 def matrix_grid(data: Any, group_by: Sequence[str], times: Sequence[float], step: float) -> RangeGrid:
-    """A range query's `result` on the evaluation grid `times`: exactly matrix_result(data, group_by).on_grid(times)
+    """A range query's `result` on the evaluation grid `times`: exactly on_grid(matrix_result(data, group_by), times)
     (same errors; +Inf/-Inf are NaN as in _to_float), each series converted in bulk by numpy."""
     if not isinstance(data, list) or any(not isinstance(item, dict) for item in data):
         return RangeGrid.failed(times, "range query did not return a matrix")

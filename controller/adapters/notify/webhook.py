@@ -28,7 +28,7 @@ from urllib.parse import urlencode
 import requests
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
+from controller.core.ports import ActionOutcome, Clock, NotifyRequest, OutcomeStatus
 from controller.kit.errors import ConfigError
 from controller.kit.http import RetryPolicy, request_with_retry
 from controller.kit.redact import url_origin
@@ -142,7 +142,8 @@ class WebhookNotifier:
         self._timestamps: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
 
-    def notify(self, receiver: str, payload: Mapping[str, Any], *, idempotency_key: str) -> ActionOutcome:
+    def notify(self, request: NotifyRequest) -> ActionOutcome:
+        receiver, idempotency_key = request.receiver, request.idempotency_key
         settings = self.receivers.get(receiver)
         if settings is None:
             known = ", ".join(sorted(self.receivers)) or "none"
@@ -156,7 +157,11 @@ class WebhookNotifier:
             secret = settings.secret()
         except WebhookSecretError as exc:
             return ActionOutcome(OutcomeStatus.FAILED, {"receiver": receiver}, f"receiver {receiver!r}: {exc}", False)
-        message: Mapping[str, Any] = {**payload, "receiver": receiver, "idempotency_key": idempotency_key}
+        message: Mapping[str, Any] = {
+            **request.payload.to_json(),
+            "receiver": receiver,
+            "idempotency_key": idempotency_key,
+        }
         if settings.format == "slack":
             message = slack_payload(message)
         body = json.dumps(

@@ -59,7 +59,7 @@ from controller.adapters.argocd.client import (
 )
 from controller.adapters.argocd.settings import ArgoCDApp, ArgoCDSettings, AutoSyncMode
 from controller.core.controls import AbortRequest
-from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus
+from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus, RollbackPlan, RollbackRequest
 from controller.kit.http import HttpAnswer, RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ class ArgoCDRollback:
 
     # -- RollbackPort -------------------------------------------------------------------------------------
 
-    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> dict[str, Any] | ActionOutcome:
+    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> RollbackPlan | ActionOutcome:
         """The rollback to make, journaled by the dispatcher before acting: the application, `from_revision` (the
         synced one now), `bad_revision` (the attributed rollout, else the current one), `to_revision` and its
         `history_id` (the newest entry before the last deployment of the bad revision, never one recorded bad)."""
@@ -188,31 +188,25 @@ class ArgoCDRollback:
                 f"rollback of {name!r}: no earlier good revision before {bad} in its history "
                 f"(bad: {', '.join(sorted(self.record.bad(name) | {bad}))})",
             )
-        plan: dict[str, Any] = {
-            "service": service,
-            "application": name,
-            "from_revision": current,
-            "bad_revision": bad,
-            "to_revision": target.revision,
-            "history_id": target.id,
-        }
+        plan = RollbackPlan(
+            service=service,
+            application=name,
+            from_revision=current,
+            bad_revision=bad,
+            to_revision=target.revision,
+            history_id=target.id,
+        )
         since = next((_epoch(e.deployed_at) for e in reversed(history) if e.revision == current), None)
         if since is not None:
-            plan["from_deployed_at"] = since  # when what runs now was deployed (a rollout since a decision: its world)
+            # when what runs now was deployed (a rollout since a decision: not the world it saw)
+            plan = plan.model_copy(update={"from_deployed_at": since})
         return plan
 
-    def rollback(
-        self,
-        service: str,
-        *,
-        idempotency_key: str,
-        rollout_revision: str | None = None,
-        plan: Mapping[str, Any] | None = None,
-        abort: AbortSignal | None = None,
-    ) -> ActionOutcome:
+    def rollback(self, request: RollbackRequest, abort: AbortSignal | None = None) -> ActionOutcome:
         """Make the planned rollback (None: plan it now): done when the app already runs `to_revision`,
         world-changed when it runs neither the plan's `from_revision` nor `to_revision` (someone else changed
         it). On `abort`: nothing sent when it came before the POST, else the wait stops at its next poll."""
+        service, idempotency_key, plan = request.service, request.idempotency_key, request.plan
         app_settings = self.apps.get(service)
         if app_settings is None:
             known = ", ".join(sorted(self.apps)) or "none"
@@ -225,7 +219,7 @@ class ArgoCDRollback:
         if done is not None:
             return ActionOutcome(OutcomeStatus.SUCCEEDED, {**done, "replayed": True})
         if plan is None:
-            planned = self.plan_rollback(service, rollout_revision=rollout_revision)
+            planned = self.plan_rollback(service, rollout_revision=request.rollout_revision)
             if isinstance(planned, ActionOutcome):
                 return planned
             plan = planned
@@ -235,8 +229,11 @@ class ArgoCDRollback:
             return ActionOutcome(OutcomeStatus.FAILED, detail, f"rollback of {name!r}: {failed}", failed.transient)
         history = history_of(app)
         current = _synced_revision(app, history)
-        source, bad = plan.get("from_revision"), str(plan.get("bad_revision") or plan.get("from_revision"))
-        target = HistoryEntry(int(plan["history_id"]), str(plan["to_revision"]), None, {})
+        source, bad = plan.from_revision, str(plan.bad_revision or plan.from_revision)
+        if plan.history_id is None:
+            error = f"rollback of {name!r}: the plan has no history id"
+            return ActionOutcome(OutcomeStatus.FAILED, detail, error, False)
+        target = HistoryEntry(plan.history_id, str(plan.to_revision), None, {})
         detail.update(
             {
                 "bad_revision": bad,

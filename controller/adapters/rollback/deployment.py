@@ -53,7 +53,7 @@ from kubernetes import client as k8s
 from controller.adapters.kube.action_keys import ANNOTATION_KEYS, recorded_keys, with_key
 from controller.adapters.kube.calls import KubeError, kube_call
 from controller.adapters.kube.events import EventRecorder, ObjectRef
-from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus
+from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus, RollbackPlan, RollbackRequest
 from controller.kit.http import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -285,7 +285,7 @@ class DeploymentRollback:
 
     # -- RollbackPort ----------------------------------------------------------------------------------------
 
-    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> dict[str, Any] | ActionOutcome:
+    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> RollbackPlan | ActionOutcome:
         """The rollback to make, journaled by the dispatcher before acting: the Deployment, `from_revision` (what
         runs now), `bad_revision` (the attributed rollout, else the current one), `to_revision`, and their pod
         template hashes; with Helm, the Helm revision restored and that Helm's history will differ."""
@@ -302,19 +302,14 @@ class DeploymentRollback:
         if isinstance(revisions, KubeError):
             return revisions.outcome({"deployment": where})
         planned = self._plan(ref, where, deployment, revisions, rollout_revision)
-        return planned if isinstance(planned, ActionOutcome) else {"service": service, **planned}
+        if isinstance(planned, ActionOutcome):
+            return planned
+        return RollbackPlan.from_json({"service": service, **planned})
 
-    def rollback(
-        self,
-        service: str,
-        *,
-        idempotency_key: str,
-        rollout_revision: str | None = None,
-        plan: Mapping[str, Any] | None = None,
-        abort: AbortSignal | None = None,
-    ) -> ActionOutcome:
+    def rollback(self, request: RollbackRequest, abort: AbortSignal | None = None) -> ActionOutcome:
         """Make the planned rollback (None: plan it now): done when the Deployment already runs the target's
         template, world-changed (nothing written) when it runs neither the plan's `from_revision` nor its target."""
+        service, idempotency_key = request.service, request.idempotency_key
         ref = self.target(service)
         where = f"Deployment {ref.namespace}/{ref.name}"
         deployment = self._deployment(ref)
@@ -323,11 +318,11 @@ class DeploymentRollback:
         meta = deployment.get("metadata") or {}
         if idempotency_key in recorded_keys(meta.get("annotations")):
             return ActionOutcome(OutcomeStatus.SUCCEEDED, {"deployment": where, "replayed": True})
-        if plan is None:
-            planned = self.plan_rollback(service, rollout_revision=rollout_revision)
-            if isinstance(planned, ActionOutcome):
-                return planned
-            plan = planned
+        planned = request.plan or self.plan_rollback(service, rollout_revision=request.rollout_revision)
+        if isinstance(planned, ActionOutcome):
+            return planned
+        # The plan's JSON (what the journal holds) is the detail of every outcome below.
+        plan = planned.to_json()
         conflicts: list[str] = []
         for _ in range(CONFLICT_REREADS):
             if conflicts:

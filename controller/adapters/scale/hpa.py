@@ -33,7 +33,7 @@ from kubernetes import client as k8s
 from controller.adapters.kube.action_keys import recorded_keys, with_key
 from controller.adapters.kube.calls import KubeError, KubernetesActuatorError, kube_call
 from controller.adapters.kube.events import EventRecorder, ObjectRef
-from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
+from controller.core.ports import ActionOutcome, Clock, OutcomeStatus, ScaleRequest, ScaleState
 from controller.kit.http import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,12 @@ class HpaScaler:
             return int(status.current_replicas)
         return int(found.spec.min_replicas or 1)
 
-    def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome:
+    def scale_target(self, replicas: int) -> dict[str, int]:
+        """A scale moves the HPA's floor (ScalePort)."""
+        return {"minReplicas": replicas}
+
+    def set_replicas(self, request: ScaleRequest) -> ActionOutcome:
+        service, replicas, idempotency_key = request.service, request.replicas, request.idempotency_key
         bounds = self.bounds
 
         def change(hpa: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, Any]] | None:
@@ -175,7 +180,7 @@ class HpaScaler:
 
         return self._update(service, idempotency_key, change, reason="TailguardScale")
 
-    def scale_state(self, service: str) -> dict[str, Any]:
+    def scale_state(self, service: str) -> ScaleState:
         """minReplicas, maxReplicas, the AverageValue target of every Pods/External metric, and the current
         replica count (for the record: the HPA moves it, a restore never sets it)."""
         found = self._read(self.target(service))
@@ -183,19 +188,19 @@ class HpaScaler:
             raise KubernetesActuatorError(found)
         status = found.status
         current = status.current_replicas if status is not None else None
-        return {
-            "minReplicas": int(found.spec.min_replicas or 1),
-            "maxReplicas": int(found.spec.max_replicas),
-            "metrics": _metric_targets(found.spec.metrics or []),
-            "replicas": int(current) if current is not None else None,
-        }
+        return ScaleState(
+            minReplicas=int(found.spec.min_replicas or 1),
+            maxReplicas=int(found.spec.max_replicas),
+            metrics=_metric_targets(found.spec.metrics or []),
+            replicas=int(current) if current is not None else None,
+        )
 
     def restore_scale(
         self,
         service: str,
-        state: Mapping[str, Any],
+        state: ScaleState,
         *,
-        expected: Mapping[str, Any] | None,
+        expected: ScaleState | None,
         idempotency_key: str,
     ) -> ActionOutcome:
         """Set minReplicas, maxReplicas and the metric targets of `state` exactly (a restore), never below the
@@ -204,12 +209,12 @@ class HpaScaler:
 
         def change(hpa: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
             current = _settable(hpa["min_replicas"], hpa["max_replicas"], _metric_targets(hpa["metrics"]))
-            wanted = _settable(state["minReplicas"], state["maxReplicas"], state.get("metrics") or {})
+            wanted = _settable(state.minReplicas, state.maxReplicas, state.metrics or {})
             detail: dict[str, Any] = {"from": current, "to": wanted}
             if wanted == current:
                 return None
             if expected is not None:
-                seen = _settable(expected["minReplicas"], expected["maxReplicas"], expected.get("metrics") or {})
+                seen = _settable(expected.minReplicas, expected.maxReplicas, expected.metrics or {})
                 if seen != current:
                     reason = f"changed by someone else since tailguard set {seen}: found {current}; not overwritten"
                     return {}, {**detail, "reason": reason}

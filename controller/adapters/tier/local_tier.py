@@ -15,7 +15,17 @@ from urllib.parse import quote
 
 import requests
 
-from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus
+from controller.core.ports import (
+    AbortSignal,
+    ActionOutcome,
+    Clock,
+    OutcomeStatus,
+    RollbackPlan,
+    RollbackRequest,
+    ScaleRequest,
+    ScaleState,
+    TrafficRequest,
+)
 from controller.kit.errors import ActuatorError
 from controller.kit.http import HttpAnswer, RetryPolicy, redact_url, request_with_retry
 
@@ -133,7 +143,7 @@ class LocalTierClient:
 
     # -- RollbackPort and ScalePort ------------------------------------------------------------------------
 
-    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> dict[str, Any] | ActionOutcome:
+    def plan_rollback(self, service: str, *, rollout_revision: str | None = None) -> RollbackPlan | ActionOutcome:
         """The active revision and the newest good one before it (the tier's own record of bad revisions)."""
         try:
             active = self.service(service).get("active_revision")
@@ -152,27 +162,20 @@ class LocalTierClient:
             return ActionOutcome(
                 OutcomeStatus.FAILED, {"service": service}, f"service {service!r} has no good revision before r{active}"
             )
-        return {"service": service, "from_revision": active, "to_revision": max(earlier)}
+        return RollbackPlan(service=service, from_revision=active, to_revision=max(earlier))
 
-    def rollback(
-        self,
-        service: str,
-        *,
-        idempotency_key: str,
-        rollout_revision: str | None = None,
-        plan: Mapping[str, Any] | None = None,
-        abort: AbortSignal | None = None,
-    ) -> ActionOutcome:
+    def rollback(self, request: RollbackRequest, abort: AbortSignal | None = None) -> ActionOutcome:
         # The tier keeps its own record of bad revisions and rolls back to its last good one; with a plan, to the
         # planned revision, and only from the planned one (a resume acts against what the tier shows).
-        body = {"idempotency_key": idempotency_key, "to_revision": None, "reason": None}
-        if plan is not None and "to_revision" in plan:
+        service, idempotency_key, plan = request.service, request.idempotency_key, request.plan
+        body: dict[str, Any] = {"idempotency_key": idempotency_key, "to_revision": None, "reason": None}
+        if plan is not None and "to_revision" in plan.model_fields_set:
             try:
                 active = self.service(service).get("active_revision")
             except TierError as failed:
                 return ActionOutcome(OutcomeStatus.FAILED, {"service": service}, f"rollback of {service!r}: {failed}",
                                      failed.transient)  # fmt: skip
-            source, target = plan.get("from_revision"), plan["to_revision"]
+            source, target = plan.from_revision, plan.to_revision
             detail = {"from_revision": source, "to_revision": target}
             if active == target:
                 return ActionOutcome(OutcomeStatus.SUCCEEDED, {**detail, "already_done": True, "replayed": True})
@@ -195,27 +198,32 @@ class LocalTierClient:
         )
         return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
 
-    def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome:
+    def scale_target(self, replicas: int) -> dict[str, int]:
+        """A scale sets the tier's replica count (ScalePort)."""
+        return {"replicas": replicas}
+
+    def set_replicas(self, request: ScaleRequest) -> ActionOutcome:
+        service, replicas, idempotency_key = request.service, request.replicas, request.idempotency_key
         body = {"replicas": replicas, "idempotency_key": idempotency_key}
         answer = self._call("POST", self._url("services", service, "scale"), body, idempotency_key)
         if not answer.ok:
             return self._failed(answer, f"scale of {service!r} to {replicas}")
         return ActionOutcome(OutcomeStatus.SUCCEEDED, self._answer_detail(answer))
 
-    def scale_state(self, service: str) -> dict[str, Any]:
+    def scale_state(self, service: str) -> ScaleState:
         """What a scale changes on the tier: the primary version's replica count."""
-        return {"replicas": self.replicas(service)}
+        return ScaleState(replicas=self.replicas(service))
 
     def restore_scale(
         self,
         service: str,
-        state: Mapping[str, Any],
+        state: ScaleState,
         *,
-        expected: Mapping[str, Any] | None,
+        expected: ScaleState | None,
         idempotency_key: str,
     ) -> ActionOutcome:
         """Set the replica count of `state`; SKIPPED without a write when the tier does not show `expected`."""
-        wanted = int(state["replicas"])
+        wanted = int(state.replicas or 0)
         try:
             current = self.replicas(service)
         except TierError as exc:
@@ -223,11 +231,11 @@ class LocalTierClient:
         detail: dict[str, Any] = {"from": {"replicas": current}, "to": {"replicas": wanted}}
         if current == wanted:
             return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": "already so"})
-        if expected is not None and int(expected["replicas"]) != current:
-            seen = int(expected["replicas"])
+        if expected is not None and int(expected.replicas or 0) != current:
+            seen = int(expected.replicas or 0)
             reason = f"changed by someone else since tailguard set {seen} replicas: found {current}; not overwritten"
             return ActionOutcome(OutcomeStatus.SKIPPED, {**detail, "reason": reason})
-        outcome = self.set_replicas(service, wanted, idempotency_key=idempotency_key)
+        outcome = self.set_replicas(ScaleRequest(service, wanted, idempotency_key))
         return ActionOutcome(outcome.status, {**detail, **outcome.detail}, outcome.error, outcome.transient)
 
     # -- TrafficRouter ------------------------------------------------------------------------------------
@@ -272,9 +280,9 @@ class LocalTierClient:
             )
         return ActionOutcome(OutcomeStatus.SUCCEEDED, detail)
 
-    def set_weight(
-        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
-    ) -> ActionOutcome:
+    def set_weight(self, request: TrafficRequest, abort: AbortSignal | None = None) -> ActionOutcome:
+        service, version, weight = request.service, request.version, request.weight
+        idempotency_key = request.idempotency_key
         body = {"version": version, "weight": weight, "idempotency_key": idempotency_key}
         answer = self._call("POST", self._url("services", service, "weights"), body, idempotency_key)
         if not answer.ok:

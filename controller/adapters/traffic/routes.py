@@ -1,6 +1,7 @@
 """Traffic shifts on Kubernetes: Gateway API HTTPRoute backendRef weights and Istio VirtualService route weights.
 
-Both implement `TrafficRouter.set_weight(service, version, weight)` the same way (CustomObjectsApi):
+Both implement `TrafficRouter.set_weight(TrafficRequest(service, version, weight, key))` the same way
+(CustomObjectsApi):
 
 1. read the route object; a key already recorded in its `tailguard.io/action-keys` annotation is a replay
    (no-op);
@@ -42,7 +43,7 @@ from controller.adapters.kube.action_keys import recorded_keys, with_key
 from controller.adapters.kube.calls import KubeError, KubernetesActuatorError, kube_call
 from controller.adapters.kube.events import EventRecorder, ObjectRef
 from controller.core.controls import AbortRequest
-from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus
+from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus, TrafficRequest
 from controller.kit.errors import ActuatorError
 from controller.kit.http import RetryPolicy
 
@@ -157,9 +158,9 @@ class _WeightedRouteRouter:
             raise KubernetesActuatorError(found)
         return found
 
-    def set_weight(
-        self, service: str, version: str, weight: int, *, idempotency_key: str, abort: AbortSignal | None = None
-    ) -> ActionOutcome:
+    def set_weight(self, request: TrafficRequest, abort: AbortSignal | None = None) -> ActionOutcome:
+        service, version, weight = request.service, request.version, request.weight
+        idempotency_key = request.idempotency_key
         ref = self.route(service)
         where = f"{self.kind} {ref.namespace}/{ref.name}"
         found = self._read(ref)

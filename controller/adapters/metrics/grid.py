@@ -1,11 +1,14 @@
 """A range query's answer on an evaluation grid, as arrays: what the backtest streams into the engine.
 
-`RangeResult` (core/ports.py) holds a dict per target of timestamp -> value: fine for a few hundred points, but 7
-days x 100 targets x 4 signals at 15 s is 16 million entries (hundreds of MiB, and a dict lookup per target per
+Here, beside the Prometheus adapter that parses range answers straight into it, and not in the core: the core holds
+no array type (numpy stays out of it: the import-linter contract `core-without-io-types`).
+
+`RangeResult` (core/ports/metrics.py) holds a dict per target of timestamp -> value: fine for a few hundred points, but
+7 days x 100 targets x 4 signals at 15 s is 16 million entries (hundreds of MiB, and a dict lookup per target per
 signal per evaluation). A `RangeGrid` holds the same answer for one chunk of evaluation times as two arrays,
 time-major: `present[i, k]` (target k answered at time i) and `values[i, k]` (its value; NaN where absent, or where
 Prometheus answered NaN). `at(i)` is exactly `RangeResult.at(times[i])` (a SignalResult, built only when asked;
-RangeResult.on_grid converts one), and `healthy(...)` says, per time, which cells a condition would see as
+`on_grid` converts one), and `healthy(...)` says, per time, which cells a condition would see as
 "present, a number, not breaching": what lets the backtest skip the evaluations in which nothing can happen
 (controller/tools/backtest_feed.py).
 """
@@ -15,13 +18,14 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
 from controller.core.model import SignalResult, TargetKey
 from controller.core.policy import Comparison, Threshold
+from controller.core.ports.metrics import RangeResult
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -86,3 +90,31 @@ class RangeGrid:
             breaching = _OPS[when.op](self.values, when.value)
         healthy: BoolArray = self.present & ~np.isnan(self.values) & ~breaching
         return healthy
+
+
+def on_grid(result: RangeResult, times: Sequence[float]) -> RangeGrid:
+    """The samples of `result` at exactly `times` (one chunk of an evaluation grid) as arrays: `grid.at(i)` is
+    `result.at(times[i])`."""
+    if result.error is not None:
+        return RangeGrid.failed(times, result.error, result.policy_error)
+    index = {at: i for i, at in enumerate(times)}
+    targets = tuple(result.series)
+    present = np.zeros((len(times), len(targets)), dtype=np.bool_)
+    values = np.full((len(times), len(targets)), np.nan, dtype=np.float64)
+    for k, target in enumerate(targets):
+        for at, value in result.series[target].items():
+            i = index.get(at)
+            if i is not None:
+                present[i, k] = True
+                values[i, k] = value
+    return RangeGrid(tuple(times), targets, present, values)
+
+
+@runtime_checkable
+class RangeGridSource(Protocol):
+    """A MetricsSource that can answer a range query straight onto an evaluation grid, without a dict per sample
+    (the backtest's fast path; PrometheusSource). Sources without it are read through range() + on_grid()."""
+
+    def range_grid(self, query: str, group_by: Sequence[str], times: Sequence[float], step: float) -> RangeGrid:
+        """One range request over [times[0], times[-1]] at `step`; exactly on_grid(range(...), times)."""
+        ...
