@@ -44,7 +44,7 @@ P = TypeVar("P")  # the port an adapter implements
 M = TypeVar("M", bound=BaseModel)
 
 
-class RegistryError(ValueError):
+class RegistryError(ConfigError):
     """A registration that cannot stand: a name or section taken twice, a section declared with another model."""
 
 

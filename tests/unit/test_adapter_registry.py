@@ -24,7 +24,7 @@ from controller.app.registrations import REGISTRIES, ROLLBACK, SCALE, TRAFFIC
 from controller.app.registry import Adapter, BuildContext, RegistryError, Section, assemble, sections
 from controller.app.settings import ControllerSettings, SettingsError, parse_settings_text, settings_model
 from controller.core.policy_files import load_policies
-from controller.core.ports import ActionOutcome, OutcomeStatus
+from controller.core.ports import ActionOutcome, OutcomeStatus, ScaleRequest, ScaleState
 from controller.kit.clock import SystemClock
 from controller.kit.errors import ConfigError
 from tests.support.fake_kubernetes import FakeKubernetes
@@ -76,24 +76,29 @@ class ScaledObjectScaler:
     def replicas(self, service: str) -> int:
         return int(self.api.get(self.namespace, self._name(service))["spec"]["minReplicaCount"])
 
-    def set_replicas(self, service: str, replicas: int, *, idempotency_key: str) -> ActionOutcome:
-        name = self._name(service)
+    def set_replicas(self, request: ScaleRequest) -> ActionOutcome:
+        name = self._name(request.service)
         current = self.api.get(self.namespace, name)
-        if current["metadata"].get("annotations", {}).get(self.KEY) == idempotency_key:
+        if current["metadata"].get("annotations", {}).get(self.KEY) == request.idempotency_key:
             return ActionOutcome(OutcomeStatus.SUCCEEDED, {"replayed": True})
-        floor = min(replicas, self.settings.maxReplicaCount)
-        patch = {"metadata": {"annotations": {self.KEY: idempotency_key}}, "spec": {"minReplicaCount": floor}}
+        floor = min(request.replicas, self.settings.maxReplicaCount)
+        patch = {"metadata": {"annotations": {self.KEY: request.idempotency_key}}, "spec": {"minReplicaCount": floor}}
         self.api.patch(self.namespace, name, patch)
         return ActionOutcome(OutcomeStatus.SUCCEEDED, {"from": current["spec"]["minReplicaCount"], "to": floor})
 
-    def scale_state(self, service: str) -> Mapping[str, Any]:
+    def scale_target(self, replicas: int) -> dict[str, int]:
+        # A ScaledObject's minReplicaCount is a floor, as an HPA's minReplicas is: the port's name for it.
+        return {"minReplicas": replicas}
+
+    def scale_state(self, service: str) -> ScaleState:
         spec = self.api.get(self.namespace, self._name(service))["spec"]
-        return {"minReplicas": spec["minReplicaCount"], "maxReplicas": spec["maxReplicaCount"]}
+        return ScaleState(minReplicas=spec["minReplicaCount"], maxReplicas=spec["maxReplicaCount"])
 
     def restore_scale(
-        self, service: str, state: Mapping[str, Any], *, expected: Mapping[str, Any] | None, idempotency_key: str
+        self, service: str, state: ScaleState, *, expected: ScaleState | None, idempotency_key: str
     ) -> ActionOutcome:
-        return self.set_replicas(service, int(state["minReplicas"]), idempotency_key=idempotency_key)
+        assert state.minReplicas is not None
+        return self.set_replicas(ScaleRequest(service, state.minReplicas, idempotency_key))
 
 
 KEDA = Section[KedaSettings]("kubernetes.keda", KedaSettings, "scale actions through KEDA ScaledObjects")
