@@ -716,7 +716,8 @@ def version_changes(states: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def bad_config_rollouts(actions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The bad configs that took all the traffic at a known time: each answered promote and the rollback after it.
+    """The bad configs that took all the traffic at a known time: each answered promote (the scenario's or one
+    sent by hand, from manual-actions.jsonl) and the rollback after it; `actions` in time order.
 
     (A rollout without a canary takes the traffic after its cold start: `versions` says when.)
     """
@@ -729,10 +730,15 @@ def bad_config_rollouts(actions: Sequence[dict[str, Any]]) -> list[dict[str, Any
             {
                 "took_traffic_at": action["answered_at"],
                 "rolled_back_at": rollback["sent_at"] if rollback is not None else None,
+                "by_hand": bool(action.get("manual")),
                 "note": action.get("note", ""),
             }
         )
     return rollouts
+
+
+def action_time(action: dict[str, Any]) -> float:
+    return float(action.get("sent_at") or action.get("answered_at") or 0.0)
 
 
 def package_run(run: Path, into: Path) -> dict[str, Any]:
@@ -744,6 +750,7 @@ def package_run(run: Path, into: Path) -> dict[str, Any]:
     with PrometheusServer(config, run / "data", workdir=run / "export-prometheus").start() as prometheus:
         samples = write_export(export_openmetrics(prometheus.url, start, end), into / "history.om.xz")
     manual = run / "manual-actions.jsonl"
+    manual_actions = [json.loads(line) for line in manual.read_text().splitlines()] if manual.exists() else []
     meta = {
         "history": "history.om.xz",
         "samples": samples,
@@ -752,14 +759,14 @@ def package_run(run: Path, into: Path) -> dict[str, Any]:
         "scrape_interval_s": timeline["scenario"]["scrape_interval_s"],
         "phases": timeline["phases"],
         "actions": timeline["actions"],
-        "manual_actions": [json.loads(line) for line in manual.read_text().splitlines()] if manual.exists() else [],
+        "manual_actions": manual_actions,
         "versions": version_changes(timeline["tier_states"]),
         "onsets": [
             {"shape": p["onset"], "at": p["start_at"], "at_s": p["start_s"], "note": p.get("note", "")}
             for p in timeline["phases"]
             if p.get("onset")
         ],
-        "rollouts": bad_config_rollouts(timeline["actions"]),
+        "rollouts": bad_config_rollouts(sorted([*timeline["actions"], *manual_actions], key=action_time)),
         "load_average": timeline.get("load_average", []),
         "replay": timeline["replay"],
     }

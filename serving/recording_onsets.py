@@ -25,7 +25,7 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,14 @@ from predictors.onset_leads import Array, Episode, Mask, Stretch, fmt_seconds, s
 from predictors.train import TrainingError
 from serving.dataset import NAMESPACE
 from serving.promstack import PrometheusServer, PromStackError, write_prometheus_config
-from serving.recording import Recording, RecordingError, backfill_recording, simulated_windows
+from serving.recording import (
+    Recording,
+    RecordingError,
+    action_time,
+    backfill_recording,
+    bad_config_rollouts,
+    simulated_windows,
+)
 from serving.surge_protocol import ProtocolError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -93,10 +100,35 @@ def check_disjoint(train: Sequence[Segment], evaluated: Sequence[Segment], horiz
                 )
 
 
+def full_rollouts(actions: Sequence[Mapping[str, Any]], versions: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Rollouts without a canary: the version took the traffic when it first had weight 100 and a serving replica
+    (the tier's state every 5 s, `versions` in recording.json); rolled back at the next rollback."""
+    rollouts = []
+    for index, action in enumerate(actions):
+        if action.get("action") != "rollout" or action.get("status") != 200:
+            continue
+        version = action["answer"]["version"]
+        took = next(
+            (
+                float(state["at"])
+                for state in versions
+                if float(state["at"]) >= float(action["sent_at"])
+                and any(v["version"] == version and v["weight"] == 100 and v["serving"] for v in state["versions"])
+            ),
+            None,
+        )
+        rollback = next((a for a in actions[index + 1 :] if a.get("action") == "rollback"), None)
+        if took is not None:
+            back = rollback["sent_at"] if rollback is not None else None
+            rollouts.append({"took_traffic_at": took, "rolled_back_at": back, "note": action.get("note", "")})
+    return rollouts
+
+
 def episodes_and_calm(meta: Mapping[str, Any]) -> tuple[list[Episode], list[Stretch], list[dict[str, Any]]]:
     """A recording's onsets (surges and bad configs taking the traffic), its calm stretches and its rollouts.
 
-    Surge onsets are the phases with an `onset` shape; a bad config's onset is the answer to its `promote`.
+    Surge onsets are the phases with an `onset` shape; a bad config's onset is the answer to its `promote`
+    (or, in a recording without promotes, when a rolled-out version first served all the traffic).
     Calm stretches are the phases at the base rate (the first phase's) with no onset, minus the time from a
     promote to ROLLBACK_SETTLE_S after its rollback. Each episode is looked at until the next one starts.
     """
@@ -109,16 +141,13 @@ def episodes_and_calm(meta: Mapping[str, Any]) -> tuple[list[Episode], list[Stre
             surges += 1
             marks.append((float(phase["start_at"]), f"surge {surges}", "surge", str(phase["onset"])))
     rollouts: list[dict[str, Any]] = []
-    actions = list(meta.get("actions", []))
-    for index, action in enumerate(actions):
-        if action.get("action") != "promote" or action.get("status") != 200:
-            continue
-        rollback = next((a for a in actions[index + 1 :] if a.get("action") == "rollback"), None)
-        took = float(action["answered_at"])
-        back = float(rollback["sent_at"]) if rollback is not None else ended
+    actions = sorted([*meta.get("actions", []), *meta.get("manual_actions", [])], key=action_time)
+    for rollout in bad_config_rollouts(actions) or full_rollouts(actions, meta.get("versions", [])):
+        took = float(rollout["took_traffic_at"])
+        back = float(rollout["rolled_back_at"]) if rollout["rolled_back_at"] is not None else ended
         name = f"bad config {len(rollouts) + 1}"
         marks.append((took, name, "bad-config", "bad-config"))
-        rollouts.append({"name": name, "promoted_at": took, "rolled_back_at": back, "note": action.get("note", "")})
+        rollouts.append({"name": name, "promoted_at": took, "rolled_back_at": back, "note": rollout["note"]})
     marks.sort()
     episodes = [
         Episode(name, kind, shape, at, marks[i + 1][0] if i + 1 < len(marks) else ended)
@@ -173,17 +202,16 @@ class Experiment:
     name: str
     train: tuple[Segment, ...]
     evaluated: Segment
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)  # the evaluated recording's
 
 
 def run_experiment(
     experiment: Experiment,
     rows_of: Mapping[Segment, Rows],
     settings: transfer.Settings,
-    episodes: Sequence[Episode],
-    calm: Sequence[Stretch],
-    rollouts: Sequence[Mapping[str, Any]],
 ) -> dict[str, Any]:
     check_disjoint(experiment.train, [experiment.evaluated], settings.horizon_s)
+    episodes, calm, rollouts = episodes_and_calm(experiment.meta)
     artifact, skipped = transfer.fit(transfer.concat_rows([rows_of[s] for s in experiment.train]), settings)
     rows = rows_of[experiment.evaluated]
     if len(rows.targets) != 1:
@@ -340,12 +368,28 @@ def evaluate(
     split = _split_point(evaluated, episodes, split_share)
     first = Segment(evaluated.directory.name, "train", evaluated.start, split - HORIZON_S)
     second = Segment(evaluated.directory.name, "eval", split, evaluated.end)
+    meta = evaluated.meta
     experiments = [
-        Experiment("simulator -> the whole recording", sim_train, whole),
-        Experiment("real 2026-12-01 recordings -> the whole recording", real_train, whole),
-        Experiment("simulator + real 2026-12-01 -> the whole recording", sim_train + real_train, whole),
-        Experiment("real 2026-12-01 + this recording's first part -> its second part", (*real_train, first), second),
+        Experiment("simulator -> the whole recording", sim_train, whole, meta),
+        Experiment("real 2026-12-01 recordings -> the whole recording", real_train, whole, meta),
+        Experiment("simulator + real 2026-12-01 -> the whole recording", sim_train + real_train, whole, meta),
+        Experiment(
+            "real 2026-12-01 + this recording's first part -> its second part", (*real_train, first), second, meta
+        ),
     ]
+    # The earlier rollout recording's bad config (a full rollout after an 8.8-minute cold start), held out: trained
+    # on the simulator, the earlier surge recording and this one (none of them its history).
+    for held in earlier:
+        if held.directory.name.endswith("-rollout"):
+            others = tuple(s for s in real_train if s.source != held.directory.name)
+            experiments.append(
+                Experiment(
+                    f"simulator + the other real recordings -> {held.directory.name} (held out)",
+                    (*sim_train, *others, Segment(whole.source, "train", whole.start, whole.end)),
+                    Segment(held.directory.name, "eval", held.start, held.end),
+                    held.meta,
+                )
+            )
     for experiment in experiments:  # refused before any row is read
         check_disjoint(experiment.train, [experiment.evaluated], HORIZON_S)
     settings = transfer.Settings(
@@ -365,7 +409,7 @@ def evaluate(
         segments = {s for e in experiments for s in (*e.train, e.evaluated)}
         rows_of = {s: transfer.read_rows(transfer.Window(source, s.start, s.end), settings)[0] for s in segments}
         for experiment in experiments:
-            results.append(run_experiment(experiment, rows_of, settings, episodes, calm, rollouts))
+            results.append(run_experiment(experiment, rows_of, settings))
     load = [s["load1"] for s in evaluated.meta.get("load_average", [])]
     header = (
         f"Evaluated recording {evaluated.directory.name}: {_utc(evaluated.start)} UTC + "

@@ -4,6 +4,9 @@ and calm stretches come from a recording's metadata, and each onset's lead is me
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -13,6 +16,7 @@ from serving.recording_onsets import Experiment, Segment, check_disjoint, episod
 from serving.surge_protocol import ProtocolError
 
 HORIZON = 60.0
+ROLLOUT = Path(__file__).resolve().parents[2] / "serving" / "recordings" / "vllm-cpu-2026-12-01-rollout"
 
 
 def test_overlapping_training_and_evaluated_history_is_refused() -> None:
@@ -36,7 +40,7 @@ def test_an_overlapping_experiment_is_refused_before_any_row_is_read_or_model_fi
     experiment = Experiment("leaky", (Segment("new", "train", 0.0, 1500.0),), Segment("new", "eval", 1000.0, 2000.0))
     settings = transfer.Settings({"namespace": "llm"}, ["service"], 5.0, HORIZON, {"cpu": 1.0}, 10.0)
     with pytest.raises(ProtocolError):
-        run_experiment(experiment, {}, settings, [], [], [])
+        run_experiment(experiment, {}, settings)
 
 
 def _meta() -> dict[str, object]:
@@ -137,3 +141,14 @@ def test_an_alarm_stuck_on_through_a_calm_stretch_is_a_false_alarm_and_shows_in_
     stuck = (TIMES >= 0.0) & (TIMES < 600.0)  # on from before the calm stretch, through it
     false, _, share = calm_false_alarms(TIMES, sli, 1.0, stuck, [Stretch(100.0, 500.0)], HORIZON)
     assert (false, share) == (1, 1.0)
+
+
+def test_a_full_rollout_takes_the_traffic_when_its_version_first_serves_all_of_it() -> None:
+    # The 2026-12-01 rollout recording: rolled out at 120 s, its replicas cold-started until 654 s, rolled back
+    # at 840 s; the calm stretch before it counts, the time after it (a parked replica draining) does not.
+    meta = json.loads((ROLLOUT / "recording.json").read_text(encoding="utf-8"))
+    started = meta["started_at"]
+    episodes, calm, rollouts = episodes_and_calm(meta)
+    assert [(e.shape, round(e.onset - started)) for e in episodes] == [("bad-config", 654)]
+    assert [round(r["rolled_back_at"] - started) for r in rollouts] == [840]
+    assert [(round(c.start - started), round(c.end - started)) for c in calm] == [(0, 654)]
