@@ -10,8 +10,9 @@ and one SLI, each episode gets
 - the leads: first violation minus first alarm (what prevention needs; negative = the alarm came after the
   violation) and onset minus first alarm (negative = after the onset);
 - an outcome: "warned" (alarm at or before the violation), "late", "missed" (violation, no alarm),
-  "quiet" (no violation, no alarm), "alarm, no violation", or "breaching at onset" (the SLI was already over
-  the threshold at the onset, e.g. a previous backlog still draining: no clean onset, left out of the leads);
+  "quiet" (no violation, no alarm), "alarm, no violation", or "breaching at onset" (the SLI was over the
+  threshold at some time in the horizon before the onset, e.g. a previous backlog still draining: no clean
+  onset, left out of the leads);
   `alarm_already_on` marks an alarm that was on before `onset - horizon` too.
 Calm false alarms: alarm episodes (runs of alarming rows) with a row in a calm stretch and no violation from
 their first calm row to `horizon` after their end, per hour of calm stretch; and the share of calm rows alarming.
@@ -107,8 +108,9 @@ def onset_result(
     t, s, a = _ordered(times, sli, alarm)
     over = np.isfinite(s) & (s > threshold)
     alarming = a.astype(bool)
-    at_onset = np.flatnonzero(t <= episode.onset)
-    breaching_at_onset = bool(at_onset.shape[0] and over[at_onset[-1]])
+    # A clean onset has a horizon of SLI under the threshold before it; otherwise the previous episode's
+    # breach (a backlog still draining) carries alarms over and a "lead" would be that earlier breach's.
+    breaching_at_onset = bool(np.any(over & (t >= episode.onset - horizon_s) & (t <= episode.onset)))
     inside = (t >= episode.onset) & (t < episode.end)
     violations = np.flatnonzero(inside & over)
     violation = float(t[violations[0]] - episode.onset) if violations.shape[0] else None
