@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -83,6 +84,7 @@ HTTP_TIMEOUT_S = 10.0
 # engine: vllm validates a rollout's profile with vLLM's own parser first (a vLLM import: seconds on 2 cores).
 ROLLOUT_TIMEOUT_S = 240.0
 MONITOR_INTERVAL_S = 5.0
+LOAD_INTERVAL_S = 60.0
 
 
 class RecordingError(ConfigError, ValueError):
@@ -100,6 +102,8 @@ class Phase(_Strict):
     end_s: float = Field(gt=0)
     rate_from: float = Field(ge=0)
     rate_to: float = Field(ge=0)
+    # A phase that starts a surge names its shape; the recording lists these as its onsets (recording.json).
+    onset: Literal["sudden", "ramp", "two-steps"] | None = None
     note: str = ""
 
 
@@ -109,14 +113,22 @@ class Action(_Strict):
     With `serving_for_s`, the action waits (from `at_s` on) until the service's newest version has served that
     long, and is sent at `latest_s` regardless: a rollout's cold start on a busy 2-core host took 2.5 to over
     7 minutes, so a fixed time could roll back a version that never served.
+
+    A rollout with `canary_weight` starts the new revision beside the serving one at that weight (a canary that
+    cold-starts in the background); `promote` later gives the newest revision all the traffic at once, once it
+    has a healthy replica (skipped when it has none by `latest_s`). That puts a bad config's takeover at a known
+    time under steady load instead of after a cold start of unknown length. `after_previous_s` sends the action
+    no earlier than that long after the previous action was answered (a rollback after a promote that waited).
     """
 
     at_s: float = Field(ge=0)
-    action: Literal["rollout", "rollback"]
+    action: Literal["rollout", "rollback", "promote"]
     profile: str | None = None
     engine_args: dict[str, Any] = Field(default_factory=dict)
+    canary_weight: int | None = Field(None, ge=1, le=99)
     serving_for_s: float | None = Field(None, ge=0)
     latest_s: float | None = Field(None, ge=0)
+    after_previous_s: float | None = Field(None, ge=0)
     note: str = ""
 
 
@@ -206,37 +218,67 @@ def rollout_profile(action: Action) -> EngineProfile:
 
 
 def _rollout_body(action: Action, index: int) -> dict[str, Any]:
-    return {
+    body: dict[str, Any] = {
         "profile": rollout_profile(action).model_dump(mode="json"),
         "idempotency_key": f"recording-{index}-rollout",
     }
+    if action.canary_weight is not None:
+        body["canary_weight"] = action.canary_weight
+    return body
 
 
 def validate_rollouts(scenario: RecordingScenario, serving_python: Path, model_dir: Path) -> None:
-    """Every rollout's profile through vLLM's own parser, before any load (a refusal stops the recording)."""
+    """Every rollout's profile through vLLM's own parser, before any load (a refusal stops the recording).
+
+    Each distinct argument set is parsed once: a vLLM import took minutes on the loaded host.
+    """
+    checked: set[tuple[str, ...]] = set()
     for action in scenario.actions:
         if action.action != "rollout":
             continue
         args = [*profile_cli_args(rollout_profile(action)), *platform_args()]
+        if tuple(args) in checked:
+            continue
         result = validate_cli_args(serving_python, args, model_dir, timeout_s=900.0)
         if not result.ok:
             raise RecordingError(f"the rollout at {action.at_s:g}s: vLLM refuses its profile: {result.error}")
+        checked.add(tuple(args))
 
 
 async def _act(control_url: str, scenario: RecordingScenario, started: float, timeline: list[dict[str, Any]]) -> None:
     """Send each action at its time; record when it was sent, what the tier answered and how long it took."""
     async with aiohttp.ClientSession() as session:
+        previous_answered: float | None = None
         for index, action in enumerate(sorted(scenario.actions, key=lambda a: a.at_s)):
-            delay = started + action.at_s - time.time()
+            due = started + action.at_s
+            if action.after_previous_s is not None and previous_answered is not None:
+                due = max(due, previous_answered + action.after_previous_s)
+            delay = due - time.time()
             if delay > 0:
                 await asyncio.sleep(delay)
             serving_since = None
-            if action.serving_for_s is not None:
+            if action.serving_for_s is not None or action.action == "promote":
                 serving_since = await _newest_serving_since(
-                    session, control_url, started + (action.latest_s or scenario.duration_s), action.serving_for_s
+                    session,
+                    control_url,
+                    started + (action.latest_s or scenario.duration_s),
+                    action.serving_for_s or 0.0,
                 )
+            if action.action == "promote" and serving_since is None:
+                skipped = {"action": "promote", "at_s": action.at_s, "skipped": "the newest version never served"}
+                timeline.append(skipped)
+                previous_answered = time.time()
+                print(json.dumps({"event": "action", **skipped}), flush=True)
+                continue
             if action.action == "rollout":
                 path, body = "rollout", _rollout_body(action, index)
+            elif action.action == "promote":
+                path = "weights"
+                body = {
+                    "version": await _newest_version(session, control_url),
+                    "weight": 100,
+                    "idempotency_key": f"recording-{index}-promote",
+                }
             else:
                 path = "rollback"
                 body = {
@@ -261,9 +303,17 @@ async def _act(control_url: str, scenario: RecordingScenario, started: float, ti
                     entry["answer"] = await response.json(content_type=None)
             except (aiohttp.ClientError, TimeoutError, ValueError) as failed:
                 entry["error"] = f"{type(failed).__name__}: {failed}"
-            entry["answered_at"] = time.time()
+            entry["answered_at"] = previous_answered = time.time()
             timeline.append(entry)
             print(json.dumps({"event": "action", **entry}), flush=True)
+
+
+async def _newest_version(session: aiohttp.ClientSession, control_url: str) -> str:
+    async with session.get(
+        f"{control_url}/api/v1/services/{SERVICE}", timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)
+    ) as response:
+        answer = await response.json(content_type=None)
+    return str(max(answer["versions"], key=lambda v: int(v["revision"]))["version"])
 
 
 async def _newest_serving_since(
@@ -303,18 +353,32 @@ async def _monitor(control_url: str, until: float, states: list[dict[str, Any]])
             await asyncio.sleep(MONITOR_INTERVAL_S)
 
 
+async def _sample_load(until: float, samples: list[dict[str, Any]], interval_s: float = LOAD_INTERVAL_S) -> None:
+    """The host's load average every minute (what `uptime` prints): the recording shares a 2-core host."""
+    while time.time() < until:
+        one, five, fifteen = os.getloadavg()
+        samples.append({"at": time.time(), "load1": one, "load5": five, "load15": fifteen})
+        await asyncio.sleep(interval_s)
+
+
 async def _drive(
-    router_url: str, control_url: str, scenario: RecordingScenario, planned: list[PlannedRequest]
+    router_url: str,
+    control_url: str,
+    scenario: RecordingScenario,
+    planned: list[PlannedRequest],
+    load: list[dict[str, Any]],
 ) -> tuple[float, Any, list[dict[str, Any]], list[dict[str, Any]]]:
     started = time.time()
     actions: list[dict[str, Any]] = []
     states: list[dict[str, Any]] = []
     monitor = asyncio.create_task(_monitor(control_url, started + scenario.duration_s + 30, states))
+    sampler = asyncio.create_task(_sample_load(started + scenario.duration_s + 30, load))
     replayed, _ = await asyncio.gather(
         replay(router_url, SERVED_MODEL_NAME, planned, progress=False, timeout_s=180.0),
         _act(control_url, scenario, started, actions),
     )
     monitor.cancel()
+    sampler.cancel()
     return started, replayed, actions, states
 
 
@@ -347,14 +411,19 @@ def run_recording(
     config = out / "tier.yaml"
     config.write_text(yaml.safe_dump(tier_document(scenario, serving_python, model_dir), sort_keys=False), "utf-8")
     planned = planned_requests(scenario)
-    validate_rollouts(scenario, serving_python, model_dir)
+    load: list[dict[str, Any]] = [{"at": time.time(), **dict(zip(("load1", "load5", "load15"), os.getloadavg()))}]
     tier = tier_process(config, out)
     tier.start()
+    # The profiles are parsed while the tier cold-starts (both took minutes on the loaded host), before any load.
+    pool = ThreadPoolExecutor(max_workers=1)
+    validation = pool.submit(validate_rollouts, scenario, serving_python, model_dir)
+    pool.shutdown(wait=False)
     try:
         try:
             ready = tier.wait_ready(1000.0)
         except ProcessNotReady as exc:
             raise RecordingError(f"the serving tier did not start: {exc}") from None
+        validation.result()
         interval = f"{scenario.scrape_interval_s:g}s"
         prometheus_config = write_prometheus_config(
             out / "prometheus.yml",
@@ -368,7 +437,7 @@ def run_recording(
                 json.dumps({"event": "recording", "requests": len(planned), "prometheus": prometheus.url}), flush=True
             )
             started, (results, wall), actions, states = asyncio.run(
-                _drive(ready["router_url"], ready["control_url"], scenario, planned)
+                _drive(ready["router_url"], ready["control_url"], scenario, planned, load)
             )
             ended = time.time()
             time.sleep(2 * scenario.scrape_interval_s)  # the last scrape of the final state lands
@@ -388,6 +457,7 @@ def run_recording(
         ],
         "actions": actions,
         "tier_states": states,
+        "load_average": load,
         "replay": summary.to_json(),
     }
     (out / "timeline.json").write_text(json.dumps(timeline, indent=1) + "\n", encoding="utf-8")
@@ -643,6 +713,32 @@ def version_changes(states: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return changes
 
 
+def bad_config_rollouts(actions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The bad configs that took all the traffic at a known time: each answered promote (the scenario's or one
+    sent by hand, from manual-actions.jsonl) and the rollback after it; `actions` in time order.
+
+    (A rollout without a canary takes the traffic after its cold start: `versions` says when.)
+    """
+    rollouts: list[dict[str, Any]] = []
+    for index, action in enumerate(actions):
+        if action.get("action") != "promote" or action.get("status") != 200:
+            continue
+        rollback = next((a for a in actions[index + 1 :] if a.get("action") == "rollback"), None)
+        rollouts.append(
+            {
+                "took_traffic_at": action["answered_at"],
+                "rolled_back_at": rollback["sent_at"] if rollback is not None else None,
+                "by_hand": bool(action.get("manual")),
+                "note": action.get("note", ""),
+            }
+        )
+    return rollouts
+
+
+def action_time(action: dict[str, Any]) -> float:
+    return float(action.get("sent_at") or action.get("answered_at") or 0.0)
+
+
 def package_run(run: Path, into: Path) -> dict[str, Any]:
     """A run's TSDB exported to INTO/history.om.xz and what it was (timeline, actions, load) to INTO/recording.json."""
     timeline = json.loads((run / "timeline.json").read_text(encoding="utf-8"))
@@ -652,6 +748,7 @@ def package_run(run: Path, into: Path) -> dict[str, Any]:
     with PrometheusServer(config, run / "data", workdir=run / "export-prometheus").start() as prometheus:
         samples = write_export(export_openmetrics(prometheus.url, start, end), into / "history.om.xz")
     manual = run / "manual-actions.jsonl"
+    manual_actions = [json.loads(line) for line in manual.read_text().splitlines()] if manual.exists() else []
     meta = {
         "history": "history.om.xz",
         "samples": samples,
@@ -660,8 +757,15 @@ def package_run(run: Path, into: Path) -> dict[str, Any]:
         "scrape_interval_s": timeline["scenario"]["scrape_interval_s"],
         "phases": timeline["phases"],
         "actions": timeline["actions"],
-        "manual_actions": [json.loads(line) for line in manual.read_text().splitlines()] if manual.exists() else [],
+        "manual_actions": manual_actions,
         "versions": version_changes(timeline["tier_states"]),
+        "onsets": [
+            {"shape": p["onset"], "at": p["start_at"], "at_s": p["start_s"], "note": p.get("note", "")}
+            for p in timeline["phases"]
+            if p.get("onset")
+        ],
+        "rollouts": bad_config_rollouts(sorted([*timeline["actions"], *manual_actions], key=action_time)),
+        "load_average": timeline.get("load_average", []),
         "replay": timeline["replay"],
     }
     (into / "recording.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
