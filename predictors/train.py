@@ -2,6 +2,7 @@
 
     tailguard train --prometheus URL --policy NAME --start T --end T --out DIR [--horizon 60s]
         [--rules PATH] [--step 15s] [--threshold cpu=1.0] [--seed 0] [--holdout 0.2] [--folds 5]
+        [--model-class gbm|logistic|mlp]
 
 The policy NAME (read from --rules, default rules/) gives the targets: its `targets.groupBy` and
 `targets.match`. SLI thresholds (seconds; breach = SLI > threshold) come from the policy's vars
@@ -12,10 +13,11 @@ The rows (one per evaluation time and target, from one range query per feature) 
 shuffled: the last --holdout share (default 20%) is held out and only scored (0: fit on everything and
 evaluate on another window). On the rest, blocked time-series cross-validation (--folds contiguous time
 blocks, one horizon of embargo around each) gives every row an out-of-fold prediction; per dimension a
-gradient-boosted model (HistGradientBoostingClassifier) and a logistic-regression baseline are fitted on
-all of it, calibrated (sigmoid) on the out-of-fold decisions, and each decision threshold is picked on the
-calibrated out-of-fold probabilities: among the cuts whose precision's 95% lower bound is >= 0.9, the
-best accuracy for cpu (its target is accuracy) and the most recall (earliest alarms) for gpu and network.
+gradient-boosted model (HistGradientBoostingClassifier; --model-class logistic or mlp: logistic regression
+or the small MLP instead) and a logistic-regression baseline are fitted on all of it, calibrated (sigmoid)
+on the out-of-fold decisions, and each decision threshold is picked on the calibrated out-of-fold
+probabilities: among the cuts whose precision's 95% lower bound is >= 0.9, the best accuracy for cpu (its
+target is accuracy) and the most recall (earliest alarms) for gpu and network.
 The held-out scores go into the artifact's report.
 Exit codes: 0 written, 1 the data or the source failed, 2 usage (bad arguments or policy).
 """
@@ -209,6 +211,12 @@ def _parser() -> argparse.ArgumentParser:
         help="share of the window (last, by time) only scored, never fitted (default 0.2; 0 = fit on all)",
     )
     parser.add_argument("--folds", type=int, default=DEFAULT_FOLDS, help="blocked cross-validation folds (default 5)")
+    parser.add_argument(
+        "--model-class",
+        choices=MODEL_CLASSES,
+        default="gbm",
+        help="gradient-boosted trees (default), logistic regression or the small MLP (docs/sla-model.md)",
+    )
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per Prometheus request")
     return parser
 
@@ -269,6 +277,7 @@ def _train(
             seed=args.seed,
             holdout=args.holdout,
             folds=args.folds,
+            model_class=args.model_class,
         )
     except (DataError, TrainingError) as bad:
         print(f"tailguard train: error: {bad}", file=sys.stderr)

@@ -132,6 +132,7 @@ def run_comparison(
     out: Path,
     *,
     model_dir: Path | None,
+    only: Sequence[str] = (),
     log: Callable[[str], None] = print,
 ) -> None:
     """Train (or reuse) the classes, then every controller on the evaluated seeds' onsets + calm and on the calm
@@ -175,6 +176,7 @@ def run_comparison(
                 for seed in evaluated:
                     seed_trace = trace_slice(trace, config.trace_segment(seed))
                     kinds = [*config.seed_shapes(seed), "calm"] if seed in config.eval_seeds else ["calm"]
+                    kinds = [kind for kind in kinds if not only or kind in only]
                     for kind in kinds:
                         for name, model in controllers:
                             policy = None
@@ -623,6 +625,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--seed-list", default="1-5", help="evaluated seeds: onsets and calm (e.g. 1-5)")
     run.add_argument("--calm-seeds", default="", help="seeds run calm only (e.g. 1001-1055)")
     run.add_argument("--models", type=Path, default=None, help="reuse the artifacts a run wrote (DIR/models)")
+    run.add_argument("--only", default="", help="only these of each seed's shapes (and calm), e.g. bad-config,calm")
     calm = commands.add_parser(
         "calm", help="open-loop calm hours: controller-free calm traces, every controller's alarms"
     )
@@ -659,14 +662,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         seeds = _seed_range(args.seed_list)
-        calm = _seed_range(args.calm_seeds)
+        calm_seeds = _seed_range(args.calm_seeds)
     except ValueError:
         print("surge-models: error: --seed-list/--calm-seeds: expected numbers and ranges like 1-5,9", file=sys.stderr)
         return 2
     config = dataclasses.replace(ScenarioConfig(), eval_seeds=seeds)
     reactive = [c.strip() for c in args.controllers.split(",") if c.strip()]
     try:
-        run_comparison(config, classes, reactive, calm, args.out, model_dir=args.models)
+        only = [kind.strip() for kind in args.only.split(",") if kind.strip()]
+        run_comparison(config, classes, reactive, calm_seeds, args.out, model_dir=args.models, only=only)
     except (SurgeError, LabError, OSError, ValueError) as failed:
         print(f"surge-models: error: {failed}", file=sys.stderr)
         return 1
