@@ -482,6 +482,13 @@ def comparison(
                 "replica_minutes": sum(r["replica_minutes"] for r in paired),
             }
             entry["paired_runs"] = len(paired)
+            entry["by_shape"] = {
+                shape: {
+                    "model": round(sum(r["slo_violation_minutes"] for r in runs if r["shape"] == shape), 2),
+                    best: round(sum(r["slo_violation_minutes"] for r in paired if r["shape"] == shape), 2),
+                }
+                for shape in dict.fromkeys(r["shape"] for r in runs)
+            }
             entry["best_reactive_on_these_runs"] = {k: round(v, 2) for k, v in theirs.items()}
             reduction = (
                 1.0 - ours["violation_minutes"] / theirs["violation_minutes"] if theirs["violation_minutes"] else None
@@ -567,7 +574,23 @@ def render(figures: Mapping[str, Any]) -> str:
             f"{_cell(entry['median_lead_to_violation_s'], ' s')}: "
             + ("meets the target" if not missed else "misses " + ", ".join(missed))
         )
+    lines += [
+        "",
+        f"SLO-violation minutes per shape, each model against {figures['best_reactive']} on the same runs:",
+        "",
+    ]
+    lines += ["| model | " + " | ".join(_SHAPE_ORDER) + " |", "|---" * (len(_SHAPE_ORDER) + 1) + "|"]
+    for name, entry in figures["targets"].items():
+        shapes = entry.get("by_shape", {})
+        cells = [
+            "-" if shape not in shapes else f"{shapes[shape]['model']:g} vs {shapes[shape][figures['best_reactive']]:g}"
+            for shape in _SHAPE_ORDER
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+_SHAPE_ORDER = ("sudden", "slow-ramp", "two-steps", "diurnal", "bad-config", "calm")
 
 
 def _spans(seeds: Sequence[int]) -> str:
