@@ -1,8 +1,9 @@
 """The SLA model's classes compared under the surge protocol (issue 27, item 3): a model that leads, or a verdict.
 
     python -m serving.surge_models run --out DIR [--classes gbm,logistic,mlp] [--controllers hpa-concurrency-48,...]
-        [--seed-list 1,2,3,4,5] [--calm-seeds 1001-1055] [--models DIR]
-    python -m serving.surge_models report --out DIR PART_DIR...
+        [--seed-list 1-5] [--calm-seeds 1001-1055] [--models DIR] [--only bad-config,calm]
+    python -m serving.surge_models calm --out DIR --models DIR/models --calm-seeds 1001-1060
+    python -m serving.surge_models report --out DIR [--baseline surge.json] PART_DIR...
 
 `run` trains one artifact per model class on the protocol's training seeds (one recording, one set of rows: every
 class sees the same features, each gets its own calibration and its own cut from its out-of-fold probabilities on
@@ -12,10 +13,14 @@ seeds' onsets and calm traces (`--seed-list`) and on calm traces only (`--calm-s
 false-alarm rate; their slices lie in the evaluation region too, checked against the training slices). Every run's
 summary and onset lead is appended to DIR/runs.jsonl as it finishes, so a run cut short still reports.
 
-`report` reads the parts' runs.jsonl and writes DIR/models.json and DIR/models.md: per controller violation
-minutes and replica-minutes over the protocol's onsets and calm traces (the evaluated seeds: the same runs for
-every controller), false scale-outs per calm hour over every calm trace a controller ran, the lead before the first
-violation per onset, and the issue's targets for every model class against the best reactive controller.
+`report` reads the parts' runs.jsonl (and calm.jsonl) and writes DIR/models-comparison.md and .json: per
+controller violation minutes and replica-minutes over the protocol's onsets and calm traces (the evaluated
+seeds), false scale-outs per calm hour over every calm trace a controller ran (closed loop, and open loop from
+`calm`), the lead before the first violation per onset, and the issue's targets for every model class against the
+best reactive controller on the same runs.
+
+`calm` replays calm traces once without a controller and counts every controller's alarms on the recorded
+features (`run_calm_open_loop`): cheap calm hours for the false-alarm rate.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ from serving.surge_protocol import (
 )
 
 RUNS_FILE = "runs.jsonl"
+REPORT = "models-comparison"  # the report's DIR/models-comparison.md and .json
 RULES = {"reactive": REACTIVE_POLICY, "concurrency-rule": CONCURRENCY_POLICY}
 # Issue 27's targets against the best reactive controller.
 TARGET_REDUCTION = 0.30
@@ -611,7 +617,7 @@ def _pct(share: float | None, good: str, bad: str) -> str:
 
 
 def write_report(out: Path, parts: Sequence[Path], baseline: Path | None = None) -> dict[str, Any]:
-    """models.json and models.md from the parts' runs.jsonl and calm.jsonl and, first, the controllers of an
+    """models-comparison.md/.json from the parts' runs.jsonl and calm.jsonl and, first, the controllers of an
     earlier surge.json on the same protocol (`baseline`)."""
     records: list[dict[str, Any]] = []
     if baseline is not None:
@@ -633,8 +639,8 @@ def write_report(out: Path, parts: Sequence[Path], baseline: Path | None = None)
     figures["leads"] = [r["lead"] | {"controller": r["summary"]["controller"]} for r in kept if r["lead"]]
     figures["calm_open_loop"] = calm
     out.mkdir(parents=True, exist_ok=True)
-    (out / "models.json").write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
-    (out / "models.md").write_text(render(figures), encoding="utf-8")
+    (out / f"{REPORT}.json").write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+    (out / f"{REPORT}.md").write_text(render(figures), encoding="utf-8")
     return figures
 
 
@@ -656,7 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     calm.add_argument("--models", type=Path, required=True, help="the artifacts a run wrote (DIR/models)")
     calm.add_argument("--classes", default="gbm,logistic,mlp")
     calm.add_argument("--calm-seeds", required=True, help="calm seeds (e.g. 1001-1060)")
-    report = commands.add_parser("report", help="models.json and models.md from the parts' runs.jsonl")
+    report = commands.add_parser("report", help="models-comparison.md/.json from the parts' runs.jsonl, calm.jsonl")
     report.add_argument("--out", type=Path, required=True)
     report.add_argument("--baseline", type=Path, default=None, help="an earlier surge.json on the same protocol")
     report.add_argument("parts", type=Path, nargs="+")
