@@ -6,8 +6,10 @@
 
 `load_artifact` checks, in this order, and raises ArtifactError with one clear sentence otherwise:
 the files exist, metadata is valid JSON of this format, model.skops has the recorded sha256 (corrupt or
-tampered files are refused before skops reads them), the feature hash equals the running code's
-`feature_hash()`, the sklearn MAJOR version matches, and every type in model.skops is allow-listed.
+tampered files are refused before skops reads them), every feature it names exists and the feature hash equals
+the running code's `feature_hash(names)` over those names (an artifact trained before features were added
+loads; predictions pick its columns by name), the sklearn MAJOR version matches, and every type in model.skops
+is allow-listed.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import skops.io as sio
 from threadpoolctl import ThreadpoolController
 
 from controller.kit.errors import ConfigError
-from predictors.features import feature_hash
+from predictors.features import feature_hash, feature_names
 
 DIMENSIONS = ("cpu", "gpu", "network")
 FORMAT_VERSION = 1
@@ -184,15 +186,21 @@ def load_artifact(
         raise ArtifactError("corrupt", f"{model_path}: sha256 differs from metadata.json (corrupt or modified)")
     names = _field(metadata, "feature_names", list, metadata_path)
     recorded_hash = _field(metadata, "feature_hash", str, metadata_path)
-    try:
-        running_hash = feature_hash()
-    except KeyError:  # pragma: no cover - feature_hash() of the running code always resolves
-        running_hash = ""
+    # The hash over the artifact's OWN feature names with this version's queries: a model trained before features
+    # were added still loads (its columns are picked by name), one whose features changed meaning does not.
+    unknown = [str(name) for name in names if str(name) not in feature_names()]
+    if unknown:
+        raise ArtifactError(
+            "feature-hash",
+            f"{metadata_path}: trained on features this version does not have ({', '.join(unknown[:5])}); "
+            "retrain the model with this version",
+        )
+    running_hash = feature_hash([str(name) for name in names])
     if recorded_hash != running_hash:
         raise ArtifactError(
             "feature-hash",
             f"{metadata_path}: feature hash {recorded_hash[:12]} does not match this version's features "
-            f"({running_hash[:12]}); retrain the model with this version",
+            f"({running_hash[:12]}): a feature's query changed since; retrain the model with this version",
         )
     trained_with = _field(metadata, "sklearn_version", str, metadata_path)
     if _major(trained_with) != _major(sklearn.__version__):
@@ -241,10 +249,23 @@ def load_artifact(
     )
 
 
-def predict_proba(artifact: ModelArtifact, X: npt.NDArray[np.float64]) -> dict[str, npt.NDArray[np.float64]]:
-    """Breach probability per dimension, shape (n_targets,), for a feature matrix in FEATURES order."""
+def model_columns(artifact: ModelArtifact, X: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """The artifact's columns of a feature matrix: X in FEATURES order (what the controller and the backtest
+    fetch) or already in the artifact's order (its own training rows)."""
+    every = feature_names()
+    if X.ndim == 2 and X.shape[1] == len(every) and artifact.feature_names != every:
+        return X[:, [every.index(name) for name in artifact.feature_names]]
     if X.ndim != 2 or X.shape[1] != len(artifact.feature_names):
-        raise ValueError(f"expected a matrix of shape (n, {len(artifact.feature_names)}), got {X.shape}")
+        raise ValueError(
+            f"expected a matrix of shape (n, {len(artifact.feature_names)}) or (n, {len(every)}), got {X.shape}"
+        )
+    return X
+
+
+def predict_proba(artifact: ModelArtifact, X: npt.NDArray[np.float64]) -> dict[str, npt.NDArray[np.float64]]:
+    """Breach probability per dimension, shape (n_targets,), for a feature matrix in FEATURES order (or in the
+    artifact's own feature order)."""
+    X = model_columns(artifact, X)
     if X.shape[0] == 0:
         return {d: np.zeros(0, dtype=np.float64) for d in artifact.dimensions}
     with single_threaded():

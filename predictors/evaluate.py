@@ -29,6 +29,7 @@ from predictors.artifact import (
     ArtifactError,
     ModelArtifact,
     load_artifact,
+    model_columns,
     predict_proba,
     single_threaded,
 )
@@ -59,7 +60,7 @@ def evaluate_rows(artifact: ModelArtifact, rows: Rows, *, latency_repeats: int =
         baseline = artifact.baselines.get(dimension)
         if baseline is not None and len(rows):
             with single_threaded():
-                lp = np.asarray(baseline.predict_proba(rows.X)[:, 1], dtype=np.float64)
+                lp = np.asarray(baseline.predict_proba(model_columns(artifact, rows.X))[:, 1], dtype=np.float64)
             cut = float(baseline_thresholds.get(dimension, 0.5))
             methods["logistic"] = score_dimension(rows, dimension, lp >= cut, lp)
         for name, alarm in baseline_alarms(rows, dimension).items():

@@ -99,6 +99,69 @@ _UP = 'up{ replica!="", {{ selector }} }'
 _SEQ_LIMIT = 'tailguard_serving_engine_arg{ arg="max_num_seqs", {{ selector }} }'
 
 
+# -- load against capacity (issue 27). vLLM counts requests when they finish; arrivals are not exported. By
+# conservation, arrivals = completions + the growth of the requests in the engine (running + waiting), so the
+# arrival rate is read from two series every vLLM exports, and it moves as soon as arrivals outrun completions,
+# before the batch fills and anyone queues. A replica's capacity is Little's law at a full batch: max_num_seqs
+# (the tier's tailguard_serving_engine_arg) over the mean time a request spends running; an estimate (time in the
+# engine grows with the batch), which is why the models also see the raw parts. Absent parts give NaN (no-data),
+# never 0: without the engine-arg series every capacity feature is missing, not an idle tier.
+_IN_ENGINE = (
+    "(sum by ({{ by }}) (vllm:num_requests_running{ {{ selector }} })"
+    " + sum by ({{ by }}) (vllm:num_requests_waiting{ {{ selector }} }))"
+)
+_REPLICAS = "count by ({{ by }}) (vllm:num_requests_running{ {{ selector }} })"
+ARRIVAL_RATE = f"({_agg('sum', _rate('vllm:request_success_total', '1m'))} + {_over('deriv', _IN_ENGINE, '1m')})"
+ARRIVAL_FORECAST_60S = f"predict_linear(({ARRIVAL_RATE})[3m:15s], 60)"
+_ENGINE_TIME = _ratio(
+    _rate("vllm:request_inference_time_seconds_sum", "5m"), _rate("vllm:request_inference_time_seconds_count", "5m")
+)
+REPLICA_CAPACITY = f"({_agg('min', _SEQ_LIMIT)} / {_ENGINE_TIME})"
+_TIER_CAPACITY = f"({_REPLICAS} * {REPLICA_CAPACITY})"
+
+CAPACITY_FEATURES: tuple[FeatureSpec, ...] = (
+    FeatureSpec(
+        "arrival_rate",
+        ARRIVAL_RATE,
+        "requests arriving per second: finished over 1m plus the growth of running + waiting over 1m (least "
+        "squares); vLLM exports no arrival counter, and this moves before the queue does",
+    ),
+    FeatureSpec(
+        "arrival_rate_forecast_60s",
+        ARRIVAL_FORECAST_60S,
+        "the arrival rate one minute ahead: its linear trend over the last 3 minutes (predict_linear)",
+    ),
+    FeatureSpec(
+        "replica_capacity_rps",
+        REPLICA_CAPACITY,
+        "requests per second one replica finishes at a full batch, by Little's law: the smallest listed "
+        "max_num_seqs over the mean running time of the requests finished in the last 5m",
+    ),
+    FeatureSpec(
+        "utilisation",
+        f"{ARRIVAL_RATE} / {_TIER_CAPACITY}",
+        "arrival rate over the serving replicas' capacity (replicas x replica_capacity_rps); above 1 the queue grows",
+    ),
+    FeatureSpec(
+        "utilisation_forecast_60s",
+        f"{ARRIVAL_FORECAST_60S} / {_TIER_CAPACITY}",
+        "the arrival rate one minute ahead over today's capacity: a surge the current replicas cannot absorb",
+    ),
+    FeatureSpec(
+        "batch_fill",
+        f"{_agg('avg', 'vllm:num_requests_running{ {{ selector }} }')} / {_agg('min', _SEQ_LIMIT)}",
+        "mean running requests per replica over the smallest listed max_num_seqs: at 1 the next arrival queues",
+    ),
+    FeatureSpec(
+        "expected_wait_forecast_60s",
+        f"({_agg('sum', 'vllm:num_requests_waiting{ {{ selector }} }')}"
+        f" + 60 * clamp_min({ARRIVAL_FORECAST_60S} - {_TIER_CAPACITY}, 0)) / {_TIER_CAPACITY}",
+        "Little's law one minute ahead: the queue then (waiting now plus a minute of forecast arrivals beyond "
+        "capacity) over the rate the tier drains it, in seconds a request joining then can expect to wait",
+    ),
+)
+
+
 def _by_version(how: str, expression: str) -> str:
     return _agg(how, expression).replace("by (", "by (version, ", 1)
 
@@ -374,6 +437,9 @@ FEATURES: tuple[FeatureSpec, ...] = (
         _quantile(0.5, "vllm:request_queue_time_seconds"),
         "median queue time over 1m (same histogram as the CPU SLI): broad queueing, not one slow request",
     ),
+    # -- round 6 (issue 27): load against capacity, and where it is heading. The queue and its SLI move only once
+    # the batch is full; these move with the arrivals (`capacity_features`).
+    *CAPACITY_FEATURES,
 )
 
 

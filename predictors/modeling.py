@@ -14,6 +14,7 @@ from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.frozen import FrozenEstimator
 from sklearn.impute import SimpleImputer
 from sklearn.linear_model import LogisticRegression
+from sklearn.neural_network import MLPClassifier
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
@@ -46,6 +47,37 @@ def logistic_estimator() -> Pipeline:
             ("logistic", LogisticRegression(max_iter=2000, C=1.0)),
         ]
     )
+
+
+def mlp_estimator(seed: int = 0) -> Pipeline:
+    """The unfitted small MLP of the seed design (000 section 4.1) over the normalised features: median imputation,
+    standardisation, one hidden layer of 16 ReLU units, L2 penalty, L-BFGS (the solver for a few hundred rows)."""
+    return Pipeline(
+        [
+            ("impute", SimpleImputer(strategy="median", keep_empty_features=True)),
+            ("scale", StandardScaler()),
+            (
+                "mlp",
+                MLPClassifier(hidden_layer_sizes=(16,), alpha=1e-2, solver="lbfgs", max_iter=1000, random_state=seed),
+            ),
+        ]
+    )
+
+
+# The model classes `fit_artifact` can train (its `model_class`): the shipped gradient-boosted trees, logistic
+# regression and the small MLP, each calibrated and with its cut chosen on its own out-of-fold probabilities.
+MODEL_CLASSES = ("gbm", "logistic", "mlp")
+
+
+def estimator(model_class: str, seed: int = 0, rows: int = 2000) -> Any:
+    """The unfitted estimator of a model class (MODEL_CLASSES)."""
+    if model_class == "gbm":
+        return gbm_estimator(seed, rows)
+    if model_class == "logistic":
+        return logistic_estimator()
+    if model_class == "mlp":
+        return mlp_estimator(seed)
+    raise ValueError(f"unknown model class {model_class!r}; expected one of {', '.join(MODEL_CLASSES)}")
 
 
 def fit_gbm(X: Array, y: npt.NDArray[np.int64], seed: int = 0) -> HistGradientBoostingClassifier:
@@ -117,7 +149,10 @@ def fit_calibrated_cv(
 
 
 def _decision(model: Any, X: Array) -> Array:
-    return np.asarray(model.decision_function(X), dtype=np.float64)
+    # What CalibratedClassifierCV calibrates: the decision function, or the probability where there is none (MLP).
+    if hasattr(model, "decision_function"):
+        return np.asarray(model.decision_function(X), dtype=np.float64)
+    return np.asarray(model.predict_proba(X)[:, 1], dtype=np.float64)
 
 
 def calibrate(model: Any, X_val: Array, y_val: npt.NDArray[np.int64]) -> CalibratedClassifierCV:

@@ -198,8 +198,12 @@ def _default_probabilities() -> ProbabilityFunction:
     return predict_proba
 
 
-def _current_feature_hash() -> str:
-    return str(feature_hash())
+def _current_feature_hash(names: Sequence[str] | None = None) -> str:
+    """This version's hash over the artifact's own features (all of them when it names none)."""
+    try:
+        return str(feature_hash(list(names) if names is not None else None))
+    except KeyError as unknown:
+        return f"unknown feature {unknown}"
 
 
 class PredictionProvider:
@@ -301,7 +305,7 @@ class PredictionProvider:
         loader = self._loader or _default_loader()
         try:
             artifact = loader(spec.directory, trusted_types=spec.trusted_types, allow_untrusted=spec.allow_untrusted)
-            expected_hash = _current_feature_hash()
+            expected_hash = _current_feature_hash(getattr(artifact, "feature_names", None))
         except Exception as refused:  # noqa: BLE001 - ArtifactError and anything a corrupt file raises: refuse it
             reason = str(refused) or str(getattr(refused, "reason", "")) or type(refused).__name__
             status = ModelStatus.MISSING if _says_missing(refused) else ModelStatus.INCOMPATIBLE

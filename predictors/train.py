@@ -2,6 +2,7 @@
 
     tailguard train --prometheus URL --policy NAME --start T --end T --out DIR [--horizon 60s]
         [--rules PATH] [--step 15s] [--threshold cpu=1.0] [--seed 0] [--holdout 0.2] [--folds 5]
+        [--model-class gbm|logistic|mlp]
 
 The policy NAME (read from --rules, default rules/) gives the targets: its `targets.groupBy` and
 `targets.match`. SLI thresholds (seconds; breach = SLI > threshold) come from the policy's vars
@@ -12,10 +13,11 @@ The rows (one per evaluation time and target, from one range query per feature) 
 shuffled: the last --holdout share (default 20%) is held out and only scored (0: fit on everything and
 evaluate on another window). On the rest, blocked time-series cross-validation (--folds contiguous time
 blocks, one horizon of embargo around each) gives every row an out-of-fold prediction; per dimension a
-gradient-boosted model (HistGradientBoostingClassifier) and a logistic-regression baseline are fitted on
-all of it, calibrated (sigmoid) on the out-of-fold decisions, and each decision threshold is picked on the
-calibrated out-of-fold probabilities: among the cuts whose precision's 95% lower bound is >= 0.9, the
-best accuracy for cpu (its target is accuracy) and the most recall (earliest alarms) for gpu and network.
+gradient-boosted model (HistGradientBoostingClassifier; --model-class logistic or mlp: logistic regression
+or the small MLP instead) and a logistic-regression baseline are fitted on all of it, calibrated (sigmoid)
+on the out-of-fold decisions, and each decision threshold is picked on the calibrated out-of-fold
+probabilities: among the cuts whose precision's 95% lower bound is >= 0.9, the best accuracy for cpu (its
+target is accuracy) and the most recall (earliest alarms) for gpu and network.
 The held-out scores go into the artifact's report.
 Exit codes: 0 written, 1 the data or the source failed, 2 usage (bad arguments or policy).
 """
@@ -23,6 +25,7 @@ Exit codes: 0 written, 1 the data or the source failed, 2 usage (bad arguments o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -41,7 +44,7 @@ from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact, single
 from predictors.data import DataError, OpenSource, Rows, build_rows, policy_thresholds, time_split
 from predictors.evaluate import evaluate_rows, public_report, render_markdown
 from predictors.features import feature_hash, feature_names
-from predictors.modeling import choose_threshold, fit_calibrated_cv, gbm_estimator, logistic_estimator
+from predictors.modeling import MODEL_CLASSES, choose_threshold, estimator, fit_calibrated_cv, logistic_estimator
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_HORIZON_S = 60.0
@@ -76,13 +79,26 @@ def fit_artifact(
     now: float | None = None,
     holdout: float = DEFAULT_HOLDOUT,
     folds: int = DEFAULT_FOLDS,
+    model_class: str = "gbm",
+    features: Sequence[str] | None = None,
 ) -> tuple[ModelArtifact, dict[str, str]]:
     """Fit every dimension that has both classes in every cross-validation fold; returns (artifact, skipped).
 
     The last `holdout` share of the window (by time) is only scored. On the rest, blocked time-series
     cross-validation gives every row an out-of-fold probability: the sigmoid calibration and the decision
-    threshold are chosen on those, and the model itself is fitted on all of it.
+    threshold are chosen on those, and the model itself is fitted on all of it. `model_class` is one of
+    predictors.modeling.MODEL_CLASSES (the gradient-boosted trees by default); `features` a subset of the
+    features (all by default), recorded in the artifact so that predictions pick those columns by name.
     """
+    if model_class not in MODEL_CLASSES:
+        raise TrainingError(f"unknown model class {model_class!r}; expected one of {', '.join(MODEL_CLASSES)}")
+    every = feature_names()
+    chosen = list(features) if features is not None else every
+    unknown = [name for name in chosen if name not in every]
+    if unknown or not chosen:
+        raise TrainingError(f"unknown features {unknown} (expected some of the {len(every)} features)")
+    if chosen != every:
+        rows = dataclasses.replace(rows, X=rows.X[:, [every.index(name) for name in chosen]])
     split = time_split(rows, train=1.0 - holdout, validation=0.0)
     models: dict[str, Any] = {}
     baselines: dict[str, Any] = {}
@@ -101,7 +117,12 @@ def fit_artifact(
         try:
             with single_threaded():
                 gbm, gbm_oof = fit_calibrated_cv(
-                    gbm_estimator(seed, x_train.shape[0]), x_train, y_train, train_times[known], rows.horizon_s, folds
+                    estimator(model_class, seed, x_train.shape[0]),
+                    x_train,
+                    y_train,
+                    train_times[known],
+                    rows.horizon_s,
+                    folds,
                 )
                 logistic, logistic_oof = fit_calibrated_cv(
                     logistic_estimator(), x_train, y_train, train_times[known], rows.horizon_s, folds
@@ -122,8 +143,8 @@ def fit_artifact(
         raise TrainingError("no dimension could be trained: " + "; ".join(f"{d}: {r}" for d, r in skipped.items()))
     artifact = ModelArtifact(
         models=models,
-        feature_names=feature_names(),
-        feature_hash=feature_hash(),
+        feature_names=chosen,
+        feature_hash=feature_hash(chosen),
         horizon_s=rows.horizon_s,
         thresholds=dict(rows.thresholds),
         decision_thresholds=decision,
@@ -136,6 +157,7 @@ def fit_artifact(
     held_out = evaluate_rows(artifact, split.test, latency_repeats=20) if len(split.test) else None
     artifact.report = {
         "targets": {"match": dict(match), "groupBy": list(group_by)},
+        "model_class": model_class,
         "step_s": rows.step,
         "baseline_thresholds": baseline_cuts,
         "threshold_objectives": {d: THRESHOLD_OBJECTIVES[d] for d in decision},
@@ -189,6 +211,12 @@ def _parser() -> argparse.ArgumentParser:
         help="share of the window (last, by time) only scored, never fitted (default 0.2; 0 = fit on all)",
     )
     parser.add_argument("--folds", type=int, default=DEFAULT_FOLDS, help="blocked cross-validation folds (default 5)")
+    parser.add_argument(
+        "--model-class",
+        choices=MODEL_CLASSES,
+        default="gbm",
+        help="gradient-boosted trees (default), logistic regression or the small MLP (docs/sla-model.md)",
+    )
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per Prometheus request")
     return parser
 
@@ -249,6 +277,7 @@ def _train(
             seed=args.seed,
             holdout=args.holdout,
             folds=args.folds,
+            model_class=args.model_class,
         )
     except (DataError, TrainingError) as bad:
         print(f"tailguard train: error: {bad}", file=sys.stderr)

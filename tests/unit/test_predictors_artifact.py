@@ -167,3 +167,48 @@ def test_untrusted_type_loads_only_when_explicitly_trusted(saved: Path, tmp_path
 def test_predict_proba_checks_the_shape(saved: Path) -> None:
     with pytest.raises(ValueError, match="expected a matrix of shape"):
         predict_proba(load_artifact(saved), np.zeros((2, 3)))
+
+
+def _old_artifact() -> ModelArtifact:
+    """An artifact trained before the capacity features existed: the feature names (and hash) of that version."""
+    from predictors.features import CAPACITY_FEATURES
+
+    added = {spec.name for spec in CAPACITY_FEATURES}
+    names = [name for name in feature_names() if name not in added]
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(200, len(names)))
+    y = (X[:, 1] > 0.0).astype(np.int64)
+    with single_threaded():
+        model = calibrate(fit_logistic(X, y), X, y)
+    current = _artifact()
+    return ModelArtifact(
+        models={"cpu": model},
+        feature_names=names,
+        feature_hash=feature_hash(names),
+        horizon_s=60.0,
+        thresholds={"cpu": 1.0},
+        decision_thresholds={"cpu": 0.5},
+        sklearn_version=current.sklearn_version,
+        trained_window=(1000.0, 2000.0),
+        created_at=3000.0,
+    )
+
+
+def test_an_artifact_from_before_features_were_added_loads_and_predicts_on_its_columns(tmp_path: Path) -> None:
+    old = _old_artifact()
+    loaded = load_artifact(save_artifact(old, tmp_path / "old"))
+    assert loaded.feature_names == old.feature_names
+    everything = feature_names()
+    assert len(everything) > len(old.feature_names)
+    X = np.random.default_rng(5).normal(size=(6, len(everything)))
+    own = X[:, [everything.index(name) for name in old.feature_names]]
+    # The controller and the backtest fetch every feature: the model gets its own columns, by name.
+    np.testing.assert_allclose(predict_proba(loaded, X)["cpu"], predict_proba(loaded, own)["cpu"])
+
+
+def test_an_artifact_naming_a_feature_this_version_lacks_is_refused_clearly(tmp_path: Path) -> None:
+    directory = save_artifact(_old_artifact(), tmp_path / "old")
+    metadata = json.loads((directory / METADATA_FILE).read_text())
+    _edit_metadata(directory, feature_names=[*metadata["feature_names"], "queue_velocity_v9"])
+    with pytest.raises(ArtifactError, match="trained on features this version does not have \\(queue_velocity_v9\\)"):
+        load_artifact(directory)
