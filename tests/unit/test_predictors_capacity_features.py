@@ -8,13 +8,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from serving.lab.promstack import PrometheusServer, write_prometheus_config
+from serving.lab.surge import RemoteWriter
 
 from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
 from controller.core.model import target_key
 from controller.kit.clock import ManualClock
 from predictors.features import CAPACITY_FEATURES, feature_matrix, feature_names, feature_queries
-from serving.promstack import PrometheusServer, write_prometheus_config
-from serving.surge import RemoteWriter
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z, a multiple of 15 s
 END = T0 + 600.0

@@ -1,4 +1,4 @@
-"""serving.surge_models' pure parts: when a rule acts on a calm trace, and the comparison against the best reactive
+"""serving.lab.surge_models' pure parts: when a rule acts on a calm trace, and the comparison against the best reactive
 controller on the same runs."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from serving.surge_models import alarm_times, baseline_records, comparison, open_loop_calm, score_calm_trace
+from serving.lab.surge_models import alarm_times, baseline_records, comparison, open_loop_calm, score_calm_trace
 
 
 def test_alarm_times_need_the_hold_and_respect_the_cooldown() -> None:

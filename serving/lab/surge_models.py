@@ -1,14 +1,14 @@
 """The SLA model's classes compared under the surge protocol (issue 27, item 3): a model that leads, or a verdict.
 
-    python -m serving.surge_models run --out DIR [--classes gbm,logistic,mlp] [--controllers hpa-concurrency-48,...]
+    python -m serving.lab.surge_models run --out DIR [--classes gbm,logistic,mlp] [--controllers hpa-concurrency-48,...]
         [--seed-list 1-5] [--calm-seeds 1001-1055] [--models DIR] [--only bad-config,calm]
-    python -m serving.surge_models calm --out DIR --models DIR/models --calm-seeds 1001-1060
-    python -m serving.surge_models report --out DIR [--baseline surge.json] PART_DIR...
+    python -m serving.lab.surge_models calm --out DIR --models DIR/models --calm-seeds 1001-1060
+    python -m serving.lab.surge_models report --out DIR [--baseline surge.json] PART_DIR...
 
 `run` trains one artifact per model class on the protocol's training seeds (one recording, one set of rows: every
 class sees the same features, each gets its own calibration and its own cut from its out-of-fold probabilities on
 the training window only), then runs each class's policy (`predictive-<class>`: predicted-queue-breach-scale.yaml
-at that class's cut) and the named reactive controllers in the closed loop of serving.surge on the evaluated
+at that class's cut) and the named reactive controllers in the closed loop of serving.lab.surge on the evaluated
 seeds' onsets and calm traces (`--seed-list`) and on calm traces only (`--calm-seeds`: more calm hours for the
 false-alarm rate; their slices lie in the evaluation region too, checked against the training slices). Every run's
 summary and onset lead is appended to DIR/runs.jsonl as it finishes, so a run cut short still reports.
@@ -40,10 +40,13 @@ from typing import Any
 
 import numpy as np
 
-from controller.kit.errors import LabError
-from serving.load import BUILTIN_TRACES, read_trace
-from serving.promstack import PrometheusServer, write_prometheus_config
-from serving.surge import (
+from controller import ManualClock, PrometheusSettings, PrometheusSource
+from predictors.artifact import load_artifact
+from predictors.data import build_rows, policy_thresholds
+from serving.errors import LabError
+from serving.lab.load import BUILTIN_TRACES, read_trace
+from serving.lab.promstack import PrometheusServer, write_prometheus_config
+from serving.lab.surge import (
     CONCURRENCY_POLICY,
     PREDICTIVE_POLICY,
     REACTIVE_POLICY,
@@ -58,7 +61,7 @@ from serving.surge import (
     run_closed_loop,
     trace_slice,
 )
-from serving.surge_protocol import (
+from serving.lab.surge_protocol import (
     OnsetLead,
     ProtocolError,
     baselines,
@@ -117,7 +120,7 @@ def train_classes(
 
 
 def reuse_classes(directory: Path, classes: Sequence[str], config: ScenarioConfig) -> dict[str, TrainedModel]:
-    from serving.surge import reuse_model
+    from serving.lab.surge import reuse_model
 
     return {name: reuse_model(directory / name, config) for name in classes}
 
@@ -291,11 +294,6 @@ def run_calm_open_loop(
     """Every calm seed's trace once without a controller (what the closed loop replays until its first scale-out),
     then every controller's alarms on it from the same recorded features (range queries at the evaluation times,
     the values the live loop's instant queries read). Appends one record per seed to out/calm.jsonl."""
-    from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-    from controller.kit.clock import ManualClock
-    from predictors.artifact import load_artifact
-    from predictors.data import build_rows, policy_thresholds
-
     try:
         check_disjoint(
             [config.trace_segment(seed) for seed in config.train_seeds],
@@ -645,7 +643,7 @@ def write_report(out: Path, parts: Sequence[Path], baseline: Path | None = None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serving.surge_models", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m serving.lab.surge_models", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="train the classes and run the controllers (appends DIR/runs.jsonl)")
     run.add_argument("--out", type=Path, required=True)
