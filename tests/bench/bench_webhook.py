@@ -87,7 +87,13 @@ def old_api_class(scratch: Path, revision: str = OLD_REVISION) -> Any:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # pydantic resolves the payload models' annotations through it
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError:
+        # The old file imports today's modules by name; once a name it needs moved (issue 26 split the ports and
+        # renamed the packages), it no longer loads: then only the new server is measured, and the run says so.
+        del sys.modules[spec.name]
+        return None
     return module.ControllerAPI
 
 
@@ -318,7 +324,10 @@ def main() -> int:
         f"payload {FIXTURE.relative_to(REPO)} x alerts per post; target >= 1,000 alerts/s held"
     )
     if not have_old:
-        print(f"(the old server could not be read from git ({OLD_REVISION}): only the new one)")
+        print(
+            f"(the old server could not be read from git ({OLD_REVISION}) or no longer loads against today's "
+            "modules: only the new one)"
+        )
     header = (
         f"{'server':<6} {'alerts/post':>11} {'posts':>7} {'fail':>4} {'alerts/s':>9} {'held':>8} "
         f"{'p50 ms':>7} {'p99 ms':>7} {'RSS MiB before/r1/r2':>22} {'threads':>7}"
