@@ -1,7 +1,8 @@
 # The tailguard controller image (deploy/base/deployment.yaml runs it as `tailguard run --config ...`).
 #   docker build -t tailguard:0.1.0 .
 # Not built in CI: docker cannot run on the project's machines; tests/integration/test_packaging.py builds the
-# first stage's wheel (offline, without dependencies) and checks it holds every module and data file.
+# first stage's wheel (offline, without dependencies) and checks it holds every module and data file under one
+# top-level import package, `tailguard` (pyproject.toml maps the folders controller/, serving/, predictors/ onto it).
 # The image runs as a non-root user (uid 10001,
 # matching the Deployment's runAsUser) with a read-only root filesystem; it writes only to /var/lib/tailguard
 # and /tmp, which the Deployment mounts as emptyDirs.

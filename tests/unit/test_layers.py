@@ -51,9 +51,10 @@ def lint(tree: Path, contract: str | None = None) -> subprocess.CompletedProcess
 def copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tree = tmp_path_factory.mktemp("layers")
     for package in ("controller", "predictors", "serving"):
+        # under the installed name: tree/tailguard/controller is tailguard.controller on PYTHONPATH=tree
         shutil.copytree(
             REPO / package,
-            tree / package,
+            tree / "tailguard" / package,
             ignore=shutil.ignore_patterns("__pycache__", "data", "calibrations", "profiles", "manifests"),
         )
     shutil.copy(REPO / "pyproject.toml", tree / "pyproject.toml")
@@ -75,7 +76,7 @@ def test_the_contracts_in_pyproject_are_the_ones_tested() -> None:
 @pytest.mark.parametrize("contract", sorted(FORBIDDEN))
 def test_a_forbidden_import_breaks_its_contract(copy: Path, contract: str) -> None:
     module, statement = FORBIDDEN[contract]
-    path = copy / module
+    path = copy / "tailguard" / module
     original = path.read_text()
     assert lint(copy, contract).returncode == 0
     path.write_text(original + f"\n{statement}  # added by test_layers\n")
