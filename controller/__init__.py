@@ -11,7 +11,7 @@ the journal and the Prometheus source, the core's types, the kit's clocks, error
 `testing` (a public fake of every port).
 
 The names load when first used (PEP 562 `__getattr__`): importing one module of the controller (`import
-controller.kit.errors`, as the predictors and the serving tier do) costs that module, not the whole face. The
+tailguard.controller.kit.errors`, as the predictors and the serving tier do) costs that module, not the whole face. The
 imports below under TYPE_CHECKING are the same names, for the type checker and for import-linter (which counts
 them), and tests/unit/test_public_face.py holds the two lists equal. No module the face names imports this one,
 so the face hides no import circle.
@@ -23,16 +23,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from controller import testing
-    from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-    from controller.adapters.stores.journal import Journal
-    from controller.app.build import Application, build
-    from controller.app.settings import ControllerSettings, load_settings
-    from controller.core.engine import PolicyState, transition
-    from controller.core.model import Decision, DecisionKind, SignalResult, target_key
-    from controller.core.policy import ForSpec, Policy
-    from controller.core.policy_files import load_policies
-    from controller.core.ports import (
+    from tailguard.controller import testing
+    from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+    from tailguard.controller.adapters.stores.journal import Journal
+    from tailguard.controller.app.build import Application, build
+    from tailguard.controller.app.settings import ControllerSettings, load_settings
+    from tailguard.controller.core.engine import PolicyState, transition
+    from tailguard.controller.core.model import Decision, DecisionKind, SignalResult, target_key
+    from tailguard.controller.core.policy import ForSpec, Policy
+    from tailguard.controller.core.policy_files import load_policies
+    from tailguard.controller.core.ports import (
         ActionOutcome,
         Clock,
         MetricsSource,
@@ -41,9 +41,9 @@ if TYPE_CHECKING:
         ScaleRequest,
         ScaleState,
     )
-    from controller.kit.clock import ManualClock, SystemClock
-    from controller.kit.errors import ConfigError, InputError, TailguardError
-    from controller.kit.located_yaml import (
+    from tailguard.controller.kit.clock import ManualClock, SystemClock
+    from tailguard.controller.kit.errors import ConfigError, InputError, TailguardError
+    from tailguard.controller.kit.located_yaml import (
         BoundedLoader,
         DuplicateKey,
         FileTooLarge,
@@ -54,18 +54,18 @@ if TYPE_CHECKING:
         read_bounded,
         yaml_problem,
     )
-    from controller.loop.dispatcher import Actuators, GlobalLimits
-    from controller.loop.embedding import (
+    from tailguard.controller.loop.dispatcher import Actuators, GlobalLimits
+    from tailguard.controller.loop.embedding import (
         EmbeddedDispatcher,
         EmbeddedLoop,
         embed_dispatcher,
         embed_loop,
     )
-    from controller.loop.evaluation import EvaluationOutcome, EvaluationPorts, evaluate
-    from controller.loop.ports import LoopJournalPort
-    from controller.tools.backtest import BacktestReport, run_backtest
-    from controller.tools.backtest_world import WouldRun
-    from controller.tools.incident_report import IncidentTimeline, write_report
+    from tailguard.controller.loop.evaluation import EvaluationOutcome, EvaluationPorts, evaluate
+    from tailguard.controller.loop.ports import LoopJournalPort
+    from tailguard.controller.tools.backtest import BacktestReport, run_backtest
+    from tailguard.controller.tools.backtest_world import WouldRun
+    from tailguard.controller.tools.incident_report import IncidentTimeline, write_report
 
 # name -> the module that defines it, relative to this package (the names survive a rename of the package)
 _HOMES: dict[str, str] = {

@@ -1,5 +1,5 @@
-"""`python -m controller ...` is `tailguard ...`."""
+"""`python -m tailguard.controller ...` is `tailguard ...`."""
 
-from controller.cli import main
+from tailguard.controller.cli import main
 
 raise SystemExit(main())

@@ -28,8 +28,8 @@ import sklearn
 import skops.io as sio
 from threadpoolctl import ThreadpoolController
 
-from controller.kit.errors import ConfigError
-from predictors.features import feature_hash, feature_names
+from tailguard.controller.kit.errors import ConfigError
+from tailguard.predictors.features import feature_hash, feature_names
 
 DIMENSIONS = ("cpu", "gpu", "network")
 FORMAT_VERSION = 1

@@ -23,18 +23,18 @@ import numpy.typing as npt
 from sklearn.metrics import brier_score_loss, roc_auc_score
 from tqdm import tqdm
 
-from controller.core.model import TargetKey
-from controller.core.policy import Policy
-from controller.core.ports import MetricsSource
-from controller.core.signals import range_chunks
-from controller.kit.durations import parse_duration
-from controller.kit.errors import InputError
-from predictors.artifact import DIMENSIONS
-from predictors.features import DEFAULT_SLI_THRESHOLDS, feature_queries, sli_queries
+from tailguard.controller.core.model import TargetKey
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.ports import MetricsSource
+from tailguard.controller.core.signals import range_chunks
+from tailguard.controller.kit.durations import parse_duration
+from tailguard.controller.kit.errors import InputError
+from tailguard.predictors.artifact import DIMENSIONS
+from tailguard.predictors.features import DEFAULT_SLI_THRESHOLDS, feature_queries, sli_queries
 
 Array = npt.NDArray[np.float64]
 # (Prometheus URL, seconds per request) -> the metrics source `train` and `evaluate` read, used in a `with` block;
-# raises controller.kit.cli_args.UsageError when the URL is unusable. The app passes one
+# raises tailguard.controller.kit.cli_args.UsageError when the URL is unusable. The app passes one
 # (controller/app/ml_commands.py: a PrometheusSource); predictors never import an adapter.
 OpenSource = Callable[[str, float], AbstractContextManager[MetricsSource]]
 THRESHOLD_VARS = {d: f"sla_{d}_seconds" for d in DIMENSIONS}

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from controller.kit.cli_args import UsageError, parse_command, time_window
-from predictors.artifact import (
+from tailguard.controller.kit.cli_args import UsageError, parse_command, time_window
+from tailguard.predictors.artifact import (
     DIMENSIONS,
     ArtifactError,
     ModelArtifact,
@@ -33,7 +33,7 @@ from predictors.artifact import (
     predict_proba,
     single_threaded,
 )
-from predictors.data import (
+from tailguard.predictors.data import (
     DataError,
     OpenSource,
     Rows,

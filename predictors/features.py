@@ -1,7 +1,7 @@
 """The SLA model's features and SLIs: batched PromQL shared by training (range queries) and serving (instant).
 
 Every feature is ONE query for every target at once: it aggregates `by ({{ by }})`, the policy's target
-labels, and selects with `{{ selector }}`, the policy's equality matchers (controller.kit.templating escapes
+labels, and selects with `{{ selector }}`, the policy's equality matchers (tailguard.controller.kit.templating escapes
 them). A query only reads samples at or before its evaluation time, so a feature evaluated at t uses
 only data available at prediction time t. Metric names are those of vLLM 0.32
 (tests/fixtures/vllm-0.32-cpu-metrics.txt), the tier's router (serving/tier/router.py) and the DCGM exporter.
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from controller.core.model import SignalResult, TargetKey
-from controller.kit.templating import render_query
+from tailguard.controller.core.model import SignalResult, TargetKey
+from tailguard.controller.kit.templating import render_query
 
 
 @dataclass(frozen=True)

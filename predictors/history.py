@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from controller.core.model import TargetKey
-from controller.core.policy import Policy
-from controller.core.ports import MetricsSource, RangeResult
-from controller.core.signals import range_chunks
-from controller.kit.cli_args import UsageError
-from controller.kit.clock import ManualClock
-from predictors.features import FEATURES, feature_queries
-from predictors.serving import (
+from tailguard.controller.core.model import TargetKey
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.ports import MetricsSource, RangeResult
+from tailguard.controller.core.signals import range_chunks
+from tailguard.controller.kit.cli_args import UsageError
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.predictors.features import FEATURES, feature_queries
+from tailguard.predictors.serving import (
     ArtifactLoader,
     ModelSpec,
     PredictionProvider,
@@ -83,7 +83,9 @@ class HistoricalPredictions:
         if self._loader is not None:
             loader = self._loader
         else:
-            from predictors.artifact import load_artifact  # the ml extra (scikit-learn, skops): only with a model
+            from tailguard.predictors.artifact import (
+                load_artifact,  # the ml extra (scikit-learn, skops): only with a model
+            )
 
             loader = load_artifact
         artifact = loader(directory, **trust)
@@ -165,7 +167,9 @@ class HistoricalPredictions:
         if self._probabilities is not None:
             predict_proba = self._probabilities
         else:
-            from predictors.artifact import predict_proba  # the ml extra (scikit-learn, skops): only with a model
+            from tailguard.predictors.artifact import (
+                predict_proba,  # the ml extra (scikit-learn, skops): only with a model
+            )
         series: dict[str, dict[TargetKey, dict[float, float]]] = {signal.name: {} for signal in model_signals}
         if not targets:
             return series, ""

@@ -17,7 +17,7 @@ and one SLI, each episode gets
 Calm false alarms: alarm episodes (runs of alarming rows) with a row in a calm stretch and no violation from
 their first calm row to `horizon` after their end, per hour of calm stretch; and the share of calm rows alarming.
 
-Pure: arrays in, plain data out (the I/O is serving.lab.recording_onsets').
+Pure: arrays in, plain data out (the I/O is tailguard.serving.lab.recording_onsets').
 """
 
 from __future__ import annotations

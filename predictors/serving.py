@@ -8,7 +8,7 @@ matrix once and answers every prediction signal of the policy from it.
 
 Safety (what the issue asks and why):
 - Models come from the controller configuration (`predictors:`), never from a
-  policy. Loading goes through predictors.artifact.load_artifact (skops with the
+  policy. Loading goes through tailguard.predictors.artifact.load_artifact (skops with the
   artifact's allow-list); types outside it are refused unless `trustedTypes` names
   them or `allowUntrusted` is set, so a model file cannot run arbitrary code.
 - A missing, stale (older than `maxAge`) or incompatible model (feature hash
@@ -43,10 +43,10 @@ from typing import Any, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.core.model import SignalResult, TargetKey
-from controller.core.policy import Duration, Policy
-from controller.core.ports import Clock, MetricsSource
-from predictors.features import feature_hash, feature_matrix, feature_queries
+from tailguard.controller.core.model import SignalResult, TargetKey
+from tailguard.controller.core.policy import Duration, Policy
+from tailguard.controller.core.ports import Clock, MetricsSource
+from tailguard.predictors.features import feature_hash, feature_matrix, feature_queries
 
 logger = logging.getLogger("tailguard.predictors")
 
@@ -57,9 +57,10 @@ DEFAULT_MAX_MISSING_FRACTION = 0.5
 NO_DATA = SignalResult(values={})
 _T = TypeVar("_T")
 
-# (directory) -> artifact; keyword arguments trusted_types and allow_untrusted (predictors.artifact.load_artifact).
+# (directory) -> artifact; keyword arguments trusted_types and allow_untrusted
+# (tailguard.predictors.artifact.load_artifact).
 ArtifactLoader = Callable[..., Any]
-# (artifact, X) -> {dimension: probabilities} (predictors.artifact.predict_proba).
+# (artifact, X) -> {dimension: probabilities} (tailguard.predictors.artifact.predict_proba).
 ProbabilityFunction = Callable[[Any, Any], Mapping[str, Any]]
 
 
@@ -187,13 +188,15 @@ class _Loaded:
 
 def _default_loader() -> ArtifactLoader:
     # Imported late: scikit-learn and skops are only needed once a model is configured.
-    from predictors.artifact import load_artifact
+    from tailguard.predictors.artifact import load_artifact
 
     return load_artifact
 
 
 def _default_probabilities() -> ProbabilityFunction:
-    from predictors.artifact import predict_proba  # the ml extra (scikit-learn, skops): only once a model is used
+    from tailguard.predictors.artifact import (
+        predict_proba,  # the ml extra (scikit-learn, skops): only once a model is used
+    )
 
     return predict_proba
 

@@ -7,7 +7,7 @@
 The policy NAME (read from --rules, default rules/) gives the targets: its `targets.groupBy` and
 `targets.match`. SLI thresholds (seconds; breach = SLI > threshold) come from the policy's vars
 `sla_cpu_seconds`, `sla_gpu_seconds`, `sla_network_seconds` where present, else the defaults of
-predictors.features, and `--threshold DIM=SECONDS` overrides both.
+tailguard.predictors.features, and `--threshold DIM=SECONDS` overrides both.
 
 The rows (one per evaluation time and target, from one range query per feature) are split by TIME, never
 shuffled: the last --holdout share (default 20%) is held out and only scored (0: fit on everything and
@@ -35,16 +35,22 @@ from typing import Any
 import numpy as np
 import sklearn
 
-from controller.core.policy_files import load_policies
-from controller.core.ports import MetricsSource
-from controller.kit.cli_args import UsageError, parse_command, time_window
-from controller.kit.durations import parse_duration
-from controller.kit.errors import InputError
-from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact, single_threaded
-from predictors.data import DataError, OpenSource, Rows, build_rows, policy_thresholds, time_split
-from predictors.evaluate import evaluate_rows, public_report, render_markdown
-from predictors.features import feature_hash, feature_names
-from predictors.modeling import MODEL_CLASSES, choose_threshold, estimator, fit_calibrated_cv, logistic_estimator
+from tailguard.controller.core.policy_files import load_policies
+from tailguard.controller.core.ports import MetricsSource
+from tailguard.controller.kit.cli_args import UsageError, parse_command, time_window
+from tailguard.controller.kit.durations import parse_duration
+from tailguard.controller.kit.errors import InputError
+from tailguard.predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact, single_threaded
+from tailguard.predictors.data import DataError, OpenSource, Rows, build_rows, policy_thresholds, time_split
+from tailguard.predictors.evaluate import evaluate_rows, public_report, render_markdown
+from tailguard.predictors.features import feature_hash, feature_names
+from tailguard.predictors.modeling import (
+    MODEL_CLASSES,
+    choose_threshold,
+    estimator,
+    fit_calibrated_cv,
+    logistic_estimator,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_HORIZON_S = 60.0
@@ -87,7 +93,7 @@ def fit_artifact(
     The last `holdout` share of the window (by time) is only scored. On the rest, blocked time-series
     cross-validation gives every row an out-of-fold probability: the sigmoid calibration and the decision
     threshold are chosen on those, and the model itself is fitted on all of it. `model_class` is one of
-    predictors.modeling.MODEL_CLASSES (the gradient-boosted trees by default); `features` a subset of the
+    tailguard.predictors.modeling.MODEL_CLASSES (the gradient-boosted trees by default); `features` a subset of the
     features (all by default), recorded in the artifact so that predictions pick those columns by name.
     """
     if model_class not in MODEL_CLASSES:

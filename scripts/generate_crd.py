@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from controller.adapters.policies.crd_schema import render_crd
+from tailguard.controller.adapters.policies.crd_schema import render_crd
 
 CRD_PATH = Path(__file__).resolve().parent.parent / "deploy" / "crds" / "tailguardpolicy.yaml"
 

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from controller.core.policy import policy_json_schema
+from tailguard.controller.core.policy import policy_json_schema
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "rules" / "schema.json"
 

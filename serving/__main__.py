@@ -1,5 +1,5 @@
-"""`python -m serving ...` is `tailguard ...` (the controller's commands and the lab's `demo` and `load`)."""
+"""`python -m tailguard.serving ...` is `tailguard ...` (the controller's commands and the lab's `demo` and `load`)."""
 
-from serving.cli import main
+from tailguard.serving.cli import main
 
 raise SystemExit(main())

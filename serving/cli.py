@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controller.cli import Command
-from controller.cli import main as controller_main
-from serving.lab import demo, load
+from tailguard.controller.cli import Command
+from tailguard.controller.cli import main as controller_main
+from tailguard.serving.lab import demo, load
 
 LAB_COMMANDS = {
     "load": Command(load.main, "generate load against the serving tier"),

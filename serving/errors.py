@@ -3,7 +3,7 @@ catches every tailguard failure still catches the lab's."""
 
 from __future__ import annotations
 
-from controller import TailguardError
+from tailguard.controller import TailguardError
 
 
 class LabError(TailguardError):

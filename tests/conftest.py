@@ -34,7 +34,7 @@ def _require_prometheus() -> None:
 def backfilled_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackfilledPrometheus]:
     """Prometheus serving one hour of scenario history from promtool-created blocks (read-only use)."""
     _require_prometheus()
-    from serving.lab.promstack import PrometheusServer, backfill_openmetrics
+    from tailguard.serving.lab.promstack import PrometheusServer, backfill_openmetrics
 
     work: Path = tmp_path_factory.mktemp("prometheus")
     history = build_history()

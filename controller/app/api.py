@@ -40,7 +40,7 @@ open: probes and Prometheus have no token, they expose nothing that acts, and
 /metrics carries counts and policy names only (no URLs, parameters or evidence);
 the NetworkPolicy in deploy/base admits the API port from Prometheus and
 Alertmanager only. Receiver URLs and credential-bearing values in decisions are
-cut to scheme+host (`controller.kit.redact`).
+cut to scheme+host (`tailguard.controller.kit.redact`).
 
 Standby: with leader election, only the leader evaluates. One view across replicas: when the elector knows
 where the leader's API answers (the Lease annotation `tailguard.io/api-url`), a standby authenticates every
@@ -67,37 +67,37 @@ from typing import Any
 
 from aiohttp import web
 
-from controller.app.api_answers import json_answer as _json
-from controller.app.api_answers import refusal as _refusal
-from controller.app.api_answers import refuse_body as _refuse_body
-from controller.app.api_answers import response as _response
-from controller.app.api_auth import BearerCheck, presented_authorization
-from controller.app.api_operator import OperatorEndpoints, abort_of, control_of
-from controller.app.api_server import ApiServer
-from controller.app.api_signin import StatusSignIn
-from controller.app.forwarding import (
+from tailguard.controller.app.api_answers import json_answer as _json
+from tailguard.controller.app.api_answers import refusal as _refusal
+from tailguard.controller.app.api_answers import refuse_body as _refuse_body
+from tailguard.controller.app.api_answers import response as _response
+from tailguard.controller.app.api_auth import BearerCheck, presented_authorization
+from tailguard.controller.app.api_operator import OperatorEndpoints, abort_of, control_of
+from tailguard.controller.app.api_server import ApiServer
+from tailguard.controller.app.api_signin import StatusSignIn
+from tailguard.controller.app.forwarding import (
     ANSWERED_BY_HEADER,
     FORWARD_TIMEOUT_SECONDS,
     FORWARDED_HEADER,
     LeaderForwarder,
     forwarded_path,
 )
-from controller.app.peer_auth import PeerKey
-from controller.app.ports import ControllerPort, LeaderDirectoryPort
-from controller.app.replica_gate import ReplicaGate
-from controller.app.status_login import LOGIN_PATH
-from controller.app.status_page import render_status_page
-from controller.core.alerts import (
+from tailguard.controller.app.peer_auth import PeerKey
+from tailguard.controller.app.ports import ControllerPort, LeaderDirectoryPort
+from tailguard.controller.app.replica_gate import ReplicaGate
+from tailguard.controller.app.status_login import LOGIN_PATH
+from tailguard.controller.app.status_page import render_status_page
+from tailguard.controller.core.alerts import (
     AlertmanagerPayload,
     PayloadError,
     alert_scopes,
     alertmanager_payload,
 )
-from controller.core.ports import LeaderPort, PeerCheckPort
-from controller.kit.net import is_loopback_host
-from controller.kit.redact import redact_value
-from controller.loop.metrics import EXPOSITION_CONTENT_TYPE, ControllerMetrics
-from controller.loop.ports import TRIGGER_ALERT
+from tailguard.controller.core.ports import LeaderPort, PeerCheckPort
+from tailguard.controller.kit.net import is_loopback_host
+from tailguard.controller.kit.redact import redact_value
+from tailguard.controller.loop.metrics import EXPOSITION_CONTENT_TYPE, ControllerMetrics
+from tailguard.controller.loop.ports import TRIGGER_ALERT
 
 logger = logging.getLogger("tailguard.api")
 

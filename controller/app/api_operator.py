@@ -9,9 +9,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qs
 
-from controller.app.ports import AbortControlPort, ControllerPort, OperatorPort
-from controller.core.controls import MAX_ABORT_REASON, AbortState
-from controller.kit.redact import redact_value
+from tailguard.controller.app.ports import AbortControlPort, ControllerPort, OperatorPort
+from tailguard.controller.core.controls import MAX_ABORT_REASON, AbortState
+from tailguard.controller.kit.redact import redact_value
 
 DEFAULT_DECISIONS = 50
 MAX_DECISIONS = 1000

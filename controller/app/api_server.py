@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from controller.app.capped_server import CappedServer
+from tailguard.controller.app.capped_server import CappedServer
 
 logger = logging.getLogger("tailguard.api")
 

@@ -11,8 +11,8 @@ from urllib.parse import parse_qs
 
 from aiohttp import web
 
-from controller.app.api_answers import json_answer, refuse_body, response
-from controller.app.status_login import (
+from tailguard.controller.app.api_answers import json_answer, refuse_body, response
+from tailguard.controller.app.status_login import (
     AFTER_LOGIN,
     cookie_value,
     issue_session,

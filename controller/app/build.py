@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.changes.tracker import ChangeTracker, build_change_tracker
-from controller.adapters.metrics.prometheus import PrometheusSource, SourceConfigError
-from controller.adapters.notify.webhook import decision_links
-from controller.adapters.stores.incidents import SqliteIncidentStore
-from controller.adapters.stores.journal import Journal, JournalError
-from controller.adapters.tier.local_tier import LocalTierClient
-from controller.app.api import ControllerAPI
-from controller.app.extras import CLUSTER, ML, require
-from controller.app.peer_auth import PeerKey
-from controller.app.registrations import (
+from tailguard.controller.adapters.changes.tracker import ChangeTracker, build_change_tracker
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSource, SourceConfigError
+from tailguard.controller.adapters.notify.webhook import decision_links
+from tailguard.controller.adapters.stores.incidents import SqliteIncidentStore
+from tailguard.controller.adapters.stores.journal import Journal, JournalError
+from tailguard.controller.adapters.tier.local_tier import LocalTierClient
+from tailguard.controller.app.api import ControllerAPI
+from tailguard.controller.app.extras import CLUSTER, ML, require
+from tailguard.controller.app.peer_auth import PeerKey
+from tailguard.controller.app.registrations import (
     ANNOTATIONS,
     NOTIFY,
     ROLLBACK,
@@ -41,31 +41,31 @@ from controller.app.registrations import (
     grafana_annotator,
     tier_client,
 )
-from controller.app.registry import BuildContext, ClusterConnection, PortRegistry
-from controller.app.settings import ControllerSettings
-from controller.app.status_page import dashboard_link
-from controller.core.actions import ActionType
-from controller.core.policy import Condition
-from controller.core.policy_files import LoadedPolicy, PolicyError, load_policies
-from controller.core.ports import ChangeTrackerPort, IncidentStorePort
-from controller.kit.clock import SystemClock
-from controller.kit.errors import ConfigError, StoreError
-from controller.loop.adoption import Adoption
-from controller.loop.annotating_dispatcher import DecisionAnnotatingDispatcher
-from controller.loop.dispatcher import Actuators, Dispatcher
-from controller.loop.embedding import embed_dispatcher
-from controller.loop.evaluation import action_labels
-from controller.loop.housekeeping import Housekeeper, Task
-from controller.loop.incidents import IncidentKeeper
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller
-from predictors.serving import PredictionProvider
+from tailguard.controller.app.registry import BuildContext, ClusterConnection, PortRegistry
+from tailguard.controller.app.settings import ControllerSettings
+from tailguard.controller.app.status_page import dashboard_link
+from tailguard.controller.core.actions import ActionType
+from tailguard.controller.core.policy import Condition
+from tailguard.controller.core.policy_files import LoadedPolicy, PolicyError, load_policies
+from tailguard.controller.core.ports import ChangeTrackerPort, IncidentStorePort
+from tailguard.controller.kit.clock import SystemClock
+from tailguard.controller.kit.errors import ConfigError, StoreError
+from tailguard.controller.loop.adoption import Adoption
+from tailguard.controller.loop.annotating_dispatcher import DecisionAnnotatingDispatcher
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher
+from tailguard.controller.loop.embedding import embed_dispatcher
+from tailguard.controller.loop.evaluation import action_labels
+from tailguard.controller.loop.housekeeping import Housekeeper, Task
+from tailguard.controller.loop.incidents import IncidentKeeper
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.runtime import Controller
+from tailguard.predictors.serving import PredictionProvider
 
 if TYPE_CHECKING:  # the cluster extra (kubernetes, grafana-client): imported where a section needs it
-    from controller.adapters.annotations.grafana import GrafanaAnnotator
-    from controller.adapters.lease.leader import LeaderElector
-    from controller.adapters.lease.shards import ShardedElector
-    from controller.adapters.policies.crd import CrdPolicySource
+    from tailguard.controller.adapters.annotations.grafana import GrafanaAnnotator
+    from tailguard.controller.adapters.lease.leader import LeaderElector
+    from tailguard.controller.adapters.lease.shards import ShardedElector
+    from tailguard.controller.adapters.policies.crd import CrdPolicySource
 
 logger = logging.getLogger("tailguard.cli")
 
@@ -350,8 +350,8 @@ def _cluster(
         return None, Leadership()
     require(CLUSTER, "kubernetes" if settings.kubernetes is not None else "leaderElection")
     # The cluster extra (kubernetes): imported only when a section needs it.
-    from controller.adapters.lease.shards import ShardedElector
-    from controller.app.cluster import build_leader_elector, connect
+    from tailguard.controller.adapters.lease.shards import ShardedElector
+    from tailguard.controller.app.cluster import build_leader_elector, connect
 
     cluster: ClusterConnection | None = None
     elector: LeaderElector | ShardedElector | None = None
@@ -392,7 +392,7 @@ def _crd_policies(
     if cluster is None or settings.kubernetes is None or settings.kubernetes.policies is None:
         return None
     # The cluster extra (kubernetes): imported only with a kubernetes.policies section.
-    from controller.adapters.policies.crd import CrdPolicySource
+    from tailguard.controller.adapters.policies.crd import CrdPolicySource
 
     crd_source = CrdPolicySource(
         cluster.api_client,
@@ -435,7 +435,7 @@ def _api(
     peers = None
     if single is not None and settings.leaderElection is not None:
         # The cluster extra (kubernetes): imported with the leaderElection section, as the elector was.
-        from controller.app.cluster import build_peer_check
+        from tailguard.controller.app.cluster import build_peer_check
 
         peers = build_peer_check(single, settings.leaderElection, clock, settings.listen.port)
     try:
@@ -475,7 +475,7 @@ def _incident_store(
         # The cluster extra (kubernetes): imported only with a kubernetes.incidents section.
         from kubernetes import client as k8s
 
-        from controller.adapters.stores.incident_resources import KubernetesIncidentStore
+        from tailguard.controller.adapters.stores.incident_resources import KubernetesIncidentStore
 
         return KubernetesIncidentStore(k8s.CustomObjectsApi(cluster.api_client), incidents.namespace)
     try:

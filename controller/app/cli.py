@@ -24,17 +24,17 @@ from typing import NamedTuple
 
 import yaml
 
-from controller.adapters.policies.crd_schema import policy_manifest
-from controller.app.build import PolicyConfigError, build, check_policies
-from controller.app.kubectl_plugin import version
-from controller.app.logging_setup import configure_logging
-from controller.app.query_check import ParserUnavailable, prometheus_errors, promtool_errors, promtool_path
-from controller.app.settings import SettingsError, WebhookTokenError, load_settings
-from controller.core.policy import policy_json_schema
-from controller.core.policy_files import LoadedPolicy, PolicyError, load_policies, policy_paths
-from controller.kit.errors import ConfigError
-from controller.kit.gc_tuning import tune_for_long_running
-from controller.loop.policy_set import PolicyLoadError
+from tailguard.controller.adapters.policies.crd_schema import policy_manifest
+from tailguard.controller.app.build import PolicyConfigError, build, check_policies
+from tailguard.controller.app.kubectl_plugin import version
+from tailguard.controller.app.logging_setup import configure_logging
+from tailguard.controller.app.query_check import ParserUnavailable, prometheus_errors, promtool_errors, promtool_path
+from tailguard.controller.app.settings import SettingsError, WebhookTokenError, load_settings
+from tailguard.controller.core.policy import policy_json_schema
+from tailguard.controller.core.policy_files import LoadedPolicy, PolicyError, load_policies, policy_paths
+from tailguard.controller.kit.errors import ConfigError
+from tailguard.controller.kit.gc_tuning import tune_for_long_running
+from tailguard.controller.loop.policy_set import PolicyLoadError
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -42,22 +42,42 @@ EXIT_CONFIG = 2
 
 # Subcommands whose arguments belong to another module's own parser.
 DELEGATED = {
-    "backtest": ("controller.app.ml_commands", "backtest_main", "replay policies over Prometheus history"),
-    "train": ("controller.app.ml_commands", "train_main", "train the SLA-breach model from Prometheus history"),
+    "backtest": ("tailguard.controller.app.ml_commands", "backtest_main", "replay policies over Prometheus history"),
+    "train": (
+        "tailguard.controller.app.ml_commands",
+        "train_main",
+        "train the SLA-breach model from Prometheus history",
+    ),
     "evaluate": (
-        "controller.app.ml_commands",
+        "tailguard.controller.app.ml_commands",
         "evaluate_main",
         "evaluate a trained SLA-breach model against baselines",
     ),
-    "dashboards": ("controller.tools.dashboards", "main", "generate the Grafana dashboards, or push them to Grafana"),
-    "status": ("controller.app.operate", "status_main", "what a running controller (or a journal) is doing now"),
-    "pause": ("controller.app.operate", "pause_main", "pause a policy (or --all: the kill switch) of a controller"),
-    "resume": ("controller.app.operate", "resume_main", "resume a paused policy (or --all)"),
-    "abort": ("controller.app.operate", "abort_main", "stop a decision's actions (a ramp or sync wait in flight)"),
-    "incidents": ("controller.app.kubectl_plugin", "incidents_main", "open incidents of a controller"),
-    "logs": ("controller.app.kubectl_plugin", "logs_main", "the leader pod's log (through the cluster)"),
-    "completion": ("controller.app.kubectl_plugin", "completion_main", "print shell completion code"),
-    "report": ("controller.app.report_command", "report_main", "the incident report of a journaled decision"),
+    "dashboards": (
+        "tailguard.controller.tools.dashboards",
+        "main",
+        "generate the Grafana dashboards, or push them to Grafana",
+    ),
+    "status": (
+        "tailguard.controller.app.operate",
+        "status_main",
+        "what a running controller (or a journal) is doing now",
+    ),
+    "pause": (
+        "tailguard.controller.app.operate",
+        "pause_main",
+        "pause a policy (or --all: the kill switch) of a controller",
+    ),
+    "resume": ("tailguard.controller.app.operate", "resume_main", "resume a paused policy (or --all)"),
+    "abort": (
+        "tailguard.controller.app.operate",
+        "abort_main",
+        "stop a decision's actions (a ramp or sync wait in flight)",
+    ),
+    "incidents": ("tailguard.controller.app.kubectl_plugin", "incidents_main", "open incidents of a controller"),
+    "logs": ("tailguard.controller.app.kubectl_plugin", "logs_main", "the leader pod's log (through the cluster)"),
+    "completion": ("tailguard.controller.app.kubectl_plugin", "completion_main", "print shell completion code"),
+    "report": ("tailguard.controller.app.report_command", "report_main", "the incident report of a journaled decision"),
 }
 
 

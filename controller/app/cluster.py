@@ -17,21 +17,21 @@ from pathlib import Path
 import yaml
 from kubernetes import client as k8s
 
-from controller.adapters.kube.api_client import cluster_api_client
-from controller.adapters.kube.events import EventRecorder
-from controller.adapters.lease.leader import LeaderElector
-from controller.adapters.lease.peers import PodPeerCheck
-from controller.adapters.lease.settings import LeaderElectionSettings
-from controller.adapters.lease.shards import ShardChange, ShardedElector
-from controller.adapters.rollback.deployment import DeploymentRollback
-from controller.adapters.scale.hpa import HpaScaler
-from controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
-from controller.app.cluster_settings import KubernetesSettings
-from controller.app.registrations import deployment_rollback, hpa_scaler, route_router
-from controller.app.registry import BuildContext, ClusterConnection
-from controller.core.ports import Clock
-from controller.kit.errors import ConfigError
-from controller.kit.http import RetryPolicy
+from tailguard.controller.adapters.kube.api_client import cluster_api_client
+from tailguard.controller.adapters.kube.events import EventRecorder
+from tailguard.controller.adapters.lease.leader import LeaderElector
+from tailguard.controller.adapters.lease.peers import PodPeerCheck
+from tailguard.controller.adapters.lease.settings import LeaderElectionSettings
+from tailguard.controller.adapters.lease.shards import ShardChange, ShardedElector
+from tailguard.controller.adapters.rollback.deployment import DeploymentRollback
+from tailguard.controller.adapters.scale.hpa import HpaScaler
+from tailguard.controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
+from tailguard.controller.app.cluster_settings import KubernetesSettings
+from tailguard.controller.app.registrations import deployment_rollback, hpa_scaler, route_router
+from tailguard.controller.app.registry import BuildContext, ClusterConnection
+from tailguard.controller.core.ports import Clock
+from tailguard.controller.kit.errors import ConfigError
+from tailguard.controller.kit.http import RetryPolicy
 
 
 class ClusterConfigError(ConfigError):

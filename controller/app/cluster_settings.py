@@ -39,10 +39,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from controller.adapters.rollback.settings import RollbackSettings
-from controller.adapters.scale.settings import HpaSettings
-from controller.adapters.traffic.settings import TrafficSettings
-from controller.core.policy import Duration
+from tailguard.controller.adapters.rollback.settings import RollbackSettings
+from tailguard.controller.adapters.scale.settings import HpaSettings
+from tailguard.controller.adapters.traffic.settings import TrafficSettings
+from tailguard.controller.core.policy import Duration
 
 
 class _Strict(BaseModel):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from controller.kit.errors import ConfigError
+from tailguard.controller.kit.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -35,9 +35,9 @@ from urllib.parse import urlsplit
 import aiohttp
 from yarl import URL
 
-from controller.app.peer_auth import NONCE_HEADER, SIGNATURE_HEADER, PeerKey
-from controller.app.ports import LeaderDirectoryPort
-from controller.core.ports import PeerCheckPort
+from tailguard.controller.app.peer_auth import NONCE_HEADER, SIGNATURE_HEADER, PeerKey
+from tailguard.controller.app.ports import LeaderDirectoryPort
+from tailguard.controller.core.ports import PeerCheckPort
 
 logger = logging.getLogger("tailguard.api.forwarding")
 

@@ -29,8 +29,8 @@ from importlib import metadata
 from typing import Any
 from urllib.parse import quote
 
-from controller.app import operate
-from controller.app.reach import (
+from tailguard.controller.app import operate
+from tailguard.controller.app.reach import (
     DEFAULT_NAMESPACE,
     OperateError,
     call,

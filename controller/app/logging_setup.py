@@ -6,14 +6,14 @@ import json
 import logging
 from typing import Any
 
-from controller.kit.redact import redact_text
+from tailguard.controller.kit.redact import redact_text
 
 # Client libraries that log each request's path at DEBUG (a Slack-style receiver's path is its secret).
 PATH_LOGGING_LIBRARIES = ("urllib3", "urllib3_future", "niquests", "kubernetes.client.rest")
 
 
 class RedactingFilter(logging.Filter):
-    """Every URL in a log line (message and exception text) is cut to scheme+host (controller.kit.redact): a
+    """Every URL in a log line (message and exception text) is cut to scheme+host (tailguard.controller.kit.redact): a
     receiver URL's secret may be its path, and a message may carry a URL from anywhere."""
 
     def filter(self, record: logging.LogRecord) -> bool:

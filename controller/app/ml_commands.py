@@ -2,8 +2,8 @@
 
 The app wires them (controller/app/cli.py DELEGATED): predictors depend on the controller's kit and core only,
 so the app opens the PrometheusSource they read; the backtest (controller/tools) never imports predictors, so the
-app hands it a factory for the SLA model over history (predictors.history.HistoricalPredictions), and a reader of
-`--config CONTROLLER_YAML` (`backtest_config`: the settings' prometheus, policies, global limits and dryRun, and the
+app hands it a factory for the SLA model over history (tailguard.predictors.history.HistoricalPredictions), and a reader
+of `--config CONTROLLER_YAML` (`backtest_config`: the settings' prometheus, policies, global limits and dryRun, and the
 change tracker built from the configured change sources).
 """
 
@@ -14,21 +14,22 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from controller.adapters.changes.tracker import build_change_tracker
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.adapters.tier.local_tier import LocalTierClient
-from controller.app.extras import CLUSTER, ML, missing_extra_message, require
-from controller.app.settings import load_settings
-from controller.kit.cli_args import EXIT_USAGE, UsageError
-from controller.kit.clock import SystemClock
-from controller.kit.errors import ConfigError
-from controller.tools import backtest
-from controller.tools.backtest import ConfiguredInputs, ModelOptions
-from predictors.history import HistoricalPredictions, predictor_specs
+from tailguard.controller.adapters.changes.tracker import build_change_tracker
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from tailguard.controller.adapters.tier.local_tier import LocalTierClient
+from tailguard.controller.app.extras import CLUSTER, ML, missing_extra_message, require
+from tailguard.controller.app.settings import load_settings
+from tailguard.controller.kit.cli_args import EXIT_USAGE, UsageError
+from tailguard.controller.kit.clock import SystemClock
+from tailguard.controller.kit.errors import ConfigError
+from tailguard.controller.tools import backtest
+from tailguard.controller.tools.backtest import ConfiguredInputs, ModelOptions
+from tailguard.predictors.history import HistoricalPredictions, predictor_specs
 
 
 def open_prometheus(url: str, timeout: float) -> PrometheusSource:
-    """The source `train` and `evaluate` read (predictors.data.OpenSource); UsageError for a URL it cannot use."""
+    """The source `train` and `evaluate` read (tailguard.predictors.data.OpenSource); UsageError for a URL it cannot
+    use."""
     try:
         settings = PrometheusSettings(url=url, timeout=timeout)
     except ValidationError:
@@ -37,7 +38,7 @@ def open_prometheus(url: str, timeout: float) -> PrometheusSource:
 
 
 def historical_predictions(options: ModelOptions, at: float) -> HistoricalPredictions:
-    """The backtest's SLA model over history (controller.tools.backtest.PredictionsFactory)."""
+    """The backtest's SLA model over history (tailguard.controller.tools.backtest.PredictionsFactory)."""
     return HistoricalPredictions(
         predictor_specs(options.predictors, options.trusted_types, options.allow_untrusted), at
     )
@@ -84,7 +85,7 @@ def backtest_main(argv: Sequence[str]) -> int:
 
 def train_main(argv: Sequence[str]) -> int:
     try:
-        from predictors import train  # the ml extra (scikit-learn, skops): imported only for this command
+        from tailguard.predictors import train  # the ml extra (scikit-learn, skops): imported only for this command
     except ModuleNotFoundError as missing:
         message = missing_extra_message(missing, ML, "tailguard train")
         if message is None:
@@ -96,7 +97,7 @@ def train_main(argv: Sequence[str]) -> int:
 
 def evaluate_main(argv: Sequence[str]) -> int:
     try:
-        from predictors import evaluate  # the ml extra (scikit-learn, skops): imported only for this command
+        from tailguard.predictors import evaluate  # the ml extra (scikit-learn, skops): imported only for this command
     except ModuleNotFoundError as missing:
         message = missing_extra_message(missing, ML, "tailguard evaluate")
         if message is None:

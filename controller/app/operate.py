@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from controller.adapters.stores.incidents import SqliteIncidentStore
-from controller.adapters.stores.journal import Journal, JournalError
-from controller.app.reach import (
+from tailguard.controller.adapters.stores.incidents import SqliteIncidentStore
+from tailguard.controller.adapters.stores.journal import Journal, JournalError
+from tailguard.controller.app.reach import (
     DEFAULT_NAMESPACE,
     DEFAULT_PORT,
     DEFAULT_SERVICE,
@@ -46,8 +46,8 @@ from controller.app.reach import (
     call,
     resolve,
 )
-from controller.core.controls import MAX_ABORT_REASON
-from controller.core.status_view import incident_status, journal_policy_status
+from tailguard.controller.core.controls import MAX_ABORT_REASON
+from tailguard.controller.core.status_view import incident_status, journal_policy_status
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -31,7 +31,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
-from controller.kit.signing import hmac_sha256_hex, same_digest, timestamp_fresh, to_bytes
+from tailguard.controller.kit.signing import hmac_sha256_hex, same_digest, timestamp_fresh, to_bytes
 
 TIMESTAMP_HEADER = "X-Tailguard-Peer-Timestamp"
 NONCE_HEADER = "X-Tailguard-Peer-Nonce"

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from controller.core.controls import AbortResult
-from controller.core.model import TargetKey
-from controller.core.policy import Policy
-from controller.loop.ports import TRIGGER_ALERT, Readiness
+from tailguard.controller.core.controls import AbortResult
+from tailguard.controller.core.model import TargetKey
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.loop.ports import TRIGGER_ALERT, Readiness
 
 
 @runtime_checkable
@@ -32,7 +32,7 @@ class MetricsExposition(Protocol):
 
 
 class ControllerPort(Protocol):
-    """What the API needs of controller.loop.runtime.Controller."""
+    """What the API needs of tailguard.controller.loop.runtime.Controller."""
 
     @property
     def metrics(self) -> MetricsExposition: ...

@@ -25,11 +25,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource, SourceConfigError
-from controller.core.policy_files import LoadedPolicy, PolicyError
-from controller.core.signals import refused_queries, render_signal_queries
-from controller.kit.clock import SystemClock
-from controller.kit.errors import SourceError
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource, SourceConfigError
+from tailguard.controller.core.policy_files import LoadedPolicy, PolicyError
+from tailguard.controller.core.signals import refused_queries, render_signal_queries
+from tailguard.controller.kit.clock import SystemClock
+from tailguard.controller.kit.errors import SourceError
 
 PROMTOOL_TIMEOUT_SECONDS = 60.0
 # promtool check rules: `FILE: L:C: group "q3", rule 1, "tailguard:q3": could not parse expression: 1:17: ...`

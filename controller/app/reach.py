@@ -24,8 +24,8 @@ from urllib.parse import quote, urlsplit
 
 import requests
 
-from controller.app.api_auth import TOKEN_HEADER
-from controller.kit.errors import TailguardError
+from tailguard.controller.app.api_auth import TOKEN_HEADER
+from tailguard.controller.kit.errors import TailguardError
 
 TIMEOUT_SECONDS = 10.0
 DEFAULT_NAMESPACE = "tailguard"

@@ -19,20 +19,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from controller.adapters.annotations.jsonl import FanoutAnnotator, JsonlAnnotator
-from controller.adapters.annotations.settings import AnnotationSettings, GrafanaSettings, GrafanaTokenError
-from controller.adapters.argocd.settings import ArgoCDSettings
-from controller.adapters.notify.webhook import WebhookNotifier, WebhookReceiver
-from controller.adapters.rollback.argocd import ArgoCDRollback
-from controller.adapters.rollback.settings import RollbackSettings
-from controller.adapters.scale.settings import HpaSettings
-from controller.adapters.stores.outbox import OutboxError
-from controller.adapters.tier.local_tier import LocalTierClient
-from controller.adapters.tier.settings import TierSettings
-from controller.adapters.traffic.settings import TrafficSettings
-from controller.app.extras import CLUSTER, require
-from controller.app.registry import Adapter, BuildContext, PortRegistry, Section
-from controller.core.ports import (
+from tailguard.controller.adapters.annotations.jsonl import FanoutAnnotator, JsonlAnnotator
+from tailguard.controller.adapters.annotations.settings import AnnotationSettings, GrafanaSettings, GrafanaTokenError
+from tailguard.controller.adapters.argocd.settings import ArgoCDSettings
+from tailguard.controller.adapters.notify.webhook import WebhookNotifier, WebhookReceiver
+from tailguard.controller.adapters.rollback.argocd import ArgoCDRollback
+from tailguard.controller.adapters.rollback.settings import RollbackSettings
+from tailguard.controller.adapters.scale.settings import HpaSettings
+from tailguard.controller.adapters.stores.outbox import OutboxError
+from tailguard.controller.adapters.tier.local_tier import LocalTierClient
+from tailguard.controller.adapters.tier.settings import TierSettings
+from tailguard.controller.adapters.traffic.settings import TrafficSettings
+from tailguard.controller.app.extras import CLUSTER, require
+from tailguard.controller.app.registry import Adapter, BuildContext, PortRegistry, Section
+from tailguard.controller.core.ports import (
     Annotator,
     NoticePayload,
     Notifier,
@@ -42,13 +42,13 @@ from controller.core.ports import (
     ScalePort,
     TrafficRouter,
 )
-from controller.kit.errors import ConfigError
+from tailguard.controller.kit.errors import ConfigError
 
 if TYPE_CHECKING:  # the cluster extra: imported by the factories that need it
-    from controller.adapters.annotations.grafana import GrafanaAnnotator
-    from controller.adapters.rollback.deployment import DeploymentRollback
-    from controller.adapters.scale.hpa import HpaScaler
-    from controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
+    from tailguard.controller.adapters.annotations.grafana import GrafanaAnnotator
+    from tailguard.controller.adapters.rollback.deployment import DeploymentRollback
+    from tailguard.controller.adapters.scale.hpa import HpaScaler
+    from tailguard.controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
 
 ROLLBACK: PortRegistry[RollbackPort] = PortRegistry("rollback", verb="roll back", exclusive=True)
 SCALE: PortRegistry[ScalePort] = PortRegistry("scale", verb="scale", exclusive=True)
@@ -89,7 +89,7 @@ def grafana_annotator(context: BuildContext) -> GrafanaAnnotator | None:
 def _grafana(settings: GrafanaSettings, context: BuildContext) -> GrafanaAnnotator:
     require(CLUSTER, "annotations.grafana")
     # The cluster extra (grafana-client): imported only with an annotations.grafana section.
-    from controller.adapters.annotations.grafana import GrafanaAnnotator
+    from tailguard.controller.adapters.annotations.grafana import GrafanaAnnotator
 
     try:
         grafana = GrafanaAnnotator.from_settings(settings, context.clock, context.path(settings.outbox))
@@ -140,7 +140,7 @@ def _new_hpa_scaler(hpa: HpaSettings, context: BuildContext) -> HpaScaler:
     # The cluster extra (kubernetes): imported only with a kubernetes.hpa section.
     from kubernetes import client as k8s
 
-    from controller.adapters.scale.hpa import HpaBounds, HpaScaler, HpaTarget
+    from tailguard.controller.adapters.scale.hpa import HpaBounds, HpaScaler, HpaTarget
 
     return HpaScaler(
         k8s.AutoscalingV2Api(cluster.api_client),
@@ -166,7 +166,7 @@ def route_router(traffic: TrafficSettings, context: BuildContext) -> HttpRouteRo
     # The cluster extra (kubernetes): imported only with a kubernetes.traffic section.
     from kubernetes import client as k8s
 
-    from controller.adapters.traffic.routes import HttpRouteRouter, Ramp, RouteRef, VirtualServiceRouter
+    from tailguard.controller.adapters.traffic.routes import HttpRouteRouter, Ramp, RouteRef, VirtualServiceRouter
 
     router_class = HttpRouteRouter if traffic.kind == "httproute" else VirtualServiceRouter
     return router_class(
@@ -188,7 +188,7 @@ def deployment_rollback(rollback: RollbackSettings, context: BuildContext) -> De
     # The cluster extra (kubernetes): imported only with a kubernetes.rollback section.
     from kubernetes import client as k8s
 
-    from controller.adapters.rollback.deployment import DeploymentRef, DeploymentRollback, RollbackRecord
+    from tailguard.controller.adapters.rollback.deployment import DeploymentRef, DeploymentRollback, RollbackRecord
 
     return DeploymentRollback(
         k8s.AppsV1Api(cluster.api_client),

@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, Union, cast, get_args, 
 
 from pydantic import BaseModel, Field, create_model
 
-from controller.core.ports import Clock
-from controller.kit.errors import ConfigError
+from tailguard.controller.core.ports import Clock
+from tailguard.controller.kit.errors import ConfigError
 
 if TYPE_CHECKING:  # the cluster extra (kubernetes): only a `kubernetes` section builds a connection
     from kubernetes import client as k8s
 
-    from controller.adapters.kube.events import EventRecorder
-    from controller.kit.http import RetryPolicy
+    from tailguard.controller.adapters.kube.events import EventRecorder
+    from tailguard.controller.kit.http import RetryPolicy
 
 S = TypeVar("S")  # a section's settings
 P = TypeVar("P")  # the port an adapter implements

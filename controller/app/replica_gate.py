@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from controller.app.forwarding import FORWARDED_HEADER
-from controller.app.peer_auth import NONCE_HEADER, SIGNATURE_HEADER, PeerKey
+from tailguard.controller.app.forwarding import FORWARDED_HEADER
+from tailguard.controller.app.peer_auth import NONCE_HEADER, SIGNATURE_HEADER, PeerKey
 
 logger = logging.getLogger("tailguard.api")
 

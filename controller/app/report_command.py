@@ -18,16 +18,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from controller.adapters.metrics.prometheus import PrometheusSource
-from controller.adapters.stores.journal import Journal, JournalError
-from controller.app.settings import SettingsError, load_settings
-from controller.core.model import target_key
-from controller.core.policy_files import load_policies
-from controller.core.signals import render_signal_queries
-from controller.kit.cli_args import UsageError, parse_time
-from controller.kit.clock import SystemClock
-from controller.kit.errors import InputError
-from controller.tools.incident_report import IncidentTimeline, write_report
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSource
+from tailguard.controller.adapters.stores.journal import Journal, JournalError
+from tailguard.controller.app.settings import SettingsError, load_settings
+from tailguard.controller.core.model import target_key
+from tailguard.controller.core.policy_files import load_policies
+from tailguard.controller.core.signals import render_signal_queries
+from tailguard.controller.kit.cli_args import UsageError, parse_time
+from tailguard.controller.kit.clock import SystemClock
+from tailguard.controller.kit.errors import InputError
+from tailguard.controller.tools.incident_report import IncidentTimeline, write_report
 
 EXIT_OK = 0
 EXIT_FAILED = 1

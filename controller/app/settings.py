@@ -18,21 +18,21 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from controller.adapters.annotations.settings import AnnotationSettings
-from controller.adapters.argocd.settings import ArgoCDSettings
-from controller.adapters.changes.tracker import ChangeTrackingSettings
-from controller.adapters.lease.settings import LeaderElectionSettings
-from controller.adapters.metrics.prometheus import PrometheusSettings
-from controller.adapters.notify.webhook import LinkSettings, WebhookReceiver
-from controller.adapters.stores.journal_retention import DEFAULT_RETENTION, MIN_RETENTION
-from controller.adapters.tier.settings import TierSettings
-from controller.app.cluster_settings import KubernetesSettings
-from controller.app.registrations import REGISTRIES
-from controller.app.registry import Section, assemble, sections
-from controller.core.policy import Duration
-from controller.core.policy_files import PolicyError, _message
-from controller.kit.errors import ConfigError
-from controller.kit.located_yaml import (
+from tailguard.controller.adapters.annotations.settings import AnnotationSettings
+from tailguard.controller.adapters.argocd.settings import ArgoCDSettings
+from tailguard.controller.adapters.changes.tracker import ChangeTrackingSettings
+from tailguard.controller.adapters.lease.settings import LeaderElectionSettings
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings
+from tailguard.controller.adapters.notify.webhook import LinkSettings, WebhookReceiver
+from tailguard.controller.adapters.stores.journal_retention import DEFAULT_RETENTION, MIN_RETENTION
+from tailguard.controller.adapters.tier.settings import TierSettings
+from tailguard.controller.app.cluster_settings import KubernetesSettings
+from tailguard.controller.app.registrations import REGISTRIES
+from tailguard.controller.app.registry import Section, assemble, sections
+from tailguard.controller.core.policy import Duration
+from tailguard.controller.core.policy_files import PolicyError, _message
+from tailguard.controller.kit.errors import ConfigError
+from tailguard.controller.kit.located_yaml import (
     BoundedLoader,
     DuplicateKey,
     FileTooLarge,
@@ -42,9 +42,9 @@ from controller.kit.located_yaml import (
     read_bounded,
     yaml_problem,
 )
-from controller.kit.net import is_loopback_host
-from controller.loop.dispatcher import GlobalLimits
-from predictors.serving import ModelSpec, PredictorSettings, model_specs
+from tailguard.controller.kit.net import is_loopback_host
+from tailguard.controller.loop.dispatcher import GlobalLimits
+from tailguard.predictors.serving import ModelSpec, PredictorSettings, model_specs
 
 DEFAULT_PORT = 9464
 

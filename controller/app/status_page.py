@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from controller.app.incident_view import (
+from tailguard.controller.app.incident_view import (
     INCIDENT_CSS,
     action_text,
     condition_text,

@@ -22,9 +22,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from controller.core.model import TargetKey, target_key
-from controller.core.policy import Policy
-from controller.kit.errors import InputError
+from tailguard.controller.core.model import TargetKey, target_key
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.kit.errors import InputError
 
 POLICY_LABEL = "tailguard_policy"
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from controller.core.model import Decision, SignalResult, TargetKey, classify
-from controller.core.policy import AttributionSpec, Branch, Condition, Policy
-from controller.kit.durations import format_duration
+from tailguard.controller.core.model import Decision, SignalResult, TargetKey, classify
+from tailguard.controller.core.policy import AttributionSpec, Branch, Condition, Policy
+from tailguard.controller.kit.durations import format_duration
 
 # How much of a diff is spelled out in reasons and annotation text; the decision JSON keeps all of it.
 DIFF_SHOWN = 4

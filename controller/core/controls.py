@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from controller.core.policy import Policy
-from controller.kit.errors import InputError
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.kit.errors import InputError
 
 CONTROLS_ANNOTATION = "tailguard.io/controls"
 CONTROLS_META_KEY = "controls"

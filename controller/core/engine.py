@@ -44,8 +44,8 @@ from enum import StrEnum
 from math import isnan
 from typing import Any
 
-from controller.core.actions import MUTATING_ACTIONS, ActionRequest, ActionType
-from controller.core.attribution import (
+from tailguard.controller.core.actions import MUTATING_ACTIONS, ActionRequest, ActionType
+from tailguard.controller.core.attribution import (
     AttributedDecision,
     Attribution,
     BranchChoice,
@@ -55,8 +55,8 @@ from controller.core.attribution import (
     no_branch_choice,
     text_variables,
 )
-from controller.core.limits import cooling, kept, over_budget, retention
-from controller.core.model import (
+from tailguard.controller.core.limits import cooling, kept, over_budget, retention
+from tailguard.controller.core.model import (
     Decision,
     DecisionKind,
     ObservationKind,
@@ -67,8 +67,8 @@ from controller.core.model import (
     format_target,
     target_labels,
 )
-from controller.core.policy import Comparison, Condition, NoDataPolicy, Policy
-from controller.kit.templating import render_text
+from tailguard.controller.core.policy import Comparison, Condition, NoDataPolicy, Policy
+from tailguard.controller.kit.templating import render_text
 
 EVIDENCE_POINTS = 20
 SUSPENDED_REASON = "suspended"  # the reason of a breach suppressed because its policy is suspended or paused

@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from controller.core.engine import union_times
-from controller.core.model import TargetKey
-from controller.kit.errors import InputError
+from tailguard.controller.core.engine import union_times
+from tailguard.controller.core.model import TargetKey
+from tailguard.controller.kit.errors import InputError
 
 HANDOVER_ANNOTATION = "tailguard.io/action-times"
 # All annotations of one object share 256 KiB; the action times get half of it at most.

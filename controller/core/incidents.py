@@ -28,8 +28,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from controller.core.model import TargetKey, target_labels
-from controller.kit.errors import StoreError
+from tailguard.controller.core.model import TargetKey, target_labels
+from tailguard.controller.kit.errors import StoreError
 
 # The labels that make a scope: what every shipped policy groups by at least (a version-level target of one
 # service is the same incident as the service-level one).

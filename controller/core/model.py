@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from controller.core.actions import ActionRequest
+from tailguard.controller.core.actions import ActionRequest
 
 # A target is identified by the values of the policy's `targets.groupBy` labels,
 # kept as a sorted tuple so it is hashable and has one canonical order.

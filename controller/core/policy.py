@@ -25,10 +25,10 @@ from pydantic import (
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
-from controller.core.actions import Action
-from controller.kit.durations import format_duration, parse_duration
-from controller.kit.errors import ConfigError
-from controller.kit.templating import LABEL_NAME, QUERY_BUILTINS, variables_in
+from tailguard.controller.core.actions import Action
+from tailguard.controller.kit.durations import format_duration, parse_duration
+from tailguard.controller.kit.errors import ConfigError
+from tailguard.controller.kit.templating import LABEL_NAME, QUERY_BUILTINS, variables_in
 
 API_VERSION = "tailguard.io/v1alpha1"
 DURATION_PATTERN = r"^(\d+(\.\d+)?(ms|s|m|h|d))+$"

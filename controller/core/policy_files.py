@@ -13,8 +13,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from controller.core.policy import Policy, PolicyReferenceError
-from controller.kit.located_yaml import (
+from tailguard.controller.core.policy import Policy, PolicyReferenceError
+from tailguard.controller.kit.located_yaml import (
     MAX_FILE_BYTES,
     BoundedLoader,
     DuplicateKey,

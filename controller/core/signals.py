@@ -3,7 +3,7 @@
 A policy's signal query aggregates `by` the target labels, so Prometheus answers one
 series per target and the controller never sends one request per target (what
 Flagger and Argo Rollouts do). Template variables are substituted as escaped PromQL
-string literals (controller.kit.templating), so a quote or backslash in a label value
+string literals (tailguard.controller.kit.templating), so a quote or backslash in a label value
 cannot change the query.
 """
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 import math
 
-from controller.core.model import SignalResult, TargetKey
-from controller.core.policy import Policy
-from controller.core.ports import MetricsSource, RangeResult
-from controller.kit.templating import render_query
+from tailguard.controller.core.model import SignalResult, TargetKey
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.ports import MetricsSource, RangeResult
+from tailguard.controller.kit.templating import render_query
 
 log = logging.getLogger(__name__)
 

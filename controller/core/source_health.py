@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from controller.core.model import SignalResult
+from tailguard.controller.core.model import SignalResult
 
 PROMETHEUS = "prometheus"
 CHANGE_TRACKING = "change-tracking"

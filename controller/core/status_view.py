@@ -14,13 +14,13 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from controller.core.controls import Controls
-from controller.core.engine import PolicyState
-from controller.core.incidents import Incident
-from controller.core.limits import cooling, in_budget_window
-from controller.core.model import target_labels
-from controller.core.policy import Condition, ForSpec, Policy
-from controller.core.source_health import SourceHealth, health_json
+from tailguard.controller.core.controls import Controls
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.core.incidents import Incident
+from tailguard.controller.core.limits import cooling, in_budget_window
+from tailguard.controller.core.model import target_labels
+from tailguard.controller.core.policy import Condition, ForSpec, Policy
+from tailguard.controller.core.source_health import SourceHealth, health_json
 
 STATUS_VERSION = 1
 

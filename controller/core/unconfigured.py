@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from controller.core.actions import ActionType
-from controller.core.ports import (
+from tailguard.controller.core.actions import ActionType
+from tailguard.controller.core.ports import (
     AbortSignal,
     ActionOutcome,
     Annotation,
@@ -30,7 +30,7 @@ from controller.core.ports import (
     ScaleState,
     TrafficRequest,
 )
-from controller.kit.errors import ActuatorError
+from tailguard.controller.kit.errors import ActuatorError
 
 ROLLBACK_MISSING = "no actuator configured for rollback: add argocd (or tier)"
 SCALE_MISSING = "no actuator configured for scale: add kubernetes.hpa (or tier)"

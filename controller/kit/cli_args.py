@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Sequence
 from datetime import datetime
 
-from controller.kit.errors import ConfigError
+from tailguard.controller.kit.errors import ConfigError
 
 EXIT_USAGE = 2
 

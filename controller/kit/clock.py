@@ -21,7 +21,7 @@ WAKE_CHECK_SECONDS = 0.2
 
 class Clock(Protocol):
     """The clock every wait goes through (kept here, in the kit, because the kit's HTTP call waits too;
-    controller.core.ports re-exports it with the other ports)."""
+    tailguard.controller.core.ports re-exports it with the other ports)."""
 
     def now(self) -> float: ...
 

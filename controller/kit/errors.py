@@ -9,21 +9,21 @@ exceptions; these classes are for what cannot go on:
     TailguardError
     ├── ConfigError     a configuration, a policy, a secret or a command line the controller cannot run with
     │   │               (exit 2 with one sentence)
-    │   ├── UsageError      (controller.kit.cli_args) a command line argument; also a ValueError
-    │   └── DuplicateKey    (controller.kit.located_yaml) a YAML mapping repeats a key; the policy and settings
-    │                       loaders turn it into their own located errors
+    │   ├── UsageError      (tailguard.controller.kit.cli_args) a command line argument; also a ValueError
+    │   └── DuplicateKey    (tailguard.controller.kit.located_yaml) a YAML mapping repeats a key; the policy and
+    settings │                       loaders turn it into their own located errors
     ├── InputError      data from outside is not what it must be (a webhook payload, a handover annotation,
     │                   a trace or a history file, a request to the serving lab)
     ├── SourceError     a metrics or change source cannot be built or read (never counted as a breach)
     ├── ActuatorError   an actuator call failed; `transient` says whether a retry may help
     ├── StoreError      the journal or the outbox file cannot be used
     │   └── StoreWriteError a write the store refused (a full disk, a read-only volume): said once, not per try
-    └── (serving.errors.LabError: the serving lab's own failures, in the serving package, its client)
+    └── (tailguard.serving.errors.LabError: the serving lab's own failures, in the serving package, its client)
 
 A class that is also a builtin error keeps that base too (`class SourceConfigError(ConfigError, ValueError)`), so
-every `except ValueError` written before the tree existed still catches it. `controller.kit.clock.ShutdownInterrupt`
-is deliberately NOT in the tree: it is a BaseException, like KeyboardInterrupt, so that no `except Exception` (nor an
-`except TailguardError`) swallows a shutdown.
+every `except ValueError` written before the tree existed still catches it.
+`tailguard.controller.kit.clock.ShutdownInterrupt` is deliberately NOT in the tree: it is a BaseException, like
+KeyboardInterrupt, so that no `except Exception` (nor an `except TailguardError`) swallows a shutdown.
 
 This module imports nothing from the project.
 """

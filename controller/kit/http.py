@@ -32,8 +32,8 @@ import requests
 import urllib3.exceptions
 from requests.adapters import HTTPAdapter
 
-from controller.kit.clock import Clock
-from controller.kit.errors import TailguardError
+from tailguard.controller.kit.clock import Clock
+from tailguard.controller.kit.errors import TailguardError
 
 log = logging.getLogger(__name__)
 
@@ -330,7 +330,7 @@ def request_with_retry(
 ) -> HttpAnswer:
     """One call: each attempt ends within `timeout` in total (body included); with a `budget`, the whole call
     (attempts and backoffs) ends within it too. Errors name `shown_url` (default: `redact_url(url)`); a URL whose
-    path is a secret (a receiver's) passes its origin (`controller.kit.redact.url_origin`)."""
+    path is a secret (a receiver's) passes its origin (`tailguard.controller.kit.redact.url_origin`)."""
     shown = f"{method} {shown_url if shown_url is not None else redact_url(url)}"
     ends = time.monotonic() + budget if budget is not None else None
     return retrying(

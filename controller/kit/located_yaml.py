@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from controller.kit.errors import ConfigError
+from tailguard.controller.kit.errors import ConfigError
 
 MAX_FILE_BYTES = 1024 * 1024  # a ConfigMap holds at most 1 MiB
 MAX_NODES = 100_000  # per document, after alias expansion (a policy is a few hundred)

@@ -14,13 +14,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from controller.core.actions import ActionRecord, ActionStatus
-from controller.core.controls import AbortRequest, AbortResult, AbortState
-from controller.core.ports import ActionJournalPort, Clock
-from controller.loop.action_log import ActionLog
-from controller.loop.ports import WakeableClock
+from tailguard.controller.core.actions import ActionRecord, ActionStatus
+from tailguard.controller.core.controls import AbortRequest, AbortResult, AbortState
+from tailguard.controller.core.ports import ActionJournalPort, Clock
+from tailguard.controller.loop.action_log import ActionLog
+from tailguard.controller.loop.ports import WakeableClock
 
-log = logging.getLogger("controller.loop.dispatcher")
+log = logging.getLogger("tailguard.controller.loop.dispatcher")
 
 
 class ActionAbort:

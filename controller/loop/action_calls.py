@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.core.actions import (
+from tailguard.controller.core.actions import (
     ActionRecord,
     ActionRequest,
     ActionType,
@@ -22,7 +22,7 @@ from controller.core.actions import (
     RenderedScale,
     ShiftTrafficAction,
 )
-from controller.core.ports import (
+from tailguard.controller.core.ports import (
     ActionJournalPort,
     ActionOutcome,
     Annotation,
@@ -42,7 +42,7 @@ from controller.core.ports import (
     TrafficRequest,
     TrafficRouter,
 )
-from controller.core.unconfigured import (
+from tailguard.controller.core.unconfigured import (
     UnconfiguredAnnotator,
     UnconfiguredNotifier,
     UnconfiguredRollback,
@@ -50,8 +50,8 @@ from controller.core.unconfigured import (
     UnconfiguredScale,
     UnconfiguredScaleLimits,
 )
-from controller.loop import restore
-from controller.loop.aborts import ActionAbort
+from tailguard.controller.loop import restore
+from tailguard.controller.loop.aborts import ActionAbort
 
 
 @dataclass(frozen=True)

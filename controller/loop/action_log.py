@@ -12,10 +12,10 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from controller.core.actions import ActionRecord, ActionStatus
-from controller.core.ports import ActionJournalPort, Clock
+from tailguard.controller.core.actions import ActionRecord, ActionStatus
+from tailguard.controller.core.ports import ActionJournalPort, Clock
 
-log = logging.getLogger("controller.loop.dispatcher")
+log = logging.getLogger("tailguard.controller.loop.dispatcher")
 
 
 class ActionLog:

@@ -25,10 +25,10 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from controller.core.actions import ActionRecord, ActionStatus, ActionType
-from controller.core.ports import Clock
-from controller.loop.ports import AdoptingJournalPort
-from controller.loop.preconditions import Planner
+from tailguard.controller.core.actions import ActionRecord, ActionStatus, ActionType
+from tailguard.controller.core.ports import Clock
+from tailguard.controller.loop.ports import AdoptingJournalPort
+from tailguard.controller.loop.preconditions import Planner
 
 log = logging.getLogger(__name__)
 

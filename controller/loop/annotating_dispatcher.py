@@ -10,11 +10,11 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from controller.core.controls import AbortRequest, AbortResult, AbortState
-from controller.core.engine import PolicyState
-from controller.core.model import Decision
-from controller.core.ports import DispatcherPort, OutcomeStatus, RecentDecisions
-from controller.loop.ports import DecisionAborterPort, DecisionSink
+from tailguard.controller.core.controls import AbortRequest, AbortResult, AbortState
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.core.model import Decision
+from tailguard.controller.core.ports import DispatcherPort, OutcomeStatus, RecentDecisions
+from tailguard.controller.loop.ports import DecisionAborterPort, DecisionSink
 
 log = logging.getLogger(__name__)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import threading
 
-from controller.core.actions import ActionStatus
-from controller.core.ports import ActionJournalPort, ActionOutcome, Clock, OutcomeStatus
-from controller.loop import preconditions
-from controller.loop.action_log import ActionLog
+from tailguard.controller.core.actions import ActionStatus
+from tailguard.controller.core.ports import ActionJournalPort, ActionOutcome, Clock, OutcomeStatus
+from tailguard.controller.loop import preconditions
+from tailguard.controller.loop.action_log import ActionLog
 
 
 class DecisionPlanning:

@@ -14,14 +14,14 @@ import threading
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from controller.core import limits
-from controller.core.actions import MUTATING_ACTIONS, ActionRecord, ActionStatus, ActionType
-from controller.core.policy import Duration
-from controller.core.ports import ActionJournalPort, Clock
-from controller.loop import preconditions
-from controller.loop.action_log import ActionLog, ServiceLocks
+from tailguard.controller.core import limits
+from tailguard.controller.core.actions import MUTATING_ACTIONS, ActionRecord, ActionStatus, ActionType
+from tailguard.controller.core.policy import Duration
+from tailguard.controller.core.ports import ActionJournalPort, Clock
+from tailguard.controller.loop import preconditions
+from tailguard.controller.loop.action_log import ActionLog, ServiceLocks
 
-log = logging.getLogger("controller.loop.dispatcher")
+log = logging.getLogger("tailguard.controller.loop.dispatcher")
 
 # Statuses that count against the global limits: the change happened, or may have (outcome unknown).
 # An aborted action that had started counts too (`actions_since` lists started ones only): it may have written a step.

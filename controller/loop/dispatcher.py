@@ -67,20 +67,20 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from controller.core.actions import ActionRecord
-from controller.core.controls import AbortRequest, AbortResult
-from controller.core.engine import PolicyState
-from controller.core.model import Decision
-from controller.core.ports import ActionJournalPort, Clock
-from controller.loop import preconditions
-from controller.loop.aborts import Aborts, ActionAbort
-from controller.loop.action_calls import ActionCalls, Actuators
-from controller.loop.action_log import ActionLog, ServiceLocks
-from controller.loop.decision_planning import DecisionPlanning
-from controller.loop.deferral import LIMITED_STATUSES, Deferrals, GlobalLimits
-from controller.loop.execution import ActionRunner
-from controller.loop.preconditions import Deferral, deferred_verdict
-from controller.loop.workers import ActionLanes
+from tailguard.controller.core.actions import ActionRecord
+from tailguard.controller.core.controls import AbortRequest, AbortResult
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.core.model import Decision
+from tailguard.controller.core.ports import ActionJournalPort, Clock
+from tailguard.controller.loop import preconditions
+from tailguard.controller.loop.aborts import Aborts, ActionAbort
+from tailguard.controller.loop.action_calls import ActionCalls, Actuators
+from tailguard.controller.loop.action_log import ActionLog, ServiceLocks
+from tailguard.controller.loop.decision_planning import DecisionPlanning
+from tailguard.controller.loop.deferral import LIMITED_STATUSES, Deferrals, GlobalLimits
+from tailguard.controller.loop.execution import ActionRunner
+from tailguard.controller.loop.preconditions import Deferral, deferred_verdict
+from tailguard.controller.loop.workers import ActionLanes
 
 # Re-exported: where the app, the backtest, the lab and the tests have always found them.
 __all__ = ["LIMITED_STATUSES", "ActionAbort", "Actuators", "Dispatcher", "GlobalLimits"]

@@ -19,11 +19,11 @@ from typing import Any, TypedDict, Unpack
 
 from prometheus_client import CollectorRegistry
 
-from controller.core.actions import ActionRecord
-from controller.core.engine import PolicyState
-from controller.core.model import Decision, TargetKey
-from controller.core.policy import Policy
-from controller.core.ports import (
+from tailguard.controller.core.actions import ActionRecord
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.core.model import Decision, TargetKey
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.ports import (
     ActionJournalPort,
     ChangeTrackerPort,
     Clock,
@@ -31,13 +31,13 @@ from controller.core.ports import (
     MetricsSource,
     PredictionPort,
 )
-from controller.core.signals import query_signals as live_query_signals
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.evaluation import EvaluationOutcome, EvaluationPorts, QuerySignals, evaluate
-from controller.loop.incident_ports import incident_layer
-from controller.loop.incidents import IncidentKeeper
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.ports import TRIGGER_SCHEDULE, LoopJournalPort
+from tailguard.controller.core.signals import query_signals as live_query_signals
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.loop.evaluation import EvaluationOutcome, EvaluationPorts, QuerySignals, evaluate
+from tailguard.controller.loop.incident_ports import incident_layer
+from tailguard.controller.loop.incidents import IncidentKeeper
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.ports import TRIGGER_SCHEDULE, LoopJournalPort
 
 
 class DispatcherOptions(TypedDict, total=False):

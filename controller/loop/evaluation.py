@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from controller.core.attribution import Rollout, lookback
-from controller.core.engine import (
+from tailguard.controller.core.attribution import Rollout, lookback
+from tailguard.controller.core.engine import (
     ConditionState,
     Phase,
     PolicyState,
@@ -34,13 +34,20 @@ from controller.core.engine import (
     prepare_condition,
     transition,
 )
-from controller.core.model import Decision, SignalResult, TargetKey, format_target
-from controller.core.policy import Policy, Signal
-from controller.core.ports import ChangeTrackerPort, Clock, DispatcherPort, JournalPort, MetricsSource, PredictionPort
-from controller.core.signals import query_signals as live_query_signals
-from controller.core.source_health import CHANGE_TRACKING, PROMETHEUS, SourceReading, signal_reading
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.ports import TRIGGER_SCHEDULE, RolloutAnnotatorPort
+from tailguard.controller.core.model import Decision, SignalResult, TargetKey, format_target
+from tailguard.controller.core.policy import Policy, Signal
+from tailguard.controller.core.ports import (
+    ChangeTrackerPort,
+    Clock,
+    DispatcherPort,
+    JournalPort,
+    MetricsSource,
+    PredictionPort,
+)
+from tailguard.controller.core.signals import query_signals as live_query_signals
+from tailguard.controller.core.source_health import CHANGE_TRACKING, PROMETHEUS, SourceReading, signal_reading
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.ports import TRIGGER_SCHEDULE, RolloutAnnotatorPort
 
 logger = logging.getLogger("tailguard.controller")
 
@@ -322,7 +329,8 @@ def action_labels(record: Any) -> tuple[str, str]:
 
 class UnconfiguredPredictions:
     """The prediction port when none is wired: every model is unconfigured, its signals no-data (as
-    predictors.serving.PredictionProvider answers with no models configured); each model is warned about once."""
+    tailguard.predictors.serving.PredictionProvider answers with no models configured); each model is warned about
+    once."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -17,18 +17,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from controller.core.actions import ActionRecord, ActionStatus, ActionType
-from controller.core.controls import AbortRequest
-from controller.core.model import DecisionKind
-from controller.core.ports import ActionJournalPort, ActionOutcome, Clock, OutcomeStatus
-from controller.kit.http import backoff_delay
-from controller.loop import preconditions
-from controller.loop.aborts import Aborts, ActionAbort
-from controller.loop.action_calls import ActionCalls
-from controller.loop.action_log import ActionLog, ServiceLocks
-from controller.loop.deferral import Deferrals
+from tailguard.controller.core.actions import ActionRecord, ActionStatus, ActionType
+from tailguard.controller.core.controls import AbortRequest
+from tailguard.controller.core.model import DecisionKind
+from tailguard.controller.core.ports import ActionJournalPort, ActionOutcome, Clock, OutcomeStatus
+from tailguard.controller.kit.http import backoff_delay
+from tailguard.controller.loop import preconditions
+from tailguard.controller.loop.aborts import Aborts, ActionAbort
+from tailguard.controller.loop.action_calls import ActionCalls
+from tailguard.controller.loop.action_log import ActionLog, ServiceLocks
+from tailguard.controller.loop.deferral import Deferrals
 
-log = logging.getLogger("controller.loop.dispatcher")
+log = logging.getLogger("tailguard.controller.loop.dispatcher")
 
 # Action types planned (and the plan journaled) before their first start: controller/loop/preconditions.py.
 _PLANNED = preconditions.PLANNED

@@ -8,8 +8,8 @@ import logging
 import threading
 from collections.abc import Iterable
 
-from controller.core.source_health import SourceHealth, SourceReading, SourceStatus, keep_policies, record
-from controller.loop.metrics import ControllerMetrics
+from tailguard.controller.core.source_health import SourceHealth, SourceReading, SourceStatus, keep_policies, record
+from tailguard.controller.loop.metrics import ControllerMetrics
 
 logger = logging.getLogger("tailguard.health")
 

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from controller.core.ports import Clock
+from tailguard.controller.core.ports import Clock
 
 logger = logging.getLogger(__name__)
 

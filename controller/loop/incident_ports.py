@@ -21,12 +21,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from controller.core import incidents as model
-from controller.core.attribution import ChangeFeed
-from controller.core.controls import AbortRequest, AbortResult, AbortState
-from controller.core.engine import PolicyState
-from controller.core.model import Decision
-from controller.core.ports import (
+from tailguard.controller.core import incidents as model
+from tailguard.controller.core.attribution import ChangeFeed
+from tailguard.controller.core.controls import AbortRequest, AbortResult, AbortState
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.core.model import Decision
+from tailguard.controller.core.ports import (
     AbortSignal,
     ActionOutcome,
     ChangeTrackerPort,
@@ -41,9 +41,9 @@ from controller.core.ports import (
     TrafficRequest,
     TrafficRouter,
 )
-from controller.loop.dispatcher import Actuators
-from controller.loop.incidents import IncidentKeeper
-from controller.loop.ports import DecisionAborterPort
+from tailguard.controller.loop.dispatcher import Actuators
+from tailguard.controller.loop.incidents import IncidentKeeper
+from tailguard.controller.loop.ports import DecisionAborterPort
 
 log = logging.getLogger(__name__)
 

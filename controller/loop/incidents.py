@@ -18,19 +18,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.core import incidents as model
-from controller.core.actions import ActionRequest, ActionType, AnnotateAction, NotifyAction
-from controller.core.attribution import attribution_of
-from controller.core.engine import Phase, PolicyState, render_actions
-from controller.core.incidents import Firing, Incident, IncidentConflict, Ledger, TakenAction
-from controller.core.model import Decision, DecisionKind, target_key
-from controller.core.policy import Escalation, EscalationStep, Policy
-from controller.core.ports import (
+from tailguard.controller.core import incidents as model
+from tailguard.controller.core.actions import ActionRequest, ActionType, AnnotateAction, NotifyAction
+from tailguard.controller.core.attribution import attribution_of
+from tailguard.controller.core.engine import Phase, PolicyState, render_actions
+from tailguard.controller.core.incidents import Firing, Incident, IncidentConflict, Ledger, TakenAction
+from tailguard.controller.core.model import Decision, DecisionKind, target_key
+from tailguard.controller.core.policy import Escalation, EscalationStep, Policy
+from tailguard.controller.core.ports import (
     ActionOutcome,
     Clock,
     IncidentStorePort,
 )
-from controller.kit.templating import render_text
+from tailguard.controller.kit.templating import render_text
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from controller.core.model import Decision
-from controller.core.ports import LeaderPort, ShardedLeaderPort
+from tailguard.controller.core.model import Decision
+from tailguard.controller.core.ports import LeaderPort, ShardedLeaderPort
 
 logger = logging.getLogger("tailguard.controller")
 

@@ -19,9 +19,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from controller.core.engine import Phase, PolicyState
-from controller.core.model import Decision, TargetKey
-from controller.core.source_health import SourceHealth, SourceStatus
+from tailguard.controller.core.engine import Phase, PolicyState
+from tailguard.controller.core.model import Decision, TargetKey
+from tailguard.controller.core.source_health import SourceHealth, SourceStatus
 
 EXPOSITION_CONTENT_TYPE = CONTENT_TYPE_LATEST
 

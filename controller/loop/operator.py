@@ -14,20 +14,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.core.controls import ABORT, ALL, AbortRequest, AbortResult, AbortState, Control, Controls
-from controller.core.incidents import Incident
-from controller.core.ports import (
+from tailguard.controller.core.controls import ABORT, ALL, AbortRequest, AbortResult, AbortState, Control, Controls
+from tailguard.controller.core.incidents import Incident
+from tailguard.controller.core.ports import (
     Clock,
     DispatcherPort,
     JournalPort,
     PredictionPort,
 )
-from controller.core.source_health import SourceStatus
-from controller.core.status_view import status_document
-from controller.loop.health import SourceHealthTracker
-from controller.loop.leadership import Leadership
-from controller.loop.policy_set import PolicySet
-from controller.loop.ports import ControlsStorePort, DecisionAborterPort, Readiness
+from tailguard.controller.core.source_health import SourceStatus
+from tailguard.controller.core.status_view import status_document
+from tailguard.controller.loop.health import SourceHealthTracker
+from tailguard.controller.loop.leadership import Leadership
+from tailguard.controller.loop.policy_set import PolicySet
+from tailguard.controller.loop.ports import ControlsStorePort, DecisionAborterPort, Readiness
 
 logger = logging.getLogger("tailguard.controller")
 

@@ -25,17 +25,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
-from controller.core.engine import PolicyState, action_retention
-from controller.core.handover import ActionTimes, merge_action_times
-from controller.core.limits import BUDGET_WINDOW_SECONDS
-from controller.core.model import TargetKey
-from controller.core.policy import Policy
-from controller.core.policy_files import LoadedPolicy, PolicyError, load_policies, policy_paths
-from controller.core.ports import Clock, JournalPort, MetricsSource
-from controller.core.signals import refused_queries
-from controller.kit.errors import ConfigError
-from controller.loop.health import SourceHealthTracker
-from controller.loop.metrics import ControllerMetrics
+from tailguard.controller.core.engine import PolicyState, action_retention
+from tailguard.controller.core.handover import ActionTimes, merge_action_times
+from tailguard.controller.core.limits import BUDGET_WINDOW_SECONDS
+from tailguard.controller.core.model import TargetKey
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.policy_files import LoadedPolicy, PolicyError, load_policies, policy_paths
+from tailguard.controller.core.ports import Clock, JournalPort, MetricsSource
+from tailguard.controller.core.signals import refused_queries
+from tailguard.controller.kit.errors import ConfigError
+from tailguard.controller.loop.health import SourceHealthTracker
+from tailguard.controller.loop.metrics import ControllerMetrics
 
 logger = logging.getLogger("tailguard.controller")
 

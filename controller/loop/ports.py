@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from controller.core.attribution import Rollout
-from controller.core.controls import AbortRequest, AbortResult, Controls
-from controller.core.ports.outcomes import ActionOutcome
-from controller.core.ports.stores import ActionJournalPort, JournalPort
-from controller.kit.clock import Clock
+from tailguard.controller.core.attribution import Rollout
+from tailguard.controller.core.controls import AbortRequest, AbortResult, Controls
+from tailguard.controller.core.ports.outcomes import ActionOutcome
+from tailguard.controller.core.ports.stores import ActionJournalPort, JournalPort
+from tailguard.controller.kit.clock import Clock
 
 TRIGGER_SCHEDULE = "schedule"
 TRIGGER_ALERT = "alert"

@@ -35,16 +35,16 @@ from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import Any
 
-from controller.core.actions import (
+from tailguard.controller.core.actions import (
     ActionRecord,
     ActionStatus,
     ActionType,
     RenderedRollback,
     ShiftTrafficAction,
 )
-from controller.core.engine import Phase, PolicyState
-from controller.core.model import DecisionKind, TargetKey, target_key
-from controller.core.ports import (
+from tailguard.controller.core.engine import Phase, PolicyState
+from tailguard.controller.core.model import DecisionKind, TargetKey, target_key
+from tailguard.controller.core.ports import (
     ActionJournalPort,
     ActionOutcome,
     Clock,
@@ -54,8 +54,8 @@ from controller.core.ports import (
     ScalePort,
     TrafficRouter,
 )
-from controller.kit.errors import ConfigError
-from controller.loop import restore
+from tailguard.controller.kit.errors import ConfigError
+from tailguard.controller.loop import restore
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from controller.core.actions import RESTORABLE_ACTIONS, ActionRecord, ActionStatus, ActionType
-from controller.core.model import DecisionKind
-from controller.core.ports import (
+from tailguard.controller.core.actions import RESTORABLE_ACTIONS, ActionRecord, ActionStatus, ActionType
+from tailguard.controller.core.model import DecisionKind
+from tailguard.controller.core.ports import (
     AbortSignal,
     ActionJournalPort,
     ActionOutcome,

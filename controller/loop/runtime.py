@@ -22,14 +22,14 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from controller.core.controls import AbortResult, Control, Controls, effective_policy
-from controller.core.engine import PolicyState, with_action_times
-from controller.core.handover import ActionTimes
-from controller.core.incidents import Incident
-from controller.core.model import TargetKey
-from controller.core.policy import Policy
-from controller.core.policy_files import PolicyError
-from controller.core.ports import (
+from tailguard.controller.core.controls import AbortResult, Control, Controls, effective_policy
+from tailguard.controller.core.engine import PolicyState, with_action_times
+from tailguard.controller.core.handover import ActionTimes
+from tailguard.controller.core.incidents import Incident
+from tailguard.controller.core.model import TargetKey
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.policy_files import PolicyError
+from tailguard.controller.core.ports import (
     ChangeTrackerPort,
     Clock,
     DispatcherPort,
@@ -38,8 +38,8 @@ from controller.core.ports import (
     MetricsSource,
     PredictionPort,
 )
-from controller.kit.errors import StoreWriteError
-from controller.loop.evaluation import (
+from tailguard.controller.kit.errors import StoreWriteError
+from tailguard.controller.loop.evaluation import (
     EvaluationOutcome,
     EvaluationPorts,
     QuerySignals,
@@ -47,12 +47,12 @@ from controller.loop.evaluation import (
     action_labels,
     evaluate,
 )
-from controller.loop.health import JournalTrouble, SourceHealthTracker
-from controller.loop.leadership import Leadership
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.operator import Lifecycle, Operator, OperatorView
-from controller.loop.policy_set import PolicyCheck, PolicySet, ReloadOutcome
-from controller.loop.ports import (
+from tailguard.controller.loop.health import JournalTrouble, SourceHealthTracker
+from tailguard.controller.loop.leadership import Leadership
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.operator import Lifecycle, Operator, OperatorView
+from tailguard.controller.loop.policy_set import PolicyCheck, PolicySet, ReloadOutcome
+from tailguard.controller.loop.ports import (
     TRIGGER_ALERT,
     TRIGGER_SCHEDULE,
     ActionWorkersPort,
@@ -60,7 +60,7 @@ from controller.loop.ports import (
     Readiness,
     RolloutAnnotatorPort,
 )
-from controller.loop.scheduling import EvaluationScheduler, scheduled_time
+from tailguard.controller.loop.scheduling import EvaluationScheduler, scheduled_time
 
 logger = logging.getLogger("tailguard.controller")
 
@@ -144,12 +144,13 @@ class Controller:
             dry_run=dry_run,
             policy_check=policy_check,
         )
-        # No prediction port wired (the app always wires one, predictors.serving.PredictionProvider): every
+        # No prediction port wired (the app always wires one, tailguard.predictors.serving.PredictionProvider): every
         # prediction signal is no-data ("model not configured"), each model logged once.
         predictions = predictions if predictions is not None else UnconfiguredPredictions()
         # What an evaluation reaches (controller/loop/evaluation.py); the Lease gates acting. Rollouts for
-        # attribution are read once per evaluation of a policy that attributes (controller.adapters.changes.tracker);
-        # every rollout the tracker reports becomes a `rollout` annotation (the outbox drops repeats).
+        # attribution are read once per evaluation of a policy that attributes
+        # (tailguard.controller.adapters.changes.tracker); every rollout the tracker reports becomes a `rollout`
+        # annotation (the outbox drops repeats).
         self._ports = EvaluationPorts(
             source=source,
             journal=journal,

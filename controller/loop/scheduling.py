@@ -18,12 +18,12 @@ from datetime import UTC, datetime
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from controller.core.model import TargetKey
-from controller.core.policy import TIME_TOLERANCE
-from controller.core.ports import Clock
-from controller.kit.clock import ShutdownInterrupt
-from controller.loop.evaluation import EvaluationOutcome
-from controller.loop.ports import TRIGGER_SCHEDULE
+from tailguard.controller.core.model import TargetKey
+from tailguard.controller.core.policy import TIME_TOLERANCE
+from tailguard.controller.core.ports import Clock
+from tailguard.controller.kit.clock import ShutdownInterrupt
+from tailguard.controller.loop.evaluation import EvaluationOutcome
+from tailguard.controller.loop.ports import TRIGGER_SCHEDULE
 
 logger = logging.getLogger("tailguard.controller")
 

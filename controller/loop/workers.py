@@ -16,7 +16,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from controller.kit.clock import ShutdownInterrupt
+from tailguard.controller.kit.clock import ShutdownInterrupt
 
 log = logging.getLogger(__name__)
 

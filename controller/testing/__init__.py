@@ -19,13 +19,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.core.actions import ActionRequest, ActionType
-from controller.core.attribution import ChangeFeed, Rollout
-from controller.core.engine import ConditionState, Phase, PolicyState
-from controller.core.handover import ActionTimes
-from controller.core.model import Decision, DecisionKind, SignalResult, decision_id, target_key
-from controller.core.policy import Policy
-from controller.core.ports import (
+from tailguard.controller.core.actions import ActionRequest, ActionType
+from tailguard.controller.core.attribution import ChangeFeed, Rollout
+from tailguard.controller.core.engine import ConditionState, Phase, PolicyState
+from tailguard.controller.core.handover import ActionTimes
+from tailguard.controller.core.model import Decision, DecisionKind, SignalResult, decision_id, target_key
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.ports import (
     AbortSignal,
     ActionOutcome,
     Annotation,

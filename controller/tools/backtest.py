@@ -11,12 +11,12 @@ Prediction signals (`predict: {model, dimension}`) are answered over history too
 models given as `--predictors NAME=DIR`: one range query per feature (grouped by the policy's
 target labels, so all targets in one request), then the model once over every (timestamp,
 target) row in blocks (vectorised), then the same engine. Models are loaded and checked by the
-controller's own predictors.serving.PredictionProvider (skops allow-list plus `--trusted-type`,
+controller's own tailguard.predictors.serving.PredictionProvider (skops allow-list plus `--trusted-type`,
 feature hash, sklearn version); staleness (maxAge) is judged at the backtest's end, the time the
 controller would have evaluated last. A missing or incompatible model makes its signals no-data
 for the whole backtest and the report says why (with the exit code of a signal error). This module
 never imports predictors: the app (controller/app/ml_commands.py) passes `backtest_main` a factory
-for the SLA model over history (predictors.history.HistoricalPredictions, a HistoricalPredictionPort).
+for the SLA model over history (tailguard.predictors.history.HistoricalPredictions, a HistoricalPredictionPort).
 
 The replay is the live loop's (issue 12 item 6, "backtest = live"): all policies together, evaluation by
 evaluation in time order, each through controller/loop/evaluation.py `evaluate` (transition, journal commit, the
@@ -56,29 +56,42 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from controller.adapters.metrics.grid import RangeGrid
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource, SourceConfigError
-from controller.adapters.stores.incidents import SqliteIncidentStore
-from controller.adapters.stores.journal import Journal
-from controller.core.actions import ActionRequest
-from controller.core.alerts import alert_scopes
-from controller.core.attribution import Rollout, lookback
-from controller.core.engine import PolicyState
-from controller.core.model import Decision, DecisionKind, SignalResult, TargetKey, format_target, target_labels
-from controller.core.policy import Policy
-from controller.core.policy_files import load_policies
-from controller.core.ports import ChangeTrackerPort, HistoricalPredictionPort, MetricsSource, RangeResult
-from controller.core.signals import query_signals
-from controller.kit.cli_args import UsageError, parse_time
-from controller.kit.clock import ManualClock, SystemClock
-from controller.kit.durations import parse_duration
-from controller.loop.dispatcher import Actuators, GlobalLimits
-from controller.loop.embedding import EmbeddedLoop, embed_loop
-from controller.loop.incidents import EscalationDecision, IncidentKeeper
-from controller.loop.ports import TRIGGER_ALERT, TRIGGER_SCHEDULE
-from controller.tools.backtest_coverage import TargetsSeen
-from controller.tools.backtest_feed import QUERIES_AT_ONCE, PolicyFeed, QuietRun, chunk_times
-from controller.tools.backtest_world import RecordedAlert, RecordedRollouts, WouldRun, dispatch_outcome, load_alerts
+from tailguard.controller.adapters.metrics.grid import RangeGrid
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource, SourceConfigError
+from tailguard.controller.adapters.stores.incidents import SqliteIncidentStore
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.core.actions import ActionRequest
+from tailguard.controller.core.alerts import alert_scopes
+from tailguard.controller.core.attribution import Rollout, lookback
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.core.model import (
+    Decision,
+    DecisionKind,
+    SignalResult,
+    TargetKey,
+    format_target,
+    target_labels,
+)
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.policy_files import load_policies
+from tailguard.controller.core.ports import ChangeTrackerPort, HistoricalPredictionPort, MetricsSource, RangeResult
+from tailguard.controller.core.signals import query_signals
+from tailguard.controller.kit.cli_args import UsageError, parse_time
+from tailguard.controller.kit.clock import ManualClock, SystemClock
+from tailguard.controller.kit.durations import parse_duration
+from tailguard.controller.loop.dispatcher import Actuators, GlobalLimits
+from tailguard.controller.loop.embedding import EmbeddedLoop, embed_loop
+from tailguard.controller.loop.incidents import EscalationDecision, IncidentKeeper
+from tailguard.controller.loop.ports import TRIGGER_ALERT, TRIGGER_SCHEDULE
+from tailguard.controller.tools.backtest_coverage import TargetsSeen
+from tailguard.controller.tools.backtest_feed import QUERIES_AT_ONCE, PolicyFeed, QuietRun, chunk_times
+from tailguard.controller.tools.backtest_world import (
+    RecordedAlert,
+    RecordedRollouts,
+    WouldRun,
+    dispatch_outcome,
+    load_alerts,
+)
 
 EXIT_OK = 0
 EXIT_SIGNAL_ERRORS = 1  # the report is printed, but some signal could not be queried
@@ -268,7 +281,7 @@ class ModelOptions:
 
 
 # (the model options, the backtest's end) -> the SLA model over history; raises UsageError for options it cannot
-# use. The app passes one (controller/app/ml_commands.py builds predictors.history.HistoricalPredictions).
+# use. The app passes one (controller/app/ml_commands.py builds tailguard.predictors.history.HistoricalPredictions).
 PredictionsFactory = Callable[[ModelOptions, float], HistoricalPredictionPort]
 
 
@@ -452,7 +465,7 @@ def run_backtest(
     ports that only say they would run (backtest_world.WouldRun), on a simulated clock. `alerts` trigger extra
     evaluations at their times, touching only the targets they name (controller/core/alerts.py), with the
     signals queried at that time. Rollouts: the recorded ones and what `change_tracker` answers for the window.
-    `predictions` answers the prediction signals (the app builds predictors.history.HistoricalPredictions);
+    `predictions` answers the prediction signals (the app builds tailguard.predictors.history.HistoricalPredictions);
     without it they are no-data for the whole backtest.
     """
     clock = ManualClock(start)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from controller.adapters.metrics.grid import RangeGrid
-from controller.core.model import TargetKey
-from controller.core.policy import Policy
+from tailguard.controller.adapters.metrics.grid import RangeGrid
+from tailguard.controller.core.model import TargetKey
+from tailguard.controller.core.policy import Policy
 
 
 class TargetsSeen:

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controller.adapters.metrics.grid import BoolArray, FloatArray, RangeGrid, RangeGridSource, on_grid
-from controller.core.engine import Phase, PolicyState, StateKey, advance_healthy
-from controller.core.model import TargetKey
-from controller.core.policy import Condition, Policy
-from controller.core.ports import MetricsSource, RangeResult
-from controller.core.signals import MAX_POINTS_PER_QUERY, range_chunks, render_signal_queries
+from tailguard.controller.adapters.metrics.grid import BoolArray, FloatArray, RangeGrid, RangeGridSource, on_grid
+from tailguard.controller.core.engine import Phase, PolicyState, StateKey, advance_healthy
+from tailguard.controller.core.model import TargetKey
+from tailguard.controller.core.policy import Condition, Policy
+from tailguard.controller.core.ports import MetricsSource, RangeResult
+from tailguard.controller.core.signals import MAX_POINTS_PER_QUERY, range_chunks, render_signal_queries
 
 Grids = dict[str, RangeGrid]
 

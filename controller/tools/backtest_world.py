@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller.core.actions import ActionRecord, ActionStatus
-from controller.core.alerts import PayloadError, alertmanager_payload
-from controller.core.attribution import ChangeFeed, Rollout
-from controller.core.ports import (
+from tailguard.controller.core.actions import ActionRecord, ActionStatus
+from tailguard.controller.core.alerts import PayloadError, alertmanager_payload
+from tailguard.controller.core.attribution import ChangeFeed, Rollout
+from tailguard.controller.core.ports import (
     AbortSignal,
     ActionOutcome,
     Annotation,
@@ -37,7 +37,7 @@ from controller.core.ports import (
     ScaleState,
     TrafficRequest,
 )
-from controller.kit.cli_args import UsageError, parse_time
+from tailguard.controller.kit.cli_args import UsageError, parse_time
 
 WOULD_RUN = "would_run"
 

@@ -36,10 +36,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from controller.adapters.annotations.settings import GrafanaTokenError, read_token_file
-from controller.core.policy import Policy, Signal
-from controller.core.policy_files import load_policies
-from controller.kit.clock import SystemClock
+from tailguard.controller.adapters.annotations.settings import GrafanaTokenError, read_token_file
+from tailguard.controller.core.policy import Policy, Signal
+from tailguard.controller.core.policy_files import load_policies
+from tailguard.controller.kit.clock import SystemClock
 
 SLO_UID = "tailguard-vllm-slo"
 CONTROLLER_UID = "tailguard-controller"
@@ -620,7 +620,7 @@ def generate(directory: Path, check: bool, rules: Path = RULES_DIR) -> int:
 
 def push(url: str, token: str | None, folder_uid: str | None, timeout: float) -> int:
     # The cluster extra (grafana-client): imported only when dashboards are pushed.
-    from controller.adapters.annotations.grafana import GrafanaHttp
+    from tailguard.controller.adapters.annotations.grafana import GrafanaHttp
 
     http = GrafanaHttp(url, token, SystemClock(), timeout=timeout, retries=3)
     failed = 0

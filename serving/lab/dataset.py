@@ -1,24 +1,25 @@
 """Reproducible training/evaluation data for the SLA model: the serving tier's model run in virtual time.
 
-    python -m serving.lab.dataset generate --seed 7 --hours 2 --out DIR [--start UNIX] [--trace conv|code]
-    python -m serving.lab.dataset generate --seed 7 --hours 2 --out DIR --backfill     # + TSDB blocks (promtool)
-    python -m serving.lab.dataset live --out DIR --minutes 10 [--rate-scale 2]         # real tier, real scrape
+    python -m tailguard.serving.lab.dataset generate --seed 7 --hours 2 --out DIR [--start UNIX] [--trace conv|code]
+    python -m tailguard.serving.lab.dataset generate --seed 7 --hours 2 --out DIR --backfill     # + TSDB blocks
+    (promtool) python -m tailguard.serving.lab.dataset live --out DIR --minutes 10 [--rate-scale 2]         # real tier,
+    real scrape
 
 `generate` replays the Azure LLM inference trace (serving/lab/data/) through the tier's continuous-batching
-model (serving.tier.batching.BatchingModel, the same core the simulated vLLM replicas run) in VIRTUAL time, so
+model (tailguard.serving.tier.batching.BatchingModel, the same core the simulated vLLM replicas run) in VIRTUAL time, so
 hours take minutes. A seeded scenario varies, segment by segment: load (ramps and surges of the trace's
 rate), capacity (replicas 1-4), bad-config rollouts (profiles bad-max-num-seqs, small-kv-cache), network
 delay and jitter injected at the router, and CPU contention (engine steps slowed by a factor). New replicas
 (rollouts, scale-ups) start and warm up before they take traffic, as the tier's vLLM replicas do. Every
 scrape interval it records what the real tier exposes: Prometheus' `up` of each replica target, each
-replica's vLLM metrics (serving.tier.vllm_metrics, same names, labels and buckets), DCGM HBM/DRAM gauges, a
+replica's vLLM metrics (tailguard.serving.tier.vllm_metrics, same names, labels and buckets), DCGM HBM/DRAM gauges, a
 process CPU counter, and the router's latency and proxy-overhead histograms, with the labels the tier's
 service discovery adds (namespace, service, version, replica). The output is OpenMetrics
 (`DIR/history.om`, byte-identical for a seed) plus `DIR/scenario.json`; `--backfill` turns it into
-Prometheus TSDB blocks in `DIR/data` with promtool (serving.lab.promstack.backfill_openmetrics) for a real
+Prometheus TSDB blocks in `DIR/data` with promtool (tailguard.serving.lab.promstack.backfill_openmetrics) for a real
 Prometheus to serve: `prometheus --storage.tsdb.path=DIR/data ...`.
 
-`live` drives the real tier process (python -m serving.tier) with the trace replayer in real time and a
+`live` drives the real tier process (python -m tailguard.serving.tier) with the trace replayer in real time and a
 real Prometheus scraping it, for spot checks of the virtual path; its data dir is left in DIR/data.
 """
 
@@ -40,9 +41,9 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter
 from tqdm import tqdm
 
-from controller import ConfigError
-from serving.lab.load import BUILTIN_TRACES, TraceRequest, read_trace, run_replay
-from serving.lab.promstack import (
+from tailguard.controller import ConfigError
+from tailguard.serving.lab.load import BUILTIN_TRACES, TraceRequest, read_trace, run_replay
+from tailguard.serving.lab.promstack import (
     ManagedProcess,
     ProcessNotReady,
     PrometheusServer,
@@ -51,11 +52,11 @@ from serving.lab.promstack import (
     static_scrape_config,
     write_prometheus_config,
 )
-from serving.tier.batching import BatchingModel, RequestRejected, SimRequest
-from serving.tier.engine_args_metric import EngineArgCollector, ListedReplica
-from serving.tier.profiles import PROFILES_DIR, EngineProfile, load_profile
-from serving.tier.router import RouterMetrics
-from serving.tier.vllm_metrics import ITL_BUCKETS, DcgmCollector, HbmModel, VllmMetrics
+from tailguard.serving.tier.batching import BatchingModel, RequestRejected, SimRequest
+from tailguard.serving.tier.engine_args_metric import EngineArgCollector, ListedReplica
+from tailguard.serving.tier.profiles import PROFILES_DIR, EngineProfile, load_profile
+from tailguard.serving.tier.router import RouterMetrics
+from tailguard.serving.tier.vllm_metrics import ITL_BUCKETS, DcgmCollector, HbmModel, VllmMetrics
 
 DEFAULT_START = 1_767_225_600.0  # 2026-01-01T00:00:00Z: fixed, so the blocks are reproducible
 SCRAPE_INTERVAL_S = 15.0
@@ -63,7 +64,7 @@ NAMESPACE = "llm"
 SERVICE = "chat"
 MODEL = "llama-3-8b-instruct"
 TOKEN_SCALE = 0.25
-# Families the features and SLIs read (predictors.features); the rest of a vLLM page is not written.
+# Families the features and SLIs read (tailguard.predictors.features); the rest of a vLLM page is not written.
 RECORDED_PREFIXES = (
     "vllm:request_success",
     "vllm:request_prompt_tokens",
@@ -623,11 +624,19 @@ def write_dataset(dataset: GeneratedDataset, out: Path, *, backfill: bool) -> di
 
 
 def tier_process(config: Path, out: Path) -> ManagedProcess:
-    """`python -m serving.tier --config CONFIG`, its state in OUT/tier-state and its log in OUT/tier.log (not
+    """`python -m tailguard.serving.tier --config CONFIG`, its state in OUT/tier-state and its log in OUT/tier.log (not
     started yet)."""
     return ManagedProcess(
         "tier",
-        [sys.executable, "-m", "serving.tier", "--config", str(config), "--state-dir", str(out / "tier-state")],
+        [
+            sys.executable,
+            "-m",
+            "tailguard.serving.tier",
+            "--config",
+            str(config),
+            "--state-dir",
+            str(out / "tier-state"),
+        ],
         out / "tier.log",
     )
 
@@ -677,7 +686,9 @@ def generate_live(out: Path, *, minutes: float, rate_scale: float, replicas: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serving.lab.dataset", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tailguard.serving.lab.dataset", description=__doc__.split("\n\n")[0]
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="virtual-time replay through the batching model -> OpenMetrics")
     gen.add_argument("--seed", type=int, required=True)

@@ -31,9 +31,9 @@ from typing import Any
 import requests
 import yaml
 
-from controller import IncidentTimeline, Journal, write_report
-from serving.errors import LabError
-from serving.lab.promstack import (
+from tailguard.controller import IncidentTimeline, Journal, write_report
+from tailguard.serving.errors import LabError
+from tailguard.serving.lab.promstack import (
     ManagedProcess,
     ProcessNotReady,
     PrometheusServer,
@@ -43,7 +43,7 @@ from serving.lab.promstack import (
     static_scrape_config,
     write_prometheus_config,
 )
-from serving.tier.profiles import resolve_profile
+from tailguard.serving.tier.profiles import resolve_profile
 
 SERVICE = "chat"
 NAMESPACE = "llm"
@@ -360,7 +360,7 @@ def run_demo(
                     [
                         python,
                         "-m",
-                        "serving.tier",
+                        "tailguard.serving.tier",
                         "--config",
                         str(tier_config),
                         "--state-dir",
@@ -427,7 +427,7 @@ def run_demo(
                     [
                         python,
                         "-m",
-                        "serving.lab.load",
+                        "tailguard.serving.lab.load",
                         "--url",
                         router_url,
                         "--model",
@@ -457,7 +457,7 @@ def run_demo(
             _managed(
                 ManagedProcess(
                     "controller",
-                    [python, "-m", "controller", "run", "--config", str(controller_config)],
+                    [python, "-m", "tailguard.controller", "run", "--config", str(controller_config)],
                     out_dir / "controller.log",
                 )
             )
@@ -646,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
     chooser.add_argument("--scenario", choices=SCENARIOS, default="rollback")
     chosen, rest = chooser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if chosen.scenario == "surge":
-        from serving.lab.surge import main as surge_main
+        from tailguard.serving.lab.surge import main as surge_main
 
         return surge_main(rest)
     argv = rest

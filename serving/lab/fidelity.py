@@ -1,13 +1,14 @@
 """Simulator fidelity: replay the same trace slices against real vLLM and the simulator, side by side.
 
-    python -m serving.lab.fidelity --profile tiny-cpu-stable --loads 0.5,1,2 [--duration 40] [--repeat 1]
+    python -m tailguard.serving.lab.fidelity --profile tiny-cpu-stable --loads 0.5,1,2 [--duration 40] [--repeat 1]
         [--out-dir fidelity-out] [--model-dir .tailguard/models/tiny-llama] [--python .venv-serving/bin/python]
-    python -m serving.lab.fidelity --from-runs fidelity-out/runs.json --out-dir fidelity-out   # re-render only
+    python -m tailguard.serving.lab.fidelity --from-runs fidelity-out/runs.json --out-dir fidelity-out   # re-render
+    only
 
-For every load level the same schedule (serving.lab.load.plan over the Azure trace) is
+For every load level the same schedule (tailguard.serving.lab.load.plan over the Azure trace) is
 sent to (a) one real vLLM process, scraped every `--scrape-every` seconds
 (queue depth, running, KV-cache usage, preemptions, the latency histograms), and
-(b) the simulator (serving.tier.batching in virtual time) with the same profile. Both
+(b) the simulator (tailguard.serving.tier.batching in virtual time) with the same profile. Both
 produce a `RunRecord` of the same shape, so one summary function reads both and the
 verdicts of the example policies (rules/examples/p99-rollback.yaml and queue-scale.yaml)
 are computed the same way: the signal at each 15 s evaluation, fed through the
@@ -45,12 +46,12 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller import DecisionKind, PolicyState, SignalResult, load_policies, target_key, transition
-from serving.errors import LabError
-from serving.lab.load import BUILTIN_TRACES, PlannedRequest, plan, quantile, read_trace, replay
-from serving.tier.batching import BatchingModel, SimRequest
-from serving.tier.profiles import EngineProfile, resolve_any_profile
-from serving.tier.vllm_metrics import ITL_BUCKETS, LATENCY_BUCKETS, TTFT_BUCKETS
+from tailguard.controller import DecisionKind, PolicyState, SignalResult, load_policies, target_key, transition
+from tailguard.serving.errors import LabError
+from tailguard.serving.lab.load import BUILTIN_TRACES, PlannedRequest, plan, quantile, read_trace, replay
+from tailguard.serving.tier.batching import BatchingModel, SimRequest
+from tailguard.serving.tier.profiles import EngineProfile, resolve_any_profile
+from tailguard.serving.tier.vllm_metrics import ITL_BUCKETS, LATENCY_BUCKETS, TTFT_BUCKETS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_POLICIES = (
@@ -83,9 +84,10 @@ class FidelityError(LabError, RuntimeError):
 
 @dataclass(frozen=True)
 class LoadSpec:
-    """One trace slice: serving.lab.load.plan's arguments, plus the clipping that makes it fit max_model_len."""
+    """One trace slice: tailguard.serving.lab.load.plan's arguments, plus the clipping that makes it fit
+    max_model_len."""
 
-    level: float  # rate multiplier (serving.lab.load's rate_scale)
+    level: float  # rate multiplier (tailguard.serving.lab.load's rate_scale)
     trace: str = "conv"
     speedup: float = 4.0
     start_offset: float = 0.0
@@ -484,7 +486,9 @@ def vllm_server(
     if not python.is_file():
         raise FidelityError(f"no serving virtualenv at {python}; run `make serving-env` first")
     if not (model_dir / "config.json").is_file():
-        raise FidelityError(f"no tiny model at {model_dir}; build it with serving.tier.tiny_model (make serving-env)")
+        raise FidelityError(
+            f"no tiny model at {model_dir}; build it with tailguard.serving.tier.tiny_model (make serving-env)"
+        )
     with tempfile.TemporaryDirectory(prefix="tailguard-fidelity-", dir=workdir) as tmp:
         port = _free_port()
         env = {**os.environ, **VLLM_ENV, "VLLM_CACHE_ROOT": f"{tmp}/cache", "TMPDIR": tmp}
@@ -959,7 +963,7 @@ def _levels(text: str) -> list[float]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m serving.lab.fidelity",
+        prog="python -m tailguard.serving.lab.fidelity",
         description="Replay the same trace slices against real vLLM and the simulator; report side by side.",
     )
     parser.add_argument("--profile", default="tiny-cpu-stable", help="profile name or file (calibrations included)")

@@ -1,6 +1,6 @@
 """Fit the simulator's memory-bound decode model on a measured GPU decode table (serving/tier/calibrations/h200-*/).
 
-    python -m serving.lab.gpu_calibration serving/tier/calibrations/h200-2026-12-04/decode.json
+    python -m tailguard.serving.lab.gpu_calibration serving/tier/calibrations/h200-2026-12-04/decode.json
 
 A decode step on a GPU streams the weights once and every running sequence's KV cache once, so its time is
 `base + per_seq * batch + batch * context * kv_bytes_per_token / bandwidth` (Hardware's decode_step_base_s,
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import nnls
 
-from controller import InputError
+from tailguard.controller import InputError
 
 # Llama-3-8B at 16 bits: 2 (K, V) * 32 layers * 8 KV heads * 128 * 2 B.
 LLAMA_3_8B_KV_BYTES_PER_TOKEN = 131072

@@ -1,6 +1,7 @@
 """Replay the Azure LLM inference trace (or any CSV like it) against an OpenAI-compatible endpoint.
 
-    python -m serving.lab.load --url http://127.0.0.1:PORT --model NAME [--trace conv|code|PATH] [--speedup 10]
+    python -m tailguard.serving.lab.load --url http://127.0.0.1:PORT --model NAME [--trace conv|code|PATH] [--speedup
+    10]
         [--rate-scale 1.0] [--start-offset S] [--duration S] [--token-scale 0.1] [--max-requests N]
         [--concurrency-limit N] [--csv out.csv] [--summary-json out.json]
 
@@ -37,7 +38,7 @@ from typing import Any
 import aiohttp
 from tqdm import tqdm
 
-from controller import InputError
+from tailguard.controller import InputError
 
 DATA_DIR = Path(__file__).resolve().parent / "data" / "azure-llm-inference-2023"
 BUILTIN_TRACES = {"conv": DATA_DIR / "conv.csv", "code": DATA_DIR / "code.csv"}

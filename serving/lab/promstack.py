@@ -27,7 +27,7 @@ from typing import Any, Self
 
 import yaml
 
-from serving.errors import LabError
+from tailguard.serving.errors import LabError
 
 INSTALL_HINT = "apt-get install prometheus prometheus-alertmanager"
 HTTP_TIMEOUT = 2.0

@@ -1,21 +1,21 @@
 """Record real-vLLM history: the tier on real vLLM replicas, a scripted load and rollout, scraped by a real Prometheus.
 
-    python -m serving.lab.recording run --scenario serving/lab/recordings/SCENARIO.json --out DIR
-    python -m serving.lab.recording export --data DIR/data --out history.om.xz [--start UNIX --end UNIX]
+    python -m tailguard.serving.lab.recording run --scenario serving/lab/recordings/SCENARIO.json --out DIR
+    python -m tailguard.serving.lab.recording export --data DIR/data --out history.om.xz [--start UNIX --end UNIX]
 
-`run` is the live dataset path (serving.lab.dataset generate_live) with a scenario: the tier process
-(python -m serving.tier, engine vllm: supervised vLLM processes from .venv-serving serving the tiny offline
+`run` is the live dataset path (tailguard.serving.lab.dataset generate_live) with a scenario: the tier process
+(python -m tailguard.serving.tier, engine vllm: supervised vLLM processes from .venv-serving serving the tiny offline
 model), the Azure trace replayed in real time through the tier's router at a rate that follows the scenario's
-phases (calm stretches under capacity, surges over it; serving.lab.dataset.arrivals: the trace looped, thinned or
-duplicated by the phase's rate), and the scenario's control actions (a bad-config rollout, the rollback) sent
+phases (calm stretches under capacity, surges over it; tailguard.serving.lab.dataset.arrivals: the trace looped, thinned
+or duplicated by the phase's rate), and the scenario's control actions (a bad-config rollout, the rollback) sent
 to the tier's control API at their times. Prometheus scrapes the replicas (the tier's HTTP service discovery)
 and the router every `scrape_interval_s`; its TSDB is left in DIR/data, with DIR/timeline.json (the wall time
 of every phase and action, and what the tier answered), DIR/requests.csv (every request's send time, latency
 and status) and the logs.
 
-`export` reads every series the SLA model's features and SLIs use (serving.lab.dataset.RECORDED_PREFIXES and `up`)
-back out of that TSDB, raw samples with their own timestamps, and writes OpenMetrics (xz-compressed when the
-name ends in .xz) that `promtool tsdb create-blocks-from openmetrics` backfills (serving.lab.promstack.
+`export` reads every series the SLA model's features and SLIs use (tailguard.serving.lab.dataset.RECORDED_PREFIXES and
+`up`) back out of that TSDB, raw samples with their own timestamps, and writes OpenMetrics (xz-compressed when the
+name ends in .xz) that `promtool tsdb create-blocks-from openmetrics` backfills (tailguard.serving.lab.promstack.
 backfill_openmetrics; predictors.recording reads it that way).
 """
 
@@ -48,12 +48,12 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller import ConfigError, PrometheusSettings, PrometheusSource, SystemClock
-from predictors.data import DataError
-from predictors.features import DEFAULT_SLI_THRESHOLDS
-from predictors.train import TrainingError
-from serving.lab import transfer
-from serving.lab.dataset import (
+from tailguard.controller import ConfigError, PrometheusSettings, PrometheusSource, SystemClock
+from tailguard.predictors.data import DataError
+from tailguard.predictors.features import DEFAULT_SLI_THRESHOLDS
+from tailguard.predictors.train import TrainingError
+from tailguard.serving.lab import transfer
+from tailguard.serving.lab.dataset import (
     DEFAULT_START,
     NAMESPACE,
     RECORDED_PREFIXES,
@@ -65,8 +65,8 @@ from serving.lab.dataset import (
     tier_scrape_configs,
     write_dataset,
 )
-from serving.lab.load import BUILTIN_TRACES, PlannedRequest, read_trace, replay, summarize, write_csv
-from serving.lab.promstack import (
+from tailguard.serving.lab.load import BUILTIN_TRACES, PlannedRequest, read_trace, replay, summarize, write_csv
+from tailguard.serving.lab.promstack import (
     BackfillResult,
     ProcessNotReady,
     PrometheusServer,
@@ -75,9 +75,9 @@ from serving.lab.promstack import (
     http_get,
     write_prometheus_config,
 )
-from serving.tier.profiles import EngineProfile, resolve_profile
-from serving.tier.tiny_model import SERVED_MODEL_NAME
-from serving.tier.vllm_args import platform_args, profile_cli_args, validate_cli_args
+from tailguard.serving.tier.profiles import EngineProfile, resolve_profile
+from tailguard.serving.tier.tiny_model import SERVED_MODEL_NAME
+from tailguard.serving.tier.vllm_args import platform_args, profile_cli_args, validate_cli_args
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 HTTP_TIMEOUT_S = 10.0
@@ -608,7 +608,8 @@ def _generated(where: Path, start: float, hours: float) -> dict[str, Any] | None
 def simulated_windows(
     seeds: Sequence[int], hours: float, out: Path, data_dir: Path, *, profile_change: float = 0.5
 ) -> list[tuple[float, float]]:
-    """Simulator history for each seed (serving.lab.dataset generate), backfilled into `data_dir`; their windows."""
+    """Simulator history for each seed (tailguard.serving.lab.dataset generate), backfilled into `data_dir`; their
+    windows."""
     windows = []
     for index, seed in enumerate(seeds):
         start = DEFAULT_START + index * (hours + 1.0) * 3600.0
@@ -636,8 +637,8 @@ def evaluate_recording(
     folds: int = 5,
     others: Sequence[Recording] = (),
 ) -> list[dict[str, Any]]:
-    """Both experiments (serving.lab.transfer): simulator -> recording, and the recording's first part -> rest;
-    for each of `others` (held-out recordings), simulator -> it and all of `recording` -> it.
+    """Both experiments (tailguard.serving.lab.transfer): simulator -> recording, and the recording's first part ->
+    rest; for each of `others` (held-out recordings), simulator -> it and all of `recording` -> it.
 
     `window` evaluates a slice of the recording only (the CI test's few minutes). Writes OUT/report.md and
     OUT/report.json; the backfilled TSDB is in OUT/data.
@@ -773,7 +774,9 @@ def package_run(run: Path, into: Path) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serving.lab.recording", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tailguard.serving.lab.recording", description=__doc__.split("\n\n")[0]
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="record the scenario on real vLLM into a real Prometheus")
     run.add_argument("--scenario", type=Path, required=True)

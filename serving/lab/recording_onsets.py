@@ -1,20 +1,21 @@
 """Per-onset transfer table on a real-vLLM recording: train on disjoint history, evaluate every onset (issue 27).
 
-    python -m serving.lab.recording_onsets --out docs/experiments/real-vllm-onsets [--work var/real-vllm-onsets]
+    python -m tailguard.serving.lab.recording_onsets --out docs/experiments/real-vllm-onsets [--work
+    var/real-vllm-onsets]
 
 The evaluated recording (default serving/lab/recordings/vllm-cpu-2026-12-06-onsets) lists its surge onsets (the
 scenario's phases with an `onset` shape) and its bad-config rollouts (a pre-warmed canary promoted to all the
 traffic under steady calm load, rolled back 90 s later) in recording.json. Each experiment trains the SLA model
 (predictors.transfer.fit: the gradient-boosted model and the decision cut it picks on its own training data) on
 training segments, evaluates it on evaluated segments, and scores per onset, beside the reactive rules and
-persistence on the same rows (predictors.onset_leads):
+persistence on the same rows (tailguard.predictors.onset_leads):
 - the lead from the first alarm to the first SLO violation (queue-time P99 over 1m > 1 s) and to the onset;
 - false alarms per hour on the calm stretches (steady load under capacity, no bad config serving);
 - each bad-config rollout detected (an alarm while it served) or not.
 
 The protocol cannot flatter: a training segment that overlaps an evaluated one, or ends less than a horizon
 before it (its labels look a horizon ahead, into the evaluated rows), is refused before anything is read
-(`check_disjoint`, as serving.lab.surge_protocol refuses shared trace segments). All the history lives in one
+(`check_disjoint`, as tailguard.serving.lab.surge_protocol refuses shared trace segments). All the history lives in one
 Prometheus (the recordings and the simulator's history backfilled on one wall clock), so time windows are
 the segments.
 """
@@ -33,16 +34,16 @@ from typing import Any
 
 import numpy as np
 
-from controller import PrometheusSettings, PrometheusSource, SystemClock
-from predictors.artifact import predict_proba
-from predictors.data import DataError, Rows, score_dimension
-from predictors.features import DEFAULT_SLI_THRESHOLDS, feature_names
-from predictors.onset_leads import Array, Episode, Mask, Stretch, fmt_seconds, score_alarms
-from predictors.train import TrainingError
-from serving.lab import transfer
-from serving.lab.dataset import NAMESPACE
-from serving.lab.promstack import PrometheusServer, PromStackError, write_prometheus_config
-from serving.lab.recording import (
+from tailguard.controller import PrometheusSettings, PrometheusSource, SystemClock
+from tailguard.predictors.artifact import predict_proba
+from tailguard.predictors.data import DataError, Rows, score_dimension
+from tailguard.predictors.features import DEFAULT_SLI_THRESHOLDS, feature_names
+from tailguard.predictors.onset_leads import Array, Episode, Mask, Stretch, fmt_seconds, score_alarms
+from tailguard.predictors.train import TrainingError
+from tailguard.serving.lab import transfer
+from tailguard.serving.lab.dataset import NAMESPACE
+from tailguard.serving.lab.promstack import PrometheusServer, PromStackError, write_prometheus_config
+from tailguard.serving.lab.recording import (
     Recording,
     RecordingError,
     action_time,
@@ -50,7 +51,7 @@ from serving.lab.recording import (
     bad_config_rollouts,
     simulated_windows,
 )
-from serving.lab.surge_protocol import ProtocolError
+from tailguard.serving.lab.surge_protocol import ProtocolError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 RECORDINGS = PROJECT_ROOT / "serving" / "lab" / "recordings"
@@ -59,8 +60,9 @@ EARLIER = (RECORDINGS / "vllm-cpu-2026-12-01", RECORDINGS / "vllm-cpu-2026-12-01
 STEP_S, HORIZON_S = 5.0, 60.0
 # After a rollback the bad version's queue is dropped (scale_down_delay_s 0) and the 1-minute P99 window clears.
 ROLLBACK_SETTLE_S = 60.0
-# The reactive rules an operator would deploy instead, as alarms on the same rows (serving.lab.surge_protocol's
-# baselines as rules: an HPA scales out once the per-replica value passes its target by the 10% tolerance).
+# The reactive rules an operator would deploy instead, as alarms on the same rows
+# (tailguard.serving.lab.surge_protocol's baselines as rules: an HPA scales out once the per-replica value passes its
+# target by the 10% tolerance).
 HPA_TOLERANCE = 1.1
 METHODS = (
     "model",
@@ -431,7 +433,7 @@ def evaluate(
         f"calm stretches; host load average (1 min) {min(load, default=0):.1f}-{max(load, default=0):.1f} on 2 cores. "
         f"Step {STEP_S:g} s, horizon {HORIZON_S:g} s, SLI queue-time P99 (1m) > {DEFAULT_SLI_THRESHOLDS['cpu']:g} s; "
         f"simulator seeds {', '.join(map(str, sim_seeds))} ({sim_hours:g} h each). Regenerate: "
-        "`python -m serving.lab.recording_onsets --out docs/experiments/real-vllm-onsets`."
+        "`python -m tailguard.serving.lab.recording_onsets --out docs/experiments/real-vllm-onsets`."
     )
     return header, results
 
@@ -450,7 +452,7 @@ def _split_point(recording: Recording, episodes: Sequence[Episode], share: float
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m serving.lab.recording_onsets", description=__doc__.split("\n\n")[0]
+        prog="python -m tailguard.serving.lab.recording_onsets", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--recording", type=Path, default=EVALUATED)
     parser.add_argument("--earlier", type=Path, nargs="*", default=list(EARLIER), help="recordings trained on")

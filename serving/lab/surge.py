@@ -1,17 +1,19 @@
 """`tailguard demo --scenario surge`: prevention measured. No controller, reactive and predictive scaling on the
 same recorded arrivals of a load surge, in a closed loop, in virtual time.
 
-    Azure conv trace + a surge -> VirtualTier (serving.lab.dataset: BatchingModel replicas, start-up + warm-up)
+    Azure conv trace + a surge -> VirtualTier (tailguard.serving.lab.dataset: BatchingModel replicas, start-up +
+    warm-up)
          |  every 15 s (virtual): the tier's scrape, remote-written into a real Prometheus
          v
     real Prometheus  <--- PromQL (signals, the SLA model's features) ---  the controller's own evaluation
-         ^                                                                (controller.loop.evaluation.evaluate:
+         ^
+         (tailguard.controller.loop.evaluation.evaluate:
          |                                                                 engine, journal, dispatcher, limits)
          +--- scale / restore (ScalePort) sets the tier's replica count ------------+
 
-The protocol (serving.lab.surge_protocol, issue 27): the SLA model is trained by this pipeline on training seeds whose
-trace slices lie in the first half of the Azure conv trace; every controller is evaluated on other seeds whose
-slices lie in the second half (the harness refuses overlapping slices before it runs anything), on onsets of
+The protocol (tailguard.serving.lab.surge_protocol, issue 27): the SLA model is trained by this pipeline on training
+seeds whose trace slices lie in the first half of the Azure conv trace; every controller is evaluated on other seeds
+whose slices lie in the second half (the harness refuses overlapping slices before it runs anything), on onsets of
 several shapes (sudden, slow ramp, two steps, diurnal rise, a bad config rolled out under steady load) and on each
 seed's calm control trace (the same arrivals, no onset). The controllers: a static floor of 2 replicas; HPAs with
 Kubernetes/KEDA defaults on waiting requests (target 5 per replica) and on finished requests/s (the seed's target
@@ -49,7 +51,7 @@ from typing import Any
 import requests
 from prometheus_client import CollectorRegistry
 
-from controller import (
+from tailguard.controller import (
     ActionOutcome,
     Actuators,
     Clock,
@@ -71,8 +73,8 @@ from controller import (
     embed_loop,
     load_policies,
 )
-from serving.errors import LabError
-from serving.lab.dataset import (
+from tailguard.serving.errors import LabError
+from tailguard.serving.lab.dataset import (
     NAMESPACE,
     RECORDED_PREFIXES,
     Segment,
@@ -80,9 +82,9 @@ from serving.lab.dataset import (
     arrivals,
     segment_at,
 )
-from serving.lab.load import BUILTIN_TRACES, TraceRequest, read_trace
-from serving.lab.promstack import PrometheusServer, write_prometheus_config
-from serving.lab.surge_protocol import (
+from tailguard.serving.lab.load import BUILTIN_TRACES, TraceRequest, read_trace
+from tailguard.serving.lab.promstack import PrometheusServer, write_prometheus_config
+from tailguard.serving.lab.surge_protocol import (
     SHAPES,
     Baseline,
     HpaLike,
@@ -291,7 +293,7 @@ class RemoteWriter:
 
 
 def scrape(tier: VirtualTier, at: float) -> list[tuple[dict[str, str], float]]:
-    """What Prometheus would scrape from the tier at `at` (serving.lab.dataset's recording, as series)."""
+    """What Prometheus would scrape from the tier at `at` (tailguard.serving.lab.dataset's recording, as series)."""
     out: list[tuple[dict[str, str], float]] = []
     tier.now = at
     tier.serving()
@@ -648,8 +650,8 @@ def train_model(
     a calm trace (a bump one replica absorbs: rising load that must not read as a breach); every fourth a surge
     under reactive scaling (so the model sees several replicas under load too). Returns the model and the end of
     the training window."""
-    from predictors.artifact import save_artifact
-    from predictors.train import fit_artifact
+    from tailguard.predictors.artifact import save_artifact
+    from tailguard.predictors.train import fit_artifact
 
     policy = load_policy(PREDICTIVE_POLICY)
     rows, end = record_training_rows(prometheus_url, config, start, journal_dir, trace)
@@ -678,8 +680,8 @@ def record_training_rows(
     prometheus_url: str, config: ScenarioConfig, start: float, journal_dir: Path, trace: Sequence[TraceRequest]
 ) -> tuple[Any, float]:
     """The training seeds recorded back to back from `start` (see `train_model`), as the model's labelled rows
-    (predictors.data.Rows, every feature); returns (rows, the end of the training window)."""
-    from predictors.data import build_rows, policy_thresholds
+    (tailguard.predictors.data.Rows, every feature); returns (rows, the end of the training window)."""
+    from tailguard.predictors.data import build_rows, policy_thresholds
 
     policy = load_policy(PREDICTIVE_POLICY)
     reactive = load_policy(REACTIVE_POLICY, recovery_hold_s=config.recovery_hold_s)
@@ -721,7 +723,7 @@ def _isnan(values: Any) -> Any:
 
 def prediction_provider(model_dir: Path) -> Callable[[Clock], Any]:
     """The controller's own PredictionProvider (skops allow-list, feature hash, age) over the trained artifact."""
-    from predictors.serving import ModelSpec, PredictionProvider
+    from tailguard.predictors.serving import ModelSpec, PredictionProvider
 
     return lambda clock: PredictionProvider({"sla": ModelSpec("sla", model_dir)}, clock)
 
@@ -809,7 +811,7 @@ class ScenarioResult:
 
 def reuse_model(directory: Path, config: ScenarioConfig) -> TrainedModel:
     """A model this scenario trained before on the same training seeds (verified as the controller loads it)."""
-    from predictors.artifact import ArtifactError, load_artifact
+    from tailguard.predictors.artifact import ArtifactError, load_artifact
 
     try:
         artifact = load_artifact(directory)

@@ -1,15 +1,16 @@
 """The SLA model's classes compared under the surge protocol (issue 27, item 3): a model that leads, or a verdict.
 
-    python -m serving.lab.surge_models run --out DIR [--classes gbm,logistic,mlp] [--controllers hpa-concurrency-48,...]
+    python -m tailguard.serving.lab.surge_models run --out DIR [--classes gbm,logistic,mlp] [--controllers
+    hpa-concurrency-48,...]
         [--seed-list 1-5] [--calm-seeds 1001-1055] [--models DIR] [--only bad-config,calm]
-    python -m serving.lab.surge_models calm --out DIR --models DIR/models --calm-seeds 1001-1060
-    python -m serving.lab.surge_models report --out DIR [--baseline surge.json] PART_DIR...
+    python -m tailguard.serving.lab.surge_models calm --out DIR --models DIR/models --calm-seeds 1001-1060
+    python -m tailguard.serving.lab.surge_models report --out DIR [--baseline surge.json] PART_DIR...
 
 `run` trains one artifact per model class on the protocol's training seeds (one recording, one set of rows: every
 class sees the same features, each gets its own calibration and its own cut from its out-of-fold probabilities on
 the training window only), then runs each class's policy (`predictive-<class>`: predicted-queue-breach-scale.yaml
-at that class's cut) and the named reactive controllers in the closed loop of serving.lab.surge on the evaluated
-seeds' onsets and calm traces (`--seed-list`) and on calm traces only (`--calm-seeds`: more calm hours for the
+at that class's cut) and the named reactive controllers in the closed loop of tailguard.serving.lab.surge on the
+evaluated seeds' onsets and calm traces (`--seed-list`) and on calm traces only (`--calm-seeds`: more calm hours for the
 false-alarm rate; their slices lie in the evaluation region too, checked against the training slices). Every run's
 summary and onset lead is appended to DIR/runs.jsonl as it finishes, so a run cut short still reports.
 
@@ -40,13 +41,13 @@ from typing import Any
 
 import numpy as np
 
-from controller import ManualClock, PrometheusSettings, PrometheusSource
-from predictors.artifact import load_artifact
-from predictors.data import build_rows, policy_thresholds
-from serving.errors import LabError
-from serving.lab.load import BUILTIN_TRACES, read_trace
-from serving.lab.promstack import PrometheusServer, write_prometheus_config
-from serving.lab.surge import (
+from tailguard.controller import ManualClock, PrometheusSettings, PrometheusSource
+from tailguard.predictors.artifact import load_artifact
+from tailguard.predictors.data import build_rows, policy_thresholds
+from tailguard.serving.errors import LabError
+from tailguard.serving.lab.load import BUILTIN_TRACES, read_trace
+from tailguard.serving.lab.promstack import PrometheusServer, write_prometheus_config
+from tailguard.serving.lab.surge import (
     CONCURRENCY_POLICY,
     PREDICTIVE_POLICY,
     REACTIVE_POLICY,
@@ -61,7 +62,7 @@ from serving.lab.surge import (
     run_closed_loop,
     trace_slice,
 )
-from serving.lab.surge_protocol import (
+from tailguard.serving.lab.surge_protocol import (
     OnsetLead,
     ProtocolError,
     baselines,
@@ -90,8 +91,8 @@ def train_classes(
 ) -> tuple[dict[str, TrainedModel], float]:
     """One recording of the training seeds, one artifact per model class (its cut from its own out-of-fold
     probabilities on the training window); returns the models and the end of the training window."""
-    from predictors.artifact import save_artifact
-    from predictors.train import fit_artifact
+    from tailguard.predictors.artifact import save_artifact
+    from tailguard.predictors.train import fit_artifact
 
     policy = load_policy(PREDICTIVE_POLICY)
     trace = read_trace(BUILTIN_TRACES["conv"])
@@ -120,7 +121,7 @@ def train_classes(
 
 
 def reuse_classes(directory: Path, classes: Sequence[str], config: ScenarioConfig) -> dict[str, TrainedModel]:
-    from serving.lab.surge import reuse_model
+    from tailguard.serving.lab.surge import reuse_model
 
     return {name: reuse_model(directory / name, config) for name in classes}
 
@@ -270,8 +271,8 @@ def score_calm_trace(
         the policy's `for` and cooldown (a target missing more than half its features gets no prediction, as live),
         the concurrency rule (> 48 per replica) and the HPA on in-engine requests (> 52.8 on one replica). `peaks` gets
     each model's highest probability and the highest in-engine count per replica (how far calm stays from a cut)."""
-    from predictors.artifact import predict_proba
-    from predictors.serving import DEFAULT_MAX_MISSING_FRACTION, usable_rows
+    from tailguard.predictors.artifact import predict_proba
+    from tailguard.predictors.serving import DEFAULT_MAX_MISSING_FRACTION, usable_rows
 
     usable = usable_rows(features, DEFAULT_MAX_MISSING_FRACTION)
     out: dict[str, list[float]] = {}
@@ -643,11 +644,13 @@ def write_report(out: Path, parts: Sequence[Path], baseline: Path | None = None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serving.lab.surge_models", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tailguard.serving.lab.surge_models", description=__doc__.split("\n\n")[0]
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="train the classes and run the controllers (appends DIR/runs.jsonl)")
     run.add_argument("--out", type=Path, required=True)
-    run.add_argument("--classes", default="gbm,logistic,mlp", help="model classes (predictors.modeling)")
+    run.add_argument("--classes", default="gbm,logistic,mlp", help="model classes (tailguard.predictors.modeling)")
     run.add_argument("--controllers", default="", help="reactive controllers beside them (surge's names)")
     run.add_argument("--seed-list", default="1-5", help="evaluated seeds: onsets and calm (e.g. 1-5)")
     run.add_argument("--calm-seeds", default="", help="seeds run calm only (e.g. 1001-1055)")

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from serving.errors import LabError
+from tailguard.serving.errors import LabError
 
 NAMESPACE = "llm"
 # The onset shapes of the evaluation; "calm" is each seed's control trace (no onset).

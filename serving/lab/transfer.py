@@ -1,7 +1,7 @@
 """The SLA model on recorded real-vLLM history: trained elsewhere (transfer) or on the recording's first part.
 
 Two experiments, each scored side by side with the baselines on the same rows:
-- transfer: fit on the simulator's history (serving.lab.dataset generate, other seeds), evaluate on the whole
+- transfer: fit on the simulator's history (tailguard.serving.lab.dataset generate, other seeds), evaluate on the whole
   real recording;
 - in-recording: fit on the first `train_share` of the recording (by time, the last horizon before the split
   dropped: its labels look across it), evaluate on the rest.
@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from controller import MetricsSource
-from predictors.artifact import ModelArtifact, predict_proba
-from predictors.data import (
+from tailguard.controller import MetricsSource
+from tailguard.predictors.artifact import ModelArtifact, predict_proba
+from tailguard.predictors.data import (
     Rows,
     baseline_alarms,
     breach_labels,
@@ -43,9 +43,9 @@ from predictors.data import (
     score_dimension,
     time_split,
 )
-from predictors.evaluate import public_report
-from predictors.features import _quantile, feature_names, render
-from predictors.train import fit_artifact
+from tailguard.predictors.evaluate import public_report
+from tailguard.predictors.features import _quantile, feature_names, render
+from tailguard.predictors.train import fit_artifact
 
 Array = npt.NDArray[np.float64]
 E2E_SLI = _quantile(0.99, "vllm:e2e_request_latency_seconds")

@@ -1,5 +1,5 @@
-"""`python -m serving.tier --config FILE --state-dir DIR`: the local serving tier (serving/tier/server.py)."""
+"""`python -m tailguard.serving.tier --config FILE --state-dir DIR`: the local serving tier (serving/tier/server.py)."""
 
-from serving.tier.server import main
+from tailguard.serving.tier.server import main
 
 raise SystemExit(main())

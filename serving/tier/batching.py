@@ -39,9 +39,9 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from controller import InputError
-from serving.tier.priority import BatchWindows, PriorityClass
-from serving.tier.profiles import EngineProfile
+from tailguard.controller import InputError
+from tailguard.serving.tier.priority import BatchWindows, PriorityClass
+from tailguard.serving.tier.profiles import EngineProfile
 
 
 class RequestRejected(InputError, ValueError):
@@ -327,8 +327,8 @@ def simulate(
 ) -> list[SimRequest]:
     """Run the model in virtual time over `arrivals`; returns every request, finished, in arrival order.
 
-    With `windows` (e.g. serving.tier.priority.SEED_CLASSES) requests pass through their priority class's batching
-    window first, as behind the router: a request's latency includes its wait in the window.
+    With `windows` (e.g. tailguard.serving.tier.priority.SEED_CLASSES) requests pass through their priority class's
+    batching window first, as behind the router: a request's latency includes its wait in the window.
     """
     model = BatchingModel(profile)
     pending = sorted(arrivals, key=lambda a: a.at)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from serving.tier.profiles import EngineArgs
+from tailguard.serving.tier.profiles import EngineArgs
 
 ENGINE_ARG_METRIC = "tailguard_serving_engine_arg"
 # The numeric arguments that bound a replica's capacity; an argument left unset (None) is not exported.

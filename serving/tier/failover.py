@@ -17,8 +17,9 @@ from enum import Enum
 FULL_WEIGHT = 100
 HALF_WEIGHT = 50
 
-# On Kubernetes (serving.tier.rotation) the same rotation is two pod readiness gates set by the rotation controller,
-# plus the weight and rotation as pod metadata. Here, not there: the manifests use the names without the client.
+# On Kubernetes (tailguard.serving.tier.rotation) the same rotation is two pod readiness gates set by the rotation
+# controller, plus the weight and rotation as pod metadata. Here, not there: the manifests use the names without the
+# client.
 WARMED_UP = "tailguard.io/warmed-up"
 IN_ROTATION = "tailguard.io/in-rotation"
 READINESS_GATES = (WARMED_UP, IN_ROTATION)

@@ -10,8 +10,8 @@ A request's `priority` (vLLM's field: lower values are served first, default 0) 
 Requests of a class are held in that class's window and released together (so they reach the engine in the
 same scheduler step) when the window holds `max_batch` requests or `max_wait_s` after its first request,
 whichever comes first. When several windows are due at once the interactive one goes first. The local
-router (serving.tier.router) and the virtual-time simulator (serving.tier.batching.simulate) both run this; the
-engine then serves the classes by priority when the profile sets `scheduling_policy: priority`.
+router (tailguard.serving.tier.router) and the virtual-time simulator (tailguard.serving.tier.batching.simulate) both
+run this; the engine then serves the classes by priority when the profile sets `scheduling_policy: priority`.
 """
 
 from __future__ import annotations

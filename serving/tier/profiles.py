@@ -14,10 +14,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from serving.tier.yamlfile import ConfigFileError, load_yaml_model, validate
+from tailguard.serving.tier.yamlfile import ConfigFileError, load_yaml_model, validate
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
-# Calibrated profiles (serving.lab.calibration): a base profile plus engine/hardware values fitted on a real engine.
+# Calibrated profiles (tailguard.serving.lab.calibration): a base profile plus engine/hardware values fitted on a real
+# engine.
 CALIBRATIONS_DIR = Path(__file__).resolve().parent / "calibrations"
 GIB = 1024**3
 
@@ -127,7 +128,7 @@ class Hardware(_Strict):
     # Fraction of prompt tokens found in the prefix cache when enable_prefix_caching is on.
     prefix_cache_hit_ratio: float = Field(0.12, ge=0.0, lt=1.0)
     # Client-observed minus engine-reported latency per request (HTTP, tokenization), fitted by
-    # serving.lab.calibration; the fidelity comparison adds it to the simulated e2e latency.
+    # tailguard.serving.lab.calibration; the fidelity comparison adds it to the simulated e2e latency.
     request_overhead_s: float = Field(0.0, ge=0.0)
 
 
@@ -242,7 +243,7 @@ def resolve_profile(name_or_path: str, search_dirs: list[Path] | None = None) ->
     raise ConfigFileError(name_or_path, 0, "", f"no such profile; expected a file or one of {builtin_profile_names()}")
 
 
-# -- calibrated profiles (fitted by serving.lab.calibration) ------------------------------------------------
+# -- calibrated profiles (fitted by tailguard.serving.lab.calibration) ------------------------------------------------
 
 
 class FitReport(_Strict):

@@ -2,10 +2,10 @@
 
 The vLLM Deployments (serving/tier/manifests) declare two readiness gates; a pod is Ready, i.e. an endpoint of its
 Service and so reachable through the HTTPRoute, only when both conditions are True. This small controller
-(`python -m serving.tier.rotation`, serving/tier/manifests/base/rotation.yaml) sets them, with the same state machine as
-the local supervisor (serving.tier.failover, serving.tier.warmup):
+(`python -m tailguard.serving.tier.rotation`, serving/tier/manifests/base/rotation.yaml) sets them, with the same state
+machine as the local supervisor (tailguard.serving.tier.failover, tailguard.serving.tier.warmup):
 
-- `tailguard.io/warmed-up`: False until the pod passed the shadow warm-up (`serving.tier.warmup.warm_up`:
+- `tailguard.io/warmed-up`: False until the pod passed the shadow warm-up (`tailguard.serving.tier.warmup.warm_up`:
   /health, /v1/models lists the served model, /metrics has vllm: metrics, short completions succeed) against
   the pod's own address, once its containers are ready (the startup probe passed). No user request reaches a
   pod that has not been warmed up.
@@ -37,7 +37,7 @@ import aiohttp
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from serving.tier.failover import (
+from tailguard.serving.tier.failover import (
     IN_ROTATION,
     READINESS_GATES,
     ROTATION_LABEL,
@@ -47,7 +47,7 @@ from serving.tier.failover import (
     Rotation,
     Transition,
 )
-from serving.tier.warmup import WarmupResult, warm_up
+from tailguard.serving.tier.warmup import WarmupResult, warm_up
 
 log = logging.getLogger(__name__)
 __all__ = ["READINESS_GATES", "PodRotation", "RotationController", "desired_conditions"]
@@ -272,7 +272,9 @@ class RotationController:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serving.tier.rotation", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tailguard.serving.tier.rotation", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--selector", default=DEFAULT_SELECTOR, help="label selector of the vLLM pods")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between health checks")

@@ -13,8 +13,8 @@ The body is forwarded byte for byte, so a request's `priority` reaches vLLM unch
 the version's profile sets `scheduling_policy: priority`; lower values are served first); the router also
 labels its latency histogram with it.
 
-Priority classes (serving.tier.priority, the seed's batching windows; on with `batching_windows=True`, the tier's
-`priority_windows: true`): a request of priority <= 0 is `interactive` (held at most 5 ms, released in batches of
+Priority classes (tailguard.serving.tier.priority, the seed's batching windows; on with `batching_windows=True`, the
+tier's `priority_windows: true`): a request of priority <= 0 is `interactive` (held at most 5 ms, released in batches of
 up to 8), any other is `batch` (20 ms / 32); each service has its own windows, and a due interactive window is
 released before a due batch one. The latency per class, window wait
 included, is `tailguard_serving_request_latency_seconds{service, priority="interactive"|"batch"}`.
@@ -41,8 +41,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from serving.tier.priority import SEED_CLASSES, BatchWindows, PriorityClass, Release, classify
-from serving.tier.vllm_metrics import LATENCY_BUCKETS
+from tailguard.serving.tier.priority import SEED_CLASSES, BatchWindows, PriorityClass, Release, classify
+from tailguard.serving.tier.vllm_metrics import LATENCY_BUCKETS
 
 PROXY_OVERHEAD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 # Per-priority latency: fine at the bottom (an interactive SLO is often under vLLM's smallest bucket, 0.3 s).
@@ -55,7 +55,8 @@ class ReplicaTarget:
     id: str
     url: str
     healthy: bool = True
-    # Relative share within its version: 100 in rotation, 50 while recovering from a failover (serving.tier.failover).
+    # Relative share within its version: 100 in rotation, 50 while recovering from a failover
+    # (tailguard.serving.tier.failover).
     weight: int = 100
 
 

@@ -1,6 +1,6 @@
 """The local serving tier: simulated vLLM replicas, the router and the control API in one process.
 
-    python -m serving.tier --config tier.yaml --state-dir DIR [--port N]
+    python -m tailguard.serving.tier --config tier.yaml --state-dir DIR [--port N]
 
 The control API is the contract in docs/architecture.md. It is the local
 implementation of the actuator protocols (Deployer: rollback / replicas /
@@ -48,12 +48,12 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller import InputError
-from serving.tier.engine_args_metric import EngineArgCollector, ListedReplica
-from serving.tier.profiles import EngineArgs, EngineProfile, profile_diff, profile_from_dict, resolve_profile
-from serving.tier.router import ReplicaTarget, Router, VersionTarget
-from serving.tier.simulator import ReplicaEngine, make_replica_app
-from serving.tier.supervisor import (
+from tailguard.controller import InputError
+from tailguard.serving.tier.engine_args_metric import EngineArgCollector, ListedReplica
+from tailguard.serving.tier.profiles import EngineArgs, EngineProfile, profile_diff, profile_from_dict, resolve_profile
+from tailguard.serving.tier.router import ReplicaTarget, Router, VersionTarget
+from tailguard.serving.tier.simulator import ReplicaEngine, make_replica_app
+from tailguard.serving.tier.supervisor import (
     Replica,
     ReplicaSpec,
     Supervisor,
@@ -62,9 +62,9 @@ from serving.tier.supervisor import (
     vllm_command,
     vllm_environment,
 )
-from serving.tier.tiny_model import DEFAULT_MODEL_DIR, TinyModelError, ensure_tiny_model
-from serving.tier.vllm_args import platform_args, profile_cli_args, validate_cli_args
-from serving.tier.yamlfile import ConfigFileError, load_yaml_model
+from tailguard.serving.tier.tiny_model import DEFAULT_MODEL_DIR, TinyModelError, ensure_tiny_model
+from tailguard.serving.tier.vllm_args import platform_args, profile_cli_args, validate_cli_args
+from tailguard.serving.tier.yamlfile import ConfigFileError, load_yaml_model
 
 STATE_FILE = "state.json"
 MAX_REPLICAS = 32
@@ -161,7 +161,7 @@ class Revision:
 def revisions_answer(revisions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """GET .../revisions: each revision's JSON plus `profile_diff`, what its profile changed from the revision before.
 
-    `profile_diff` is serving.tier.profiles.profile_diff ({arg: {"from": old, "to": new}}) from the next lower
+    `profile_diff` is tailguard.serving.tier.profiles.profile_diff ({arg: {"from": old, "to": new}}) from the next lower
     revision's profile; {} for the first revision, null when either profile cannot be read. The change
     tracker (controller/adapters/changes/tracker.py) reads it, so the controller never parses a profile.
     """
@@ -871,7 +871,7 @@ async def serve(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serving.tier", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tailguard.serving.tier", description=__doc__.split("\n")[0])
     parser.add_argument("--config", required=True, help="tier config YAML (services, ports, profiles_dir)")
     parser.add_argument("--state-dir", required=True, help="directory for state.json (revisions, idempotency)")
     parser.add_argument("--port", type=int, default=None, help="control API port (0 = any free port)")

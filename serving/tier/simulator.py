@@ -1,6 +1,6 @@
 """A vLLM-compatible simulated replica: the batching model run in real time behind an OpenAI API.
 
-`ReplicaEngine` runs `serving.tier.batching.BatchingModel` in an asyncio task: it
+`ReplicaEngine` runs `tailguard.serving.tier.batching.BatchingModel` in an asyncio task: it
 plans a step, sleeps for the step's modelled duration, then applies the step at
 the time it actually ended (so CPU contention shows up as latency, as on a real
 server). `make_replica_app` serves it with aiohttp:
@@ -31,11 +31,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from controller import InputError
-from serving.errors import LabError
-from serving.tier.batching import BatchingModel, RequestRejected, SimRequest
-from serving.tier.profiles import EngineProfile
-from serving.tier.vllm_metrics import DcgmCollector, HbmModel, VllmMetrics
+from tailguard.controller import InputError
+from tailguard.serving.errors import LabError
+from tailguard.serving.tier.batching import BatchingModel, RequestRejected, SimRequest
+from tailguard.serving.tier.profiles import EngineProfile
+from tailguard.serving.tier.vllm_metrics import DcgmCollector, HbmModel, VllmMetrics
 
 
 class EngineStopped(LabError, RuntimeError):

@@ -3,7 +3,7 @@
 Each replica is one OS process (a real vLLM OpenAI server, or any command speaking the same HTTP surface) in
 its own process group, so stopping it also stops anything it spawned. A replica's life, run by one task:
 
-    spawn -> poll /health until up -> shadow warm-up (serving.tier.warmup) -> in rotation (joins the router)
+    spawn -> poll /health until up -> shadow warm-up (tailguard.serving.tier.warmup) -> in rotation (joins the router)
           -> health check every `health_interval_s`, fed to a FailoverState (3 failures out, back at 50%, then 100%)
     process exited / never came up / warm-up failed -> kill its group, count a restart (log + metric),
           wait the backoff delay, spawn again; a restarted replica rejoins at half weight.
@@ -33,10 +33,10 @@ from pathlib import Path
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from serving.tier.failover import FailoverState, Rotation
-from serving.tier.profiles import EngineProfile
-from serving.tier.vllm_args import platform_args, profile_cli_args
-from serving.tier.warmup import WarmupResult, warm_up
+from tailguard.serving.tier.failover import FailoverState, Rotation
+from tailguard.serving.tier.profiles import EngineProfile
+from tailguard.serving.tier.vllm_args import platform_args, profile_cli_args
+from tailguard.serving.tier.warmup import WarmupResult, warm_up
 
 log = logging.getLogger("tailguard.serving.supervisor")
 

@@ -5,7 +5,7 @@ text (the Python standard library's own sources). The model is what vLLM loads w
 LlamaForCausalLM, hidden 128, 2 layers, 4 heads (head dim 32, which vLLM's CPU attention supports), safetensors.
 
 Building needs torch, transformers and tokenizers, which live in the serving virtualenv only; so the build runs
-there as a subprocess (`python -m serving.tier.tiny_model DIR` under the serving interpreter), and
+there as a subprocess (`python -m tailguard.serving.tier.tiny_model DIR` under the serving interpreter), and
 `ensure_tiny_model` is what the rest of the project calls: it rebuilds only when the cached model is missing.
 """
 
@@ -21,7 +21,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from serving.errors import LabError
+from tailguard.serving.errors import LabError
 
 DEFAULT_MODEL_DIR = Path(".tailguard") / "models" / "tiny-llama"
 SERVED_MODEL_NAME = "tiny-llama"
@@ -62,7 +62,7 @@ def ensure_tiny_model(serving_python: Path, model_dir: Path = DEFAULT_MODEL_DIR,
     project_root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(project_root), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     result = subprocess.run(
-        [str(serving_python), "-m", "serving.tier.tiny_model", str(model_dir)],
+        [str(serving_python), "-m", "tailguard.serving.tier.tiny_model", str(model_dir)],
         cwd=project_root,
         env=env,
         capture_output=True,

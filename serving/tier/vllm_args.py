@@ -5,8 +5,8 @@ vLLM's FlexibleArgumentParser (the OpenAI server's parser, with every EngineArgs
 the serving virtualenv, where vLLM is installed, and reports the first rejected argument by name. A profile
 that fails here is never started: the tier's rollout answers 422 with the message.
 
-Run inside the serving virtualenv: `python -m serving.tier.vllm_args -- --max-num-seqs 4 ...` prints one JSON line
-`{"ok": true}` or `{"ok": false, "argument": "--quantization", "error": "..."}`.
+Run inside the serving virtualenv: `python -m tailguard.serving.tier.vllm_args -- --max-num-seqs 4 ...` prints one JSON
+line `{"ok": true}` or `{"ok": false, "argument": "--quantization", "error": "..."}`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controller import ConfigError
-from serving.tier.profiles import EngineProfile
+from tailguard.controller import ConfigError
+from tailguard.serving.tier.profiles import EngineProfile
 
 # Booleans whose vLLM default is on: False must be spelled out as --no-<flag>.
 _NEGATABLE = frozenset({"enable_prefix_caching"})
@@ -141,7 +141,7 @@ def validate_cli_args(
     }
     try:
         done = subprocess.run(
-            [str(serving_python), "-m", "serving.tier.vllm_args", *model_args, "--", *args],
+            [str(serving_python), "-m", "tailguard.serving.tier.vllm_args", *model_args, "--", *args],
             cwd=project_root,
             env=env,
             capture_output=True,

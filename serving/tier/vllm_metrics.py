@@ -11,8 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from serving.tier.batching import SimRequest, StepOutcome
-from serving.tier.profiles import EngineProfile
+from tailguard.serving.tier.batching import SimRequest, StepOutcome
+from tailguard.serving.tier.profiles import EngineProfile
 
 MIB = 1024**2
 GIB = 1024**3

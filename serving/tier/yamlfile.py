@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from controller import (
+from tailguard.controller import (
     BoundedLoader,
     ConfigError,
     DuplicateKey,

@@ -37,10 +37,10 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from controller.core.policy import Policy
-from controller.core.signals import range_chunks, render_signal_queries
-from controller.kit.durations import format_duration
-from controller.tools.backtest_feed import CHUNK_POINTS
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.signals import range_chunks, render_signal_queries
+from tailguard.controller.kit.durations import format_duration
+from tailguard.controller.tools.backtest_feed import CHUNK_POINTS
 from tests.support.openmetrics import VLLM_E2E, VLLM_E2E_BUCKETS, format_le
 
 T0 = 1_700_000_000.0
@@ -152,7 +152,7 @@ def run_backtest(url: str, rules: Path, start: float, end: float, report: Path) 
             [
                 sys.executable,
                 "-c",
-                "import sys; from controller.cli import main; sys.exit(main(sys.argv[1:]))",
+                "import sys; from tailguard.controller.cli import main; sys.exit(main(sys.argv[1:]))",
                 "backtest",
                 "--prometheus",
                 url,
@@ -180,7 +180,7 @@ def run_backtest(url: str, rules: Path, start: float, end: float, report: Path) 
 def startup() -> float:
     """Wall seconds of the command's start-up alone (its imports), to tell the replay from the interpreter."""
     started = time.perf_counter()
-    command = "import controller.cli, controller.app.cli, controller.tools.backtest"
+    command = "import tailguard.controller.cli, tailguard.controller.app.cli, tailguard.controller.tools.backtest"
     subprocess.run([sys.executable, "-c", command], cwd=ROOT, check=True)
     return time.perf_counter() - started
 
@@ -199,7 +199,7 @@ def main(argv: list[str]) -> int:
     # A SIGTERM (e.g. from `timeout`) unwinds like an exception, so the Prometheus this started is stopped.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
 
-    from serving.lab.promstack import PrometheusServer, PromStackError, backfill_openmetrics
+    from tailguard.serving.lab.promstack import PrometheusServer, PromStackError, backfill_openmetrics
 
     document = policy_document(args.scrape, args.step)
     policy = Policy.model_validate(document)

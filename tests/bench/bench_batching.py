@@ -23,11 +23,11 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.core.policy import Policy
-from controller.core.signals import query_signals
-from controller.kit.clock import SystemClock
-from controller.kit.templating import render_query
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.signals import query_signals
+from tailguard.controller.kit.clock import SystemClock
+from tailguard.controller.kit.templating import render_query
 from tests.support.openmetrics import VLLM_E2E, VLLM_E2E_BUCKETS, OpenMetricsWriter, latency_histogram_points
 
 T0 = 1_700_000_000.0
@@ -145,7 +145,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps(child(mode, url, int(targets), args.cycles)))
         return 0
 
-    from serving.lab.promstack import PrometheusServer, PromStackError, backfill_openmetrics
+    from tailguard.serving.lab.promstack import PrometheusServer, PromStackError, backfill_openmetrics
 
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tailguard-bench-") as work:

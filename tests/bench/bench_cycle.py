@@ -53,17 +53,17 @@ if str(ROOT) not in sys.path:
 
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.adapters.stores.journal import Journal
-from controller.core.engine import PolicyState
-from controller.core.policy import Policy
-from controller.core.signals import query_signals, render_signal_queries
-from controller.kit.clock import SystemClock
-from controller.kit.gc_tuning import tune_for_long_running
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.evaluation import EvaluationPorts, UnconfiguredPredictions, evaluate
-from controller.loop.metrics import ControllerMetrics
-from controller.testing import FakeDispatcher, FakeRollback
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.signals import query_signals, render_signal_queries
+from tailguard.controller.kit.clock import SystemClock
+from tailguard.controller.kit.gc_tuning import tune_for_long_running
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.loop.evaluation import EvaluationPorts, UnconfiguredPredictions, evaluate
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.testing import FakeDispatcher, FakeRollback
 from tests.support.openmetrics import VLLM_E2E, VLLM_E2E_BUCKETS, OpenMetricsWriter, latency_histogram_points
 
 T0 = 1_700_000_000.0
@@ -89,7 +89,7 @@ SHIPPED_FILES = {
 
 
 def shipped_queries() -> dict[str, str]:
-    from controller.core.policy_files import load_policies
+    from tailguard.controller.core.policy_files import load_policies
 
     queries: dict[str, str] = {}
     for name, file in SHIPPED_FILES.items():
@@ -182,7 +182,7 @@ def history(targets: int) -> tuple[str, int]:
 
 
 def backfill(target_sets: list[int], data: str) -> None:
-    from serving.lab.promstack import backfill_openmetrics
+    from tailguard.serving.lab.promstack import backfill_openmetrics
 
     for targets in target_sets:
         text, samples = history(targets)
@@ -438,7 +438,7 @@ def main(argv: list[str]) -> int:
     tune_for_long_running()  # as `tailguard run` does (controller/kit/gc_tuning.py)
     logging.getLogger("tailguard").setLevel(logging.WARNING)
 
-    from serving.lab.promstack import PrometheusServer, PromStackError
+    from tailguard.serving.lab.promstack import PrometheusServer, PromStackError
 
     rows: list[dict[str, Any]] = []
     reactions: dict[int, dict[str, tuple[float, float]]] = {}

@@ -26,15 +26,15 @@ from typing import Any, cast
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from controller.adapters.stores.incidents import SqliteIncidentStore
-from controller.adapters.stores.journal import Journal
-from controller.core.model import target_key
-from controller.core.ports import DispatcherPort
-from controller.kit.clock import ManualClock
-from controller.loop.dispatcher import Actuators, Dispatcher
-from controller.loop.incident_ports import incident_layer
-from controller.loop.incidents import IncidentKeeper
-from controller.testing import FakeAnnotator, FakeNotifier, FakeRollback
+from tailguard.controller.adapters.stores.incidents import SqliteIncidentStore
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.core.model import target_key
+from tailguard.controller.core.ports import DispatcherPort
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher
+from tailguard.controller.loop.incident_ports import incident_layer
+from tailguard.controller.loop.incidents import IncidentKeeper
+from tailguard.controller.testing import FakeAnnotator, FakeNotifier, FakeRollback
 from tests.scenarios.test_incident_matrix import P99, STEP, T0, Replica, World, example
 
 

@@ -36,13 +36,13 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from controller.adapters.stores.journal import Journal
-from controller.core.actions import ActionStatus
-from controller.core.engine import ConditionState, Phase, PolicyState, transition
-from controller.core.model import Decision, SignalResult, TargetKey, target_key
-from controller.kit.clock import ManualClock
-from controller.kit.sqlite_store import json_column  # the same serialisation as schema 1's
-from controller.testing import make_decision
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.core.actions import ActionStatus
+from tailguard.controller.core.engine import ConditionState, Phase, PolicyState, transition
+from tailguard.controller.core.model import Decision, SignalResult, TargetKey, target_key
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.kit.sqlite_store import json_column  # the same serialisation as schema 1's
+from tailguard.controller.testing import make_decision
 from tests.support.flapping import flapping_policy, flapping_targets, flapping_values
 
 INTERVAL = 15.0

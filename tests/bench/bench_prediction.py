@@ -1,11 +1,11 @@
 """Benchmark: SLA-model prediction latency per batch and per target, for 1, 100 and 1000 targets.
 
-The model is the shipped kind (predictors.modeling: gradient-boosted trees, 200 iterations, sigmoid
+The model is the shipped kind (tailguard.predictors.modeling: gradient-boosted trees, 200 iterations, sigmoid
 calibration, one per dimension) fitted on synthetic data, saved and loaded back through
-predictors.artifact exactly as the controller loads it. Two paths are timed per batch size:
+tailguard.predictors.artifact exactly as the controller loads it. Two paths are timed per batch size:
 
-- model:    feature matrix -> probabilities of the three dimensions (predictors.artifact.predict_proba);
-- provider: the controller's whole in-process path for one evaluation (predictors.serving: feature
+- model:    feature matrix -> probabilities of the three dimensions (tailguard.predictors.artifact.predict_proba);
+- provider: the controller's whole in-process path for one evaluation (tailguard.predictors.serving: feature
             SignalResults -> matrix -> missing-feature filter -> probabilities -> SignalResults), with a
             source that answers instantly, so Prometheus' own time is left out.
 
@@ -34,14 +34,14 @@ if str(ROOT) not in sys.path:
 import numpy as np
 import sklearn
 
-from controller.core.model import SignalResult, target_key
-from controller.core.policy import Policy
-from controller.kit.clock import ManualClock
-from controller.testing import FakeSource
-from predictors.artifact import DIMENSIONS, ModelArtifact, load_artifact, predict_proba, save_artifact
-from predictors.features import feature_hash, feature_names, feature_queries
-from predictors.modeling import calibrate, fit_gbm
-from predictors.serving import ModelSpec, PredictionProvider, single_threaded
+from tailguard.controller.core.model import SignalResult, target_key
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.testing import FakeSource
+from tailguard.predictors.artifact import DIMENSIONS, ModelArtifact, load_artifact, predict_proba, save_artifact
+from tailguard.predictors.features import feature_hash, feature_names, feature_queries
+from tailguard.predictors.modeling import calibrate, fit_gbm
+from tailguard.predictors.serving import ModelSpec, PredictionProvider, single_threaded
 
 NOW = 1_700_000_000.0
 TARGET_P99_PER_TARGET_MS = 1.0
@@ -144,7 +144,7 @@ def run(targets: list[int], repeats: int, rows: int, seed: int) -> dict[str, Any
         matrix = rng.lognormal(0.0, 1.0, size=(count, len(feature_names())))
         source = instant_source(matrix)
         for path, call in (
-            # The same single-thread limit the provider applies (predictors.serving.single_threaded).
+            # The same single-thread limit the provider applies (tailguard.predictors.serving.single_threaded).
             ("model", lambda m=matrix: single_threaded(predict_proba, artifact, m)),
             ("provider", lambda s=source: provider.predict(s, bench_policy)),
         ):

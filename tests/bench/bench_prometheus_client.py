@@ -36,8 +36,13 @@ if str(ROOT) not in sys.path:
 
 from prometheus_api_client import PrometheusConnect
 
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource, matrix_grid, vector_result
-from controller.kit.clock import SystemClock
+from tailguard.controller.adapters.metrics.prometheus import (
+    PrometheusSettings,
+    PrometheusSource,
+    matrix_grid,
+    vector_result,
+)
+from tailguard.controller.kit.clock import SystemClock
 from tests.support.openmetrics import OpenMetricsWriter
 
 T0 = 1_700_000_000.0
@@ -80,7 +85,7 @@ def main(argv: list[str]) -> int:
         args.instant_targets, args.range_targets, args.days, args.repeats = 20, 5, 1, 1
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
 
-    from serving.lab.promstack import PrometheusServer, PromStackError, backfill_openmetrics
+    from tailguard.serving.lab.promstack import PrometheusServer, PromStackError, backfill_openmetrics
 
     with tempfile.TemporaryDirectory(prefix="tailguard-bench-promclient-") as tmp:
         work = Path(tmp)

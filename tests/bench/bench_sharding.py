@@ -40,17 +40,17 @@ if str(ROOT) not in sys.path:
 
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.adapters.stores.journal import Journal
-from controller.core.engine import PolicyState
-from controller.core.policy import Policy
-from controller.core.sharding import shard_of
-from controller.core.signals import query_signals
-from controller.kit.clock import SystemClock
-from controller.kit.gc_tuning import tune_for_long_running
-from controller.loop.evaluation import EvaluationPorts, UnconfiguredPredictions, evaluate
-from controller.loop.metrics import ControllerMetrics
-from controller.testing import FakeDispatcher
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.sharding import shard_of
+from tailguard.controller.core.signals import query_signals
+from tailguard.controller.kit.clock import SystemClock
+from tailguard.controller.kit.gc_tuning import tune_for_long_running
+from tailguard.controller.loop.evaluation import EvaluationPorts, UnconfiguredPredictions, evaluate
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.testing import FakeDispatcher
 from tests.support.openmetrics import VLLM_E2E, VLLM_E2E_BUCKETS, OpenMetricsWriter, latency_histogram_points
 
 T0 = 1_700_000_000.0
@@ -175,7 +175,7 @@ def worker(args: argparse.Namespace) -> int:
     """One replica: hold shards through the Leases, then answer `go` with its cycle times (JSON lines)."""
     from kubernetes import client as k8s
 
-    from controller.adapters.lease.shards import ShardedElector
+    from tailguard.controller.adapters.lease.shards import ShardedElector
 
     configuration = k8s.Configuration()
     configuration.host = args.kube
@@ -247,7 +247,7 @@ def main(argv: list[str]) -> int:
     if args.worker:
         return worker(args)
 
-    from serving.lab.promstack import PrometheusServer, PromStackError, backfill_openmetrics
+    from tailguard.serving.lab.promstack import PrometheusServer, PromStackError, backfill_openmetrics
     from tests.support.fake_kubernetes import FakeKubernetes
 
     names = policy_names(args.policies, args.replicas)
@@ -273,7 +273,7 @@ def main(argv: list[str]) -> int:
 def run_replicas(
     args: argparse.Namespace, names: list[str], url: str, kube: Any, work: Path
 ) -> tuple[list[dict[str, Any]], float | None]:
-    from controller.adapters.lease.shards import shard_lease_name
+    from tailguard.controller.adapters.lease.shards import shard_lease_name
 
     def holders() -> list[str]:
         found = [

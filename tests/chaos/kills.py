@@ -11,7 +11,7 @@ from typing import Any
 
 import requests
 
-from controller.kit.clock import ManualClock
+from tailguard.controller.kit.clock import ManualClock
 
 
 class SimulatedCrash(BaseException):

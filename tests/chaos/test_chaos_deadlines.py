@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.kit.clock import ManualClock
-from controller.kit.http import RetryPolicy, request_with_retry
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.kit.http import RetryPolicy, request_with_retry
 
 BODY = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
 

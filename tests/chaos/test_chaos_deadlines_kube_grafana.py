@@ -15,11 +15,11 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from controller.adapters.annotations.grafana import GrafanaHttp
-from controller.adapters.kube.api_client import bounded_api_client, cluster_api_client
-from controller.adapters.kube.calls import KubeError, kube_call
-from controller.kit.clock import ManualClock
-from controller.kit.http import DeadlinePoolManager, RetryPolicy
+from tailguard.controller.adapters.annotations.grafana import GrafanaHttp
+from tailguard.controller.adapters.kube.api_client import bounded_api_client, cluster_api_client
+from tailguard.controller.adapters.kube.calls import KubeError, kube_call
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.kit.http import DeadlinePoolManager, RetryPolicy
 from tests.chaos.test_chaos_deadlines import TricklingServer, timed
 
 

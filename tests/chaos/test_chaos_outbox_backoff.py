@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from controller.adapters.annotations.grafana import GrafanaAnnotator
-from controller.adapters.stores.outbox import MAX_RETRY_DELAY, Backoff, Outbox, OutboxStatus, OutboxWorker
-from controller.core.ports import Annotation, OutcomeStatus
-from controller.kit.clock import ManualClock
-from controller.kit.http import HttpAnswer
+from tailguard.controller.adapters.annotations.grafana import GrafanaAnnotator
+from tailguard.controller.adapters.stores.outbox import MAX_RETRY_DELAY, Backoff, Outbox, OutboxStatus, OutboxWorker
+from tailguard.controller.core.ports import Annotation, OutcomeStatus
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.kit.http import HttpAnswer
 
 
 class FlakyGrafana:

@@ -30,7 +30,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import requests
 
-from controller.adapters.stores.journal import ActionStatus, Journal
+from tailguard.controller.adapters.stores.journal import ActionStatus, Journal
 from tests.support.fake_argocd import FakeArgoCD, application
 
 pytestmark = pytest.mark.integration
@@ -187,7 +187,7 @@ class Controller:
         with self.log.open("ab") as output:
             self.started_at = time.monotonic()
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "controller", "run", "--config", str(self.config)],
+                [sys.executable, "-m", "tailguard.controller", "run", "--config", str(self.config)],
                 cwd=self.dir,
                 stdout=output,
                 stderr=subprocess.STDOUT,

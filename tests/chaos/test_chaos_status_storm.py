@@ -34,7 +34,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from kubernetes import client as k8s
 
-from serving.lab.promstack import free_port
+from tailguard.serving.lab.promstack import free_port
 from tests.support.controller_process import poll, ready, start_controller, tail, write_kubeconfig
 from tests.support.fake_kubernetes import FakeKubernetes
 

@@ -28,13 +28,13 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.argocd.client import ArgoCDClient
-from controller.adapters.argocd.settings import ArgoCDApp
-from controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord
-from controller.adapters.stores.journal import Journal
-from controller.core.actions import TERMINAL_STATUSES
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.testing import condition_state, make_decision
+from tailguard.controller.adapters.argocd.client import ArgoCDClient
+from tailguard.controller.adapters.argocd.settings import ArgoCDApp
+from tailguard.controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.core.actions import TERMINAL_STATUSES
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.testing import condition_state, make_decision
 from tests.chaos.kills import Chaos, CrashingClock, CrashingSession, SimulatedCrash
 from tests.support.fake_argocd import FakeArgoCD, application
 

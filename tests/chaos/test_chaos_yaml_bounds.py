@@ -20,16 +20,23 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.stores.journal import Journal
-from controller.app.settings import SettingsError, load_settings
-from controller.core.model import SignalResult
-from controller.core.policy_files import load_policies, parse_policy_text
-from controller.kit.clock import ManualClock
-from controller.kit.located_yaml import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES, MAX_TEXT, BoundedLoader, construct
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.policy_set import PolicyLoadError
-from controller.loop.runtime import Controller
-from controller.testing import FakeDispatcher, FakeSource
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.app.settings import SettingsError, load_settings
+from tailguard.controller.core.model import SignalResult
+from tailguard.controller.core.policy_files import load_policies, parse_policy_text
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.kit.located_yaml import (
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    MAX_NODES,
+    MAX_TEXT,
+    BoundedLoader,
+    construct,
+)
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.policy_set import PolicyLoadError
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeDispatcher, FakeSource
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 MB = 1024 * 1024
@@ -165,7 +172,7 @@ def test_rules_validate_exits_1_on_the_bomb(tmp_path: Path) -> None:
     path = tmp_path / "bomb.yaml"
     path.write_text(alias_bomb())
     done = subprocess.run(
-        [sys.executable, "-m", "controller", "rules", "validate", str(path)],
+        [sys.executable, "-m", "tailguard.controller", "rules", "validate", str(path)],
         cwd=ROOT,
         capture_output=True,
         text=True,

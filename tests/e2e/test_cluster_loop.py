@@ -21,8 +21,8 @@ from typing import TypeVar
 import pytest
 import requests
 
-from controller.adapters.stores.journal import Journal
-from serving.lab.promstack import PrometheusServer, free_port, static_scrape_config, write_prometheus_config
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.serving.lab.promstack import PrometheusServer, free_port, static_scrape_config, write_prometheus_config
 from tests.support.controller_process import DEADLINE_SECONDS, annotations_tagged, poll, ready, start_controller, tail
 from tests.support.fake_argocd import FakeArgoCD, application
 from tests.support.fake_grafana import FakeGrafana

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from controller.adapters.stores.journal import Journal
-from serving.lab.demo import THRESHOLD_SECONDS, DemoTimings, run_demo
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.serving.lab.demo import THRESHOLD_SECONDS, DemoTimings, run_demo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -83,7 +83,7 @@ def test_shortened_demo_rolls_back_and_recovers(tmp_path: Path) -> None:
 def test_demo_command_fails_cleanly_when_prometheus_is_missing(tmp_path: Path) -> None:
     env = {**os.environ, "PATH": "/nonexistent"}
     completed = subprocess.run(
-        [sys.executable, "-m", "serving", "demo", "--out", str(tmp_path)],
+        [sys.executable, "-m", "tailguard.serving", "demo", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         env=env,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.lab.demo import DemoTimings, run_demo
+from tailguard.serving.lab.demo import DemoTimings, run_demo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

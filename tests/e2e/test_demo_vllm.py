@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.adapters.stores.journal import Journal
-from serving.lab.demo import VLLM, run_demo, vllm_timings
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.serving.lab.demo import VLLM, run_demo, vllm_timings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(600)]
 

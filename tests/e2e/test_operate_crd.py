@@ -37,8 +37,8 @@ import requests
 import yaml
 from kubernetes import client as k8s
 
-from controller.core.actions import TERMINAL_STATUSES
-from serving.lab.promstack import free_port
+from tailguard.controller.core.actions import TERMINAL_STATUSES
+from tailguard.serving.lab.promstack import free_port
 from tests.e2e.test_shipped_config import (
     ALERTMANAGER_TOKEN,
     SERVICE,
@@ -118,7 +118,7 @@ def custom_resource(stack: Stack) -> dict[str, Any]:  # noqa: F811
     source = stack.tmp / "p99-rollback.yaml"
     source.write_text(shorten((REPO / "rules" / "examples" / "p99-rollback.yaml").read_text()), encoding="utf-8")
     printed = subprocess.run(
-        [sys.executable, "-m", "controller", "rules", "to-cr", str(source), "--namespace", NAMESPACE],
+        [sys.executable, "-m", "tailguard.controller", "rules", "to-cr", str(source), "--namespace", NAMESPACE],
         check=True,
         capture_output=True,
         text=True,

@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.adapters.notify.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_signature
-from controller.adapters.stores.journal import Journal
-from serving.lab.promstack import PrometheusServer, free_port, static_scrape_config, write_prometheus_config
+from tailguard.controller.adapters.notify.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_signature
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.serving.lab.promstack import PrometheusServer, free_port, static_scrape_config, write_prometheus_config
 from tests.support.controller_process import (
     REPO,
     annotations_tagged,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from serving.cli import main as tailguard
-from serving.lab.surge import ScenarioConfig, evaluated_controllers
+from tailguard.serving.cli import main as tailguard
+from tailguard.serving.lab.surge import ScenarioConfig, evaluated_controllers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from controller.adapters.argocd.client import ArgoCDClient
-from controller.adapters.argocd.settings import ArgoCDApp
-from controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord
-from controller.adapters.stores.journal import Journal
-from controller.adapters.traffic.routes import HttpRouteRouter, Ramp, VirtualServiceRouter
-from controller.core.actions import ActionStatus
-from controller.core.controls import AbortRequest, AbortState
-from controller.kit.clock import ManualClock, ShutdownInterrupt
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.testing import make_decision
+from tailguard.controller.adapters.argocd.client import ArgoCDClient
+from tailguard.controller.adapters.argocd.settings import ArgoCDApp
+from tailguard.controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.adapters.traffic.routes import HttpRouteRouter, Ramp, VirtualServiceRouter
+from tailguard.controller.core.actions import ActionStatus
+from tailguard.controller.core.controls import AbortRequest, AbortState
+from tailguard.controller.kit.clock import ManualClock, ShutdownInterrupt
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.testing import make_decision
 from tests.support.fake_argocd import FakeArgoCD, application
 from tests.support.fake_kubernetes import FakeKubernetes, http_route, virtual_service
 

@@ -22,17 +22,17 @@ import requests
 import yaml
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.annotations.jsonl import JsonlAnnotator
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.adapters.stores.journal import Journal
-from controller.app.api import ControllerAPI
-from controller.core.model import SignalResult
-from controller.core.ports import RangeResult
-from controller.kit.clock import SystemClock
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller
-from serving.lab.promstack import (
+from tailguard.controller.adapters.annotations.jsonl import JsonlAnnotator
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.app.api import ControllerAPI
+from tailguard.controller.core.model import SignalResult
+from tailguard.controller.core.ports import RangeResult
+from tailguard.controller.kit.clock import SystemClock
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.runtime import Controller
+from tailguard.serving.lab.promstack import (
     AlertmanagerServer,
     PrometheusServer,
     write_alertmanager_config,

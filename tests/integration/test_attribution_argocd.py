@@ -9,22 +9,22 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.argocd.client import ArgoCDClient
-from controller.adapters.argocd.settings import ArgoCDApp
-from controller.adapters.changes.tracker import ArgoCDHistorySource, ChangeTracker
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.adapters.rollback.argocd import ArgoCDRollback
-from controller.adapters.stores.journal import Journal
-from controller.core.attribution import AttributedDecision, AttributionStatus
-from controller.core.model import DecisionKind
-from controller.core.policy import Policy
-from controller.core.ports import MetricsSource
-from controller.core.signals import query_signals
-from controller.kit.clock import ManualClock
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.evaluation import EvaluationOutcome
-from controller.loop.runtime import Controller
-from controller.testing import FakeNotifier
+from tailguard.controller.adapters.argocd.client import ArgoCDClient
+from tailguard.controller.adapters.argocd.settings import ArgoCDApp
+from tailguard.controller.adapters.changes.tracker import ArgoCDHistorySource, ChangeTracker
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from tailguard.controller.adapters.rollback.argocd import ArgoCDRollback
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.core.attribution import AttributedDecision, AttributionStatus
+from tailguard.controller.core.model import DecisionKind
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.ports import MetricsSource
+from tailguard.controller.core.signals import query_signals
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.loop.evaluation import EvaluationOutcome
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeNotifier
 from tests.conftest import BackfilledPrometheus
 from tests.support.fake_argocd import FakeArgoCD, application
 from tests.support.scenarios import REGRESSION_START, T0

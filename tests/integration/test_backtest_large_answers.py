@@ -27,11 +27,11 @@ from typing import Any
 import pytest
 import requests
 
-from controller.core.policy import Policy
-from controller.core.signals import range_chunks, render_signal_queries
-from controller.kit.durations import format_duration
-from controller.tools.backtest import backtest_main
-from controller.tools.backtest_feed import CHUNK_POINTS
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.signals import range_chunks, render_signal_queries
+from tailguard.controller.kit.durations import format_duration
+from tailguard.controller.tools.backtest import backtest_main
+from tailguard.controller.tools.backtest_feed import CHUNK_POINTS
 from tests.bench.bench_backtest import BAD_TARGETS, EPISODE, T0, policy_document, write_history
 
 pytestmark = pytest.mark.integration
@@ -47,7 +47,7 @@ FAILING_SIZE = 5_000_000  # the smallest answer that came back cut (bytes, uncom
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if shutil.which("prometheus") is None or shutil.which("promtool") is None:
         pytest.fail("prometheus/promtool are not installed: apt-get install prometheus")
-    from serving.lab.promstack import PrometheusServer, backfill_openmetrics
+    from tailguard.serving.lab.promstack import PrometheusServer, backfill_openmetrics
 
     work = tmp_path_factory.mktemp("backtest-large")
     history = work / "history.om"

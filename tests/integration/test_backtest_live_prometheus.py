@@ -14,24 +14,24 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.adapters.stores.incidents import SqliteIncidentStore
-from controller.adapters.stores.journal import Journal
-from controller.core.alerts import alert_scopes
-from controller.core.model import target_key
-from controller.core.policy import Policy
-from controller.core.policy_files import load_policies
-from controller.core.ports import MetricsSource
-from controller.core.signals import query_signals
-from controller.kit.clock import ManualClock
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.incident_ports import incident_layer
-from controller.loop.incidents import IncidentKeeper
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller
-from controller.testing import FakeAnnotator, FakeDeployer, FakeNotifier
-from controller.tools.backtest import evaluation_times, run_backtest
-from controller.tools.backtest_world import RecordedAlert, dispatch_outcome
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from tailguard.controller.adapters.stores.incidents import SqliteIncidentStore
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.core.alerts import alert_scopes
+from tailguard.controller.core.model import target_key
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.policy_files import load_policies
+from tailguard.controller.core.ports import MetricsSource
+from tailguard.controller.core.signals import query_signals
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.loop.incident_ports import incident_layer
+from tailguard.controller.loop.incidents import IncidentKeeper
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeAnnotator, FakeDeployer, FakeNotifier
+from tailguard.controller.tools.backtest import evaluation_times, run_backtest
+from tailguard.controller.tools.backtest_world import RecordedAlert, dispatch_outcome
 from tests.conftest import BackfilledPrometheus
 from tests.support.scenarios import T0
 

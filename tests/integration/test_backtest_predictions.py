@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.app.ml_commands import backtest_main
-from controller.core.policy_files import load_policies
-from controller.kit.clock import ManualClock
-from controller.tools.backtest import EXIT_SIGNAL_ERRORS, run_backtest
-from predictors.history import HistoricalPredictions
-from predictors.serving import ModelSpec
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from tailguard.controller.app.ml_commands import backtest_main
+from tailguard.controller.core.policy_files import load_policies
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.tools.backtest import EXIT_SIGNAL_ERRORS, run_backtest
+from tailguard.predictors.history import HistoricalPredictions
+from tailguard.predictors.serving import ModelSpec
 from tests.integration.test_prediction_controller import EXAMPLE, HOT, STEP, T0, history, train_artifact
 
 pytestmark = pytest.mark.integration
@@ -32,7 +32,7 @@ END = T0 + 15 * 60
 
 @pytest.fixture(scope="module")
 def prometheus_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from serving.lab.promstack import PrometheusServer, backfill_openmetrics
+    from tailguard.serving.lab.promstack import PrometheusServer, backfill_openmetrics
 
     work = tmp_path_factory.mktemp("backtest-prediction-prometheus")
     writer = history()

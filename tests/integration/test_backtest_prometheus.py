@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.core.policy import Policy
-from controller.core.policy_files import load_policies
-from controller.kit.clock import ManualClock
-from controller.tools.backtest import BacktestReport, backtest_main, run_backtest
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.policy_files import load_policies
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.tools.backtest import BacktestReport, backtest_main, run_backtest
 from tests.conftest import BackfilledPrometheus
 from tests.support.scenarios import T0
 
@@ -179,12 +179,12 @@ def test_report_plots_a_journaled_incident_from_prometheus(
 ) -> None:
     """`tailguard report --config`: the series of the policy's own query around the journaled incident, for its
     target, from the configuration's Prometheus (here the backfilled regression of service=regress)."""
-    from controller.adapters.stores.journal import Journal
-    from controller.app import cli
-    from controller.core.model import SignalResult, target_key
-    from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-    from controller.loop.runtime import Controller
-    from controller.testing import FakeRollback, FakeSource
+    from tailguard.controller.adapters.stores.journal import Journal
+    from tailguard.controller.app import cli
+    from tailguard.controller.core.model import SignalResult, target_key
+    from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+    from tailguard.controller.loop.runtime import Controller
+    from tailguard.controller.testing import FakeRollback, FakeSource
 
     regress = target_key({"service": "regress"})
     journal = Journal(tmp_path / "journal.db")

@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 import requests
 
-from controller.adapters.kube.action_keys import ANNOTATION_KEYS
-from controller.adapters.scale.hpa import ANNOTATION_HUMAN_FLOOR
-from controller.adapters.stores.journal import Journal
-from controller.core.handover import HANDOVER_ANNOTATION, decode_action_times
-from controller.core.model import target_key
-from serving.lab.promstack import free_port
+from tailguard.controller.adapters.kube.action_keys import ANNOTATION_KEYS
+from tailguard.controller.adapters.scale.hpa import ANNOTATION_HUMAN_FLOOR
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.core.handover import HANDOVER_ANNOTATION, decode_action_times
+from tailguard.controller.core.model import target_key
+from tailguard.serving.lab.promstack import free_port
 from tests.support.controller_process import (
     ScrapedStack,
     poll_processes,
@@ -86,7 +86,7 @@ Stack = ScrapedStack
 
 
 class ControllerProcess:
-    """One `python -m controller run` in its own process group, its output in a log file."""
+    """One `python -m tailguard.controller run` in its own process group, its output in a log file."""
 
     def __init__(self, stack: Stack, name: str, *, leader_election: bool, port: int | None = None) -> None:
         """Replicas of one Deployment share the API port and have an address each (their pod IP): tailguard-a

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from serving.lab.promstack import free_port
+from tailguard.serving.lab.promstack import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +60,7 @@ def test_tailguard_run_serves_and_stops_cleanly(tmp_path: Path, stop_signal: sig
     )
     log = (tmp_path / "controller.log").open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "controller", "run", "--config", str(tmp_path / "controller.yaml")],
+        [sys.executable, "-m", "tailguard.controller", "run", "--config", str(tmp_path / "controller.yaml")],
         cwd=REPO,
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -12,8 +12,8 @@ from urllib.request import urlopen
 
 import pytest
 
-from controller.tools import dashboards
-from serving.lab.promstack import PrometheusServer, backfill_openmetrics
+from tailguard.controller.tools import dashboards
+from tailguard.serving.lab.promstack import PrometheusServer, backfill_openmetrics
 from tests.conftest import BackfilledPrometheus
 from tests.support.openmetrics import HistogramPoint, OpenMetricsWriter
 

@@ -18,17 +18,17 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from controller.adapters.argocd.client import ArgoCDClient
-from controller.adapters.argocd.settings import ArgoCDApp
-from controller.adapters.lease.leader import LeaderElector
-from controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord
-from controller.adapters.stores.journal import ActionStatus, Journal
-from controller.core.engine import PolicyState
-from controller.core.handover import PENDING_ANNOTATION
-from controller.kit.clock import ManualClock
-from controller.loop.adoption import Adoption
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.testing import condition_state, make_decision
+from tailguard.controller.adapters.argocd.client import ArgoCDClient
+from tailguard.controller.adapters.argocd.settings import ArgoCDApp
+from tailguard.controller.adapters.lease.leader import LeaderElector
+from tailguard.controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord
+from tailguard.controller.adapters.stores.journal import ActionStatus, Journal
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.core.handover import PENDING_ANNOTATION
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.adoption import Adoption
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.testing import condition_state, make_decision
 from tests.chaos.kills import Chaos, CrashingSession, SimulatedCrash
 from tests.support.fake_argocd import FakeArgoCD, application
 from tests.support.fake_kubernetes import FakeKubernetes

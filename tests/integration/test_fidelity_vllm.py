@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from serving.lab.fidelity import (
+from tailguard.serving.lab.fidelity import (
     DEFAULT_MODEL_DIR,
     DEFAULT_SERVING_PYTHON,
     LoadSpec,
@@ -18,7 +18,7 @@ from serving.lab.fidelity import (
     simulate_run,
     vllm_server,
 )
-from serving.tier.profiles import resolve_profile
+from tailguard.serving.tier.profiles import resolve_profile
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 

@@ -5,7 +5,7 @@ usage ramping from 40% to 100% (where vLLM starts preempting), then falling back
 recording of a real H200 under vLLM's memory model (tests/fixtures/dcgm/h200-2026-12-04/: NVML sampled under
 dcgm-exporter's names; a 0.9 pool, ratio flat at 0.900 busy or idle), replayed on the 15 s grid with the pod
 labels dcgm-exporter's --kubernetes adds. The canary runs gpu_memory_utilization 0.98 on the same card: no
-recording exists at 0.98, so its series come from serving.tier.vllm_metrics.HbmModel/DcgmCollector on the
+recording exists at 0.98, so its series come from tailguard.serving.tier.vllm_metrics.HbmModel/DcgmCollector on the
 H200-calibrated profile (checked against the recording's 0.9 pool in tests/unit/test_gpu_calibration.py).
 The policy must fire on the canary only (no HBM headroom), after its KV cache passes 85% and before it reaches
 100%; scale out without a rollout, shift the canary's traffic with one; and resolve once the KV cache empties.
@@ -26,15 +26,15 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.core.attribution import Rollout
-from controller.core.policy import Policy
-from controller.core.policy_files import load_policies
-from controller.kit.clock import ManualClock
-from controller.tools.backtest import BacktestReport, run_backtest
-from serving.lab.promstack import PrometheusServer, backfill_openmetrics
-from serving.tier.profiles import EngineProfile, resolve_profile
-from serving.tier.vllm_metrics import DcgmCollector, HbmModel
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from tailguard.controller.core.attribution import Rollout
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.policy_files import load_policies
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.tools.backtest import BacktestReport, run_backtest
+from tailguard.serving.lab.promstack import PrometheusServer, backfill_openmetrics
+from tailguard.serving.tier.profiles import EngineProfile, resolve_profile
+from tailguard.serving.tier.vllm_metrics import DcgmCollector, HbmModel
 from tests.support.openmetrics import OpenMetricsWriter
 
 pytestmark = pytest.mark.integration

@@ -20,19 +20,19 @@ import numpy as np
 import pytest
 from kubernetes import client as k8s
 
-from controller.adapters.annotations.grafana import GrafanaHttp
-from controller.adapters.argocd.client import ArgoCDClient
-from controller.adapters.kube.api_client import bounded_api_client
-from controller.adapters.kube.calls import KubeError, kube_call
-from controller.adapters.metrics.prometheus import (
+from tailguard.controller.adapters.annotations.grafana import GrafanaHttp
+from tailguard.controller.adapters.argocd.client import ArgoCDClient
+from tailguard.controller.adapters.kube.api_client import bounded_api_client
+from tailguard.controller.adapters.kube.calls import KubeError, kube_call
+from tailguard.controller.adapters.metrics.prometheus import (
     PrometheusSettings,
     PrometheusSource,
     matrix_grid,
     matrix_result,
     vector_result,
 )
-from controller.kit.clock import ManualClock
-from controller.kit.http import RetryPolicy
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.kit.http import RetryPolicy
 from tests.support.large_answers import TRANSFERS, LargeAnswerServer, Transfer
 
 MIN_BYTES = 20 * 1024 * 1024

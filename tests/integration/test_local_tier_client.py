@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from controller.adapters.tier.local_tier import LocalTierClient, TierError
-from controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest, ScaleState, TrafficRequest
-from controller.kit.clock import SystemClock
+from tailguard.controller.adapters.tier.local_tier import LocalTierClient, TierError
+from tailguard.controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest, ScaleState, TrafficRequest
+from tailguard.controller.kit.clock import SystemClock
 from tests.support.fake_tier import running_serving_tier
 
 pytestmark = pytest.mark.integration

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "tailguard"
 PACKAGES = ("controller", "serving", "predictors")  # folders at the root, installed as tailguard.<folder>
-# The non-Python files the packages read at run time (serving.tier.profiles, serving.lab.calibration, serving.lab.load).
+# The non-Python files the packages read at run time (tailguard.serving.tier.profiles,
+# tailguard.serving.lab.calibration, tailguard.serving.lab.load).
 DATA_GLOBS = (
     "serving/tier/profiles/*.yaml",
     "serving/tier/calibrations/*.yaml",

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.adapters.stores.journal import Journal
-from controller.app import cli
-from controller.core.model import DecisionKind
-from controller.kit.clock import ManualClock
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller
-from controller.testing import FakeDispatcher
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.app import cli
+from tailguard.controller.core.model import DecisionKind
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeDispatcher
 from tests.conftest import BackfilledPrometheus
 from tests.unit.test_policy_errors import BAD_QUERY, QUERY_LINE, policy_yaml
 

@@ -20,18 +20,18 @@ import sklearn
 from prometheus_client import CollectorRegistry
 from sklearn.ensemble import HistGradientBoostingClassifier
 
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.adapters.stores.journal import Journal
-from controller.core.model import DecisionKind, SignalResult, target_key
-from controller.core.ports import Clock, MetricsSource, RangeResult
-from controller.kit.clock import ManualClock
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller
-from controller.testing import FakeDeployer
-from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact
-from predictors.features import feature_hash, feature_names, feature_queries
-from predictors.serving import ModelSpec, PredictionProvider, single_threaded
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.core.model import DecisionKind, SignalResult, target_key
+from tailguard.controller.core.ports import Clock, MetricsSource, RangeResult
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeDeployer
+from tailguard.predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact
+from tailguard.predictors.features import feature_hash, feature_names, feature_queries
+from tailguard.predictors.serving import ModelSpec, PredictionProvider, single_threaded
 from tests.support.openmetrics import OpenMetricsWriter, latency_histogram_points
 
 pytestmark = pytest.mark.integration
@@ -128,7 +128,7 @@ class PinnedSource:
 def prometheus_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if shutil.which("prometheus") is None or shutil.which("promtool") is None:
         pytest.fail("prometheus/promtool are not installed: apt-get install prometheus")
-    from serving.lab.promstack import PrometheusServer, backfill_openmetrics
+    from tailguard.serving.lab.promstack import PrometheusServer, backfill_openmetrics
 
     work = tmp_path_factory.mktemp("prediction-prometheus")
     writer = history()

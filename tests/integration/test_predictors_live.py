@@ -1,4 +1,4 @@
-"""`python -m serving.lab.dataset generate --live`: the real tier process, the trace replayer and a real
+"""`python -m tailguard.serving.lab.dataset generate --live`: the real tier process, the trace replayer and a real
 Prometheus, for a short while; its TSDB is queryable afterwards. The output directory already holds a
 previous run's tier log (another port in its ready line): the run must use its own tier, not that one."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from serving.lab.dataset import generate_live
-from serving.lab.promstack import PrometheusServer, write_prometheus_config
+from tailguard.serving.lab.dataset import generate_live
+from tailguard.serving.lab.promstack import PrometheusServer, write_prometheus_config
 
 pytestmark = pytest.mark.integration
 

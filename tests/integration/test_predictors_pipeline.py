@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.app.ml_commands import evaluate_main, train_main
-from controller.kit.clock import SystemClock
-from predictors.artifact import load_artifact
-from predictors.data import build_rows
-from predictors.features import FEATURES, feature_names, feature_queries, sli_queries
-from serving.lab.dataset import DEFAULT_START, Segment, generate, write_dataset
-from serving.lab.promstack import PrometheusServer
-from serving.tier.profiles import EngineArgs, EngineProfile, Hardware
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from tailguard.controller.app.ml_commands import evaluate_main, train_main
+from tailguard.controller.kit.clock import SystemClock
+from tailguard.predictors.artifact import load_artifact
+from tailguard.predictors.data import build_rows
+from tailguard.predictors.features import FEATURES, feature_names, feature_queries, sli_queries
+from tailguard.serving.lab.dataset import DEFAULT_START, Segment, generate, write_dataset
+from tailguard.serving.lab.promstack import PrometheusServer
+from tailguard.serving.tier.profiles import EngineArgs, EngineProfile, Hardware
 
 pytestmark = pytest.mark.integration
 

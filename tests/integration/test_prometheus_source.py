@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.core.engine import PolicyState, transition
-from controller.core.model import DecisionKind, SignalResult, target_key
-from controller.core.policy import Policy
-from controller.core.signals import query_signals, render_signal_queries
-from controller.kit.clock import ManualClock
-from serving.lab.promstack import PrometheusServer, static_scrape_config, write_prometheus_config
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from tailguard.controller.core.engine import PolicyState, transition
+from tailguard.controller.core.model import DecisionKind, SignalResult, target_key
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.signals import query_signals, render_signal_queries
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.serving.lab.promstack import PrometheusServer, static_scrape_config, write_prometheus_config
 from tests.conftest import BackfilledPrometheus
 from tests.support.openmetrics import VLLM_E2E_BUCKETS
 from tests.support.scenarios import ESCAPE_METRIC, ESCAPE_SERIES, T0

@@ -1,6 +1,6 @@
 """The recorder's bad-config rollouts against a real tier process (simulator replicas, no vLLM): a canary rollout
 at 1%, its promote to all the traffic, the rollback, then a second round; the tier's final state and the rollouts
-recording.json lists (serving.lab.recording `_act`, `bad_config_rollouts`)."""
+recording.json lists (tailguard.serving.lab.recording `_act`, `bad_config_rollouts`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 import requests
 import yaml
 
-from serving.lab.dataset import tier_process
-from serving.lab.recording import RecordingScenario, _act, bad_config_rollouts
+from tailguard.serving.lab.dataset import tier_process
+from tailguard.serving.lab.recording import RecordingScenario, _act, bad_config_rollouts
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import requests
 
-from serving.lab.dataset import RECORDED_PREFIXES
-from serving.lab.recording import RecordingError, recorded_names
+from tailguard.serving.lab.dataset import RECORDED_PREFIXES
+from tailguard.serving.lab.recording import RecordingError, recorded_names
 from tests.conftest import BackfilledPrometheus
 
 pytestmark = pytest.mark.integration

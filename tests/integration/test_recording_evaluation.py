@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from serving.lab.recording import Recording, evaluate_recording, sliced_openmetrics
+from tailguard.serving.lab.recording import Recording, evaluate_recording, sliced_openmetrics
 
 pytestmark = pytest.mark.integration
 

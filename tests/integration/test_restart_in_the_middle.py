@@ -1,6 +1,6 @@
 """Restart in the middle: kill the controller between journaling and completing a rollback.
 
-The real serving tier (`python -m serving.tier`) runs as its own process for the
+The real serving tier (`python -m tailguard.serving.tier`) runs as its own process for the
 whole test. A driver process journals a FIRE decision (annotate + rollback) and
 dispatches it with a crash hook that `os._exit()`s at "after-start" (the tier was
 never called) or at "after-execute" (the tier rolled back, the journal does not
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import requests
 
-from controller.adapters.stores.journal import ActionStatus, Journal
+from tailguard.controller.adapters.stores.journal import ActionStatus, Journal
 from tests.support.fake_tier import running_serving_tier
 
 pytestmark = pytest.mark.integration
@@ -44,13 +44,13 @@ services:
 DRIVER = textwrap.dedent(
     """
     import json, os, sys
-    from controller.adapters.annotations.jsonl import JsonlAnnotator
-    from controller.testing import make_decision
-    from controller.adapters.tier.local_tier import LocalTierClient
-    from controller.kit.clock import SystemClock
-    from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-    from controller.core.engine import PolicyState
-    from controller.adapters.stores.journal import Journal
+    from tailguard.controller.adapters.annotations.jsonl import JsonlAnnotator
+    from tailguard.controller.testing import make_decision
+    from tailguard.controller.adapters.tier.local_tier import LocalTierClient
+    from tailguard.controller.kit.clock import SystemClock
+    from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+    from tailguard.controller.core.engine import PolicyState
+    from tailguard.controller.adapters.stores.journal import Journal
 
     journal_path, annotations_path, tier_url, mode = sys.argv[1:5]
     clock = SystemClock()

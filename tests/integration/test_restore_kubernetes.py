@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from controller.adapters.scale.hpa import HpaBounds, HpaScaler
-from controller.adapters.stores.journal import ActionStatus, Journal
-from controller.adapters.traffic.routes import HttpRouteRouter, Ramp
-from controller.kit.clock import ManualClock, ShutdownInterrupt
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.testing import make_decision
+from tailguard.controller.adapters.scale.hpa import HpaBounds, HpaScaler
+from tailguard.controller.adapters.stores.journal import ActionStatus, Journal
+from tailguard.controller.adapters.traffic.routes import HttpRouteRouter, Ramp
+from tailguard.controller.kit.clock import ManualClock, ShutdownInterrupt
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.testing import make_decision
 from tests.support.fake_kubernetes import FakeKubernetes, hpa, http_route
 
 pytestmark = pytest.mark.integration

@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 import requests
 
-from controller.adapters.lease.shards import shard_lease_name
-from controller.adapters.stores.journal import Journal
-from controller.core.sharding import shard_of
-from serving.lab.promstack import free_port
+from tailguard.controller.adapters.lease.shards import shard_lease_name
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.core.sharding import shard_of
+from tailguard.serving.lab.promstack import free_port
 from tests.support.controller_process import ScrapedStack, poll_processes, scraped_stack, start_controller
 
 pytestmark = pytest.mark.integration
@@ -88,7 +88,7 @@ Stack = ScrapedStack
 
 
 class Replica:
-    """One `python -m controller run` with sharded leader election, in its own process group."""
+    """One `python -m tailguard.controller run` with sharded leader election, in its own process group."""
 
     def __init__(self, stack: Stack, name: str) -> None:
         self.name = name

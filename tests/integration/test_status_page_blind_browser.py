@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from controller.adapters.stores.journal import Journal
-from controller.app.api import ControllerAPI
-from controller.core.model import SignalResult, target_key
-from controller.kit.clock import ManualClock
-from controller.loop.runtime import Controller
-from controller.testing import FakeDispatcher, FakeSource
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.app.api import ControllerAPI
+from tailguard.controller.core.model import SignalResult, target_key
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeDispatcher, FakeSource
 
 pytestmark = pytest.mark.integration
 

@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 import requests
 
-from controller.adapters.stores.journal import Journal
-from controller.app.api import ControllerAPI
-from controller.core.attribution import Rollout
-from controller.core.model import SignalResult, target_key
-from controller.kit.clock import ManualClock
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.runtime import Controller
-from controller.testing import FakeChangeTracker, FakeRollback, FakeSource
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.app.api import ControllerAPI
+from tailguard.controller.core.attribution import Rollout
+from tailguard.controller.core.model import SignalResult, target_key
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeChangeTracker, FakeRollback, FakeSource
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.lab.load import main as load_main
+from tailguard.serving.lab.load import main as load_main
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ class TierProcess:
             [
                 sys.executable,
                 "-m",
-                "serving.tier",
+                "tailguard.serving.tier",
                 "--config",
                 str(config),
                 "--state-dir",
@@ -229,7 +229,7 @@ def test_bad_config_is_reported_without_a_traceback(tmp_path: Path) -> None:
     config = tmp_path / "tier.yaml"
     config.write_text("services:\n  - name: chat\n    model: m\n    replica: 2\n")
     result = subprocess.run(
-        [sys.executable, "-m", "serving.tier", "--config", str(config), "--state-dir", str(tmp_path / "s")],
+        [sys.executable, "-m", "tailguard.serving.tier", "--config", str(config), "--state-dir", str(tmp_path / "s")],
         check=False,
         capture_output=True,
         text=True,

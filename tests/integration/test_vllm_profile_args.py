@@ -1,8 +1,8 @@
 """The seed's engine profile (TP 2, AWQ, fp8 KV, max_num_seqs 256, LoRA, --trust-remote-code) passes vLLM's own
 parser, and a bad LoRA rank in it is refused by name.
 
-Runs `python -m serving.tier.vllm_args` in .venv-serving (vLLM installed there), as the tier does before a rollout,
-with the profile's flags exactly as rendered into the manifests (context not capped). Each call imports vLLM
+Runs `python -m tailguard.serving.tier.vllm_args` in .venv-serving (vLLM installed there), as the tier does before a
+rollout, with the profile's flags exactly as rendered into the manifests (context not capped). Each call imports vLLM
 (~20-40 s on 2 busy cores), so only the seed profile is checked here; the tier's tests check the others.
 """
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from serving.tier.profiles import resolve_profile
-from serving.tier.vllm_args import profile_cli_args, validate_cli_args
+from tailguard.serving.tier.profiles import resolve_profile
+from tailguard.serving.tier.vllm_args import profile_cli_args, validate_cli_args
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 

@@ -66,7 +66,15 @@ def test_vllm_tier_warmup_priority_validation_and_clean_stop(tmp_path: Path) -> 
     (tmp_path / "tier.yaml").write_text(yaml.safe_dump(config))
     log = (tmp_path / "tier.log").open("wb")
     tier = subprocess.Popen(
-        [sys.executable, "-m", "serving.tier", "--config", str(tmp_path / "tier.yaml"), "--state-dir", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "tailguard.serving.tier",
+            "--config",
+            str(tmp_path / "tier.yaml"),
+            "--state-dir",
+            str(tmp_path),
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=log,

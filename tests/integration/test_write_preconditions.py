@@ -18,17 +18,17 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from controller.adapters.argocd.client import ArgoCDClient
-from controller.adapters.argocd.settings import ArgoCDApp
-from controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord
-from controller.adapters.rollback.deployment import CHANGE_CAUSE, DeploymentRollback, RollbackRecord
-from controller.adapters.stores.journal import ActionStatus, Journal
-from controller.core.engine import PolicyState
-from controller.core.model import Decision
-from controller.kit.clock import ManualClock
-from controller.kit.http import RetryPolicy
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.testing import condition_state, make_decision
+from tailguard.controller.adapters.argocd.client import ArgoCDClient
+from tailguard.controller.adapters.argocd.settings import ArgoCDApp
+from tailguard.controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord
+from tailguard.controller.adapters.rollback.deployment import CHANGE_CAUSE, DeploymentRollback, RollbackRecord
+from tailguard.controller.adapters.stores.journal import ActionStatus, Journal
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.core.model import Decision
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.kit.http import RetryPolicy
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.testing import condition_state, make_decision
 from tests.support.fake_argocd import FakeArgoCD, application
 from tests.support.fake_kubernetes import FakeKubernetes, deployment
 

@@ -26,26 +26,33 @@ import requests
 from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.annotations.grafana import GrafanaAnnotator, GrafanaHttp
-from controller.adapters.argocd.client import ArgoCDClient
-from controller.adapters.argocd.settings import ArgoCDApp
-from controller.adapters.lease.leader import LeaderElector
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord
-from controller.adapters.scale.hpa import HpaBounds, HpaScaler
-from controller.adapters.stores.journal import Journal
-from controller.adapters.stores.outbox import Outbox
-from controller.app.api import ControllerAPI
-from controller.core.attribution import Rollout
-from controller.core.model import SignalResult, TargetKey, target_key
-from controller.core.policy import Policy
-from controller.core.ports import Annotation, DispatcherPort, LeaderPort, MetricsSource
-from controller.kit.clock import ManualClock, ShutdownInterrupt
-from controller.loop.annotating_dispatcher import DecisionAnnotatingDispatcher
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller
-from controller.testing import FakeAnnotator, FakeChangeTracker, FakeNotifier, FakeRollback, FakeRouter, FakeScaler
+from tailguard.controller.adapters.annotations.grafana import GrafanaAnnotator, GrafanaHttp
+from tailguard.controller.adapters.argocd.client import ArgoCDClient
+from tailguard.controller.adapters.argocd.settings import ArgoCDApp
+from tailguard.controller.adapters.lease.leader import LeaderElector
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from tailguard.controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord
+from tailguard.controller.adapters.scale.hpa import HpaBounds, HpaScaler
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.adapters.stores.outbox import Outbox
+from tailguard.controller.app.api import ControllerAPI
+from tailguard.controller.core.attribution import Rollout
+from tailguard.controller.core.model import SignalResult, TargetKey, target_key
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.ports import Annotation, DispatcherPort, LeaderPort, MetricsSource
+from tailguard.controller.kit.clock import ManualClock, ShutdownInterrupt
+from tailguard.controller.loop.annotating_dispatcher import DecisionAnnotatingDispatcher
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import (
+    FakeAnnotator,
+    FakeChangeTracker,
+    FakeNotifier,
+    FakeRollback,
+    FakeRouter,
+    FakeScaler,
+)
 from tests.support.fake_argocd import FakeArgoCD, application
 from tests.support.fake_grafana import FakeGrafana
 from tests.support.fake_kubernetes import FakeKubernetes, hpa

@@ -21,21 +21,21 @@ from typing import Any, cast
 import pytest
 from kubernetes import client as k8s
 
-from controller.adapters.lease.leader import LeaderElector
-from controller.adapters.scale.hpa import HpaBounds, HpaScaler
-from controller.adapters.stores.incident_resources import KubernetesIncidentStore
-from controller.adapters.stores.incidents import SqliteIncidentStore
-from controller.adapters.stores.journal import Journal
-from controller.app.operate import format_status, journal_status
-from controller.app.status_page import render_status_page
-from controller.core.attribution import Rollout
-from controller.core.incidents import Incident, IncidentPhase
-from controller.core.ports import DispatcherPort
-from controller.kit.clock import ManualClock
-from controller.loop.dispatcher import Actuators, Dispatcher
-from controller.loop.incident_ports import incident_layer
-from controller.loop.incidents import IncidentKeeper
-from controller.testing import (
+from tailguard.controller.adapters.lease.leader import LeaderElector
+from tailguard.controller.adapters.scale.hpa import HpaBounds, HpaScaler
+from tailguard.controller.adapters.stores.incident_resources import KubernetesIncidentStore
+from tailguard.controller.adapters.stores.incidents import SqliteIncidentStore
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.app.operate import format_status, journal_status
+from tailguard.controller.app.status_page import render_status_page
+from tailguard.controller.core.attribution import Rollout
+from tailguard.controller.core.incidents import Incident, IncidentPhase
+from tailguard.controller.core.ports import DispatcherPort
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher
+from tailguard.controller.loop.incident_ports import incident_layer
+from tailguard.controller.loop.incidents import IncidentKeeper
+from tailguard.controller.testing import (
     FakeAnnotator,
     FakeChangeTracker,
     FakeNotifier,

@@ -19,7 +19,7 @@ from typing import Any
 import requests
 import yaml
 
-from serving.lab.promstack import AlertmanagerServer
+from tailguard.serving.lab.promstack import AlertmanagerServer
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 import pytest
 import requests
 
-from serving.lab.promstack import PrometheusServer, static_scrape_config, write_prometheus_config
+from tailguard.serving.lab.promstack import PrometheusServer, static_scrape_config, write_prometheus_config
 from tests.support.fake_grafana import FakeGrafana
 from tests.support.fake_kubernetes import FakeKubernetes, hpa
 from tests.support.latency_exporter import LatencyExporter
@@ -81,10 +81,11 @@ def annotations_tagged(grafana: FakeGrafana, *tags: str) -> list[dict[str, Any]]
 
 
 def start_controller(config: Path, log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """`python -m controller run --config CONFIG` in CONFIG's directory, its own process group, output in `log`."""
+    """`python -m tailguard.controller run --config CONFIG` in CONFIG's directory, its own process group, output in
+    `log`."""
     with log.open("wb") as output:
         return subprocess.Popen(
-            [sys.executable, "-m", "controller", "run", "--config", str(config)],
+            [sys.executable, "-m", "tailguard.controller", "run", "--config", str(config)],
             cwd=config.parent,
             stdout=output,
             stderr=subprocess.STDOUT,

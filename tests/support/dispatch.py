@@ -11,10 +11,17 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from controller.adapters.stores.journal import Journal
-from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus, RollbackPlan, RollbackRequest
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.testing import make_decision
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.core.ports import (
+    AbortSignal,
+    ActionOutcome,
+    Clock,
+    OutcomeStatus,
+    RollbackPlan,
+    RollbackRequest,
+)
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.testing import make_decision
 
 
 class _OneCall:

@@ -224,7 +224,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @contextmanager
 def running_serving_tier(tmp: Path, config_text: str) -> Iterator[str]:
-    """The REAL tier (`python -m serving.tier`) on a free loopback port; yields its control URL.
+    """The REAL tier (`python -m tailguard.serving.tier`) on a free loopback port; yields its control URL.
 
     For integration tests. The process (and its process group) is always stopped, even on failure.
     """
@@ -236,7 +236,7 @@ def running_serving_tier(tmp: Path, config_text: str) -> Iterator[str]:
         [
             sys.executable,
             "-m",
-            "serving.tier",
+            "tailguard.serving.tier",
             "--config",
             str(config),
             "--state-dir",

@@ -6,8 +6,8 @@ evaluation before go back to OK. Every value moves at every evaluation."""
 
 from __future__ import annotations
 
-from controller.core.model import TargetKey, target_key
-from controller.core.policy import Policy
+from tailguard.controller.core.model import TargetKey, target_key
+from tailguard.controller.core.policy import Policy
 
 TARGETS = 1000
 CHANGING = 5  # 0.5% of the targets change phase at each evaluation

@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from serving.tier.vllm_metrics import LATENCY_BUCKETS
+from tailguard.serving.tier.vllm_metrics import LATENCY_BUCKETS
 
 # vllm:e2e_request_latency_seconds bucket boundaries: the simulator's, which a test checks against a real
 # vLLM 0.32 /metrics page (tests/fixtures/vllm-0.32-cpu-metrics.txt).

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controller.adapters.stores.journal import Journal
-from controller.app.api import ControllerAPI
-from controller.core.model import SignalResult
-from controller.kit.clock import ManualClock
-from controller.loop.runtime import Controller
-from controller.testing import FakeDispatcher, FakeSource
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.app.api import ControllerAPI
+from tailguard.controller.core.model import SignalResult
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeDispatcher, FakeSource
 from tests.support.controller_process import write_kubeconfig
 from tests.support.fake_kubernetes import FakeKubernetes
 

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from typing import Any
 
 import tests.scenarios.test_incidents as scenarios
-from controller.core.model import Decision
-from controller.core.ports import ChangeTrackerPort, DispatcherPort
-from controller.loop import incident_ports, restore
-from controller.loop.dispatcher import Actuators
-from controller.loop.incident_ports import IncidentLayer
-from controller.loop.incidents import IncidentKeeper
+from tailguard.controller.core.model import Decision
+from tailguard.controller.core.ports import ChangeTrackerPort, DispatcherPort
+from tailguard.controller.loop import incident_ports, restore
+from tailguard.controller.loop.dispatcher import Actuators
+from tailguard.controller.loop.incident_ports import IncidentLayer
+from tailguard.controller.loop.incidents import IncidentKeeper
 
 
 class _Unwrapped(IncidentLayer):

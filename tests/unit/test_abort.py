@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.stores.journal import Journal
-from controller.core.actions import ActionRecord, ActionStatus
-from controller.core.controls import AbortRequest, AbortState
-from controller.core.ports import AbortSignal, ActionOutcome, OutcomeStatus, TrafficRequest
-from controller.kit.clock import ManualClock, SystemClock
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.testing import FakeAnnotator, FakeDeployer, FakeRouter, make_decision, transient_failure
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.core.actions import ActionRecord, ActionStatus
+from tailguard.controller.core.controls import AbortRequest, AbortState
+from tailguard.controller.core.ports import AbortSignal, ActionOutcome, OutcomeStatus, TrafficRequest
+from tailguard.controller.kit.clock import ManualClock, SystemClock
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.testing import FakeAnnotator, FakeDeployer, FakeRouter, make_decision, transient_failure
 
 SHIFT = ("shift_traffic", {"service": "chat", "version": "r2", "weight": 10})
 ROLLBACK = ("rollback", {"service": "chat"})

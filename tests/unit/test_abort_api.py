@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 import requests
 
-from controller.adapters.stores.journal import Journal
-from controller.app import operate
-from controller.app.api import ControllerAPI
-from controller.core.actions import ActionStatus
-from controller.core.controls import MAX_ABORT_REASON
-from controller.core.model import SignalResult, target_key
-from controller.kit.clock import ManualClock
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.runtime import Controller
-from controller.testing import FakeLeader, FakeScaler, FakeSource, make_decision
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.app import operate
+from tailguard.controller.app.api import ControllerAPI
+from tailguard.controller.core.actions import ActionStatus
+from tailguard.controller.core.controls import MAX_ABORT_REASON
+from tailguard.controller.core.model import SignalResult, target_key
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeLeader, FakeScaler, FakeSource, make_decision
 from tests.unit.test_operate import policy_yaml
 
 TOKEN = "s3cret-token"
@@ -215,7 +215,7 @@ def test_tailguard_abort_without_url_tries_the_kubeconfig_and_says_so(
 
 
 def test_the_top_level_cli_names_abort(capsys: pytest.CaptureFixture[str]) -> None:
-    from controller.app.cli import main
+    from tailguard.controller.app.cli import main
 
     with pytest.raises(SystemExit):
         main(["--help"])

@@ -3,9 +3,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from controller.adapters.annotations.jsonl import FanoutAnnotator, JsonlAnnotator
-from controller.core.ports import Annotation, OutcomeStatus
-from controller.testing import FakeAnnotator, permanent_failure, transient_failure
+from tailguard.controller.adapters.annotations.jsonl import FanoutAnnotator, JsonlAnnotator
+from tailguard.controller.core.ports import Annotation, OutcomeStatus
+from tailguard.controller.testing import FakeAnnotator, permanent_failure, transient_failure
 
 ANNOTATION = Annotation(
     time=100.0,

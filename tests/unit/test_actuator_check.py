@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.app import cli
-from controller.app.build import build, missing_actuators
-from controller.app.settings import ControllerSettings, parse_settings_text
-from controller.core.policy_files import load_policies
+from tailguard.controller.app import cli
+from tailguard.controller.app.build import build, missing_actuators
+from tailguard.controller.app.settings import ControllerSettings, parse_settings_text
+from tailguard.controller.core.policy_files import load_policies
 
 BASE = """\
 prometheus: {url: "http://127.0.0.1:9"}

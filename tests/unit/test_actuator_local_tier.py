@@ -5,9 +5,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from controller.adapters.tier.local_tier import LocalTierClient, TierError
-from controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest, TrafficRequest
-from controller.kit.clock import ManualClock
+from tailguard.controller.adapters.tier.local_tier import LocalTierClient, TierError
+from tailguard.controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest, TrafficRequest
+from tailguard.controller.kit.clock import ManualClock
 from tests.support.dispatch import dispatched
 from tests.support.fake_tier import FakeTierState, running_fake_tier
 

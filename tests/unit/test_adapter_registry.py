@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.app.build import build, missing_actuators
-from controller.app.registrations import REGISTRIES, ROLLBACK, SCALE, TRAFFIC
-from controller.app.registry import Adapter, BuildContext, RegistryError, Section, assemble, sections
-from controller.app.settings import ControllerSettings, SettingsError, parse_settings_text, settings_model
-from controller.core.policy_files import load_policies
-from controller.core.ports import ActionOutcome, OutcomeStatus, ScaleRequest, ScaleState
-from controller.kit.clock import SystemClock
-from controller.kit.errors import ConfigError
+from tailguard.controller.app.build import build, missing_actuators
+from tailguard.controller.app.registrations import REGISTRIES, ROLLBACK, SCALE, TRAFFIC
+from tailguard.controller.app.registry import Adapter, BuildContext, RegistryError, Section, assemble, sections
+from tailguard.controller.app.settings import ControllerSettings, SettingsError, parse_settings_text, settings_model
+from tailguard.controller.core.policy_files import load_policies
+from tailguard.controller.core.ports import ActionOutcome, OutcomeStatus, ScaleRequest, ScaleState
+from tailguard.controller.kit.clock import SystemClock
+from tailguard.controller.kit.errors import ConfigError
 from tests.support.fake_kubernetes import FakeKubernetes
 
 NAMESPACE = "llm"

@@ -12,15 +12,15 @@ import requests
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.adapters.stores.journal import Journal
-from controller.app.api import ControllerAPI, PayloadError, parse_alertmanager_payload
-from controller.core.alerts import policies_for_alert
-from controller.core.model import SignalResult, target_key
-from controller.core.policy_files import load_policies
-from controller.kit.clock import ManualClock
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller
-from controller.testing import FakeDispatcher
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.app.api import ControllerAPI, PayloadError, parse_alertmanager_payload
+from tailguard.controller.core.alerts import policies_for_alert
+from tailguard.controller.core.model import SignalResult, target_key
+from tailguard.controller.core.policy_files import load_policies
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeDispatcher
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "alertmanager"
 TIMEOUT = 10
@@ -96,7 +96,7 @@ def served(tmp_path: Path) -> Iterator[Served]:
 
 
 def _source() -> Any:
-    from controller.testing import FakeSource
+    from tailguard.controller.testing import FakeSource
 
     return FakeSource(default=SignalResult({target_key({"service": "checkout"}): 0.95}))
 

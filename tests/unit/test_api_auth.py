@@ -10,14 +10,14 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.stores.journal import Journal
-from controller.app.api import ControllerAPI
-from controller.app.settings import WebhookTokenError, parse_settings_text
-from controller.core.model import SignalResult, target_key
-from controller.kit.clock import ManualClock
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller
-from controller.testing import FakeDispatcher, FakeSource
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.app.api import ControllerAPI
+from tailguard.controller.app.settings import WebhookTokenError, parse_settings_text
+from tailguard.controller.core.model import SignalResult, target_key
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeDispatcher, FakeSource
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "alertmanager"
 TOKEN = "s3cret-Token-that-must-not-leak"
@@ -192,7 +192,7 @@ def test_settings_read_the_token_from_a_file_or_the_environment(
 
 
 def test_run_refuses_an_unreadable_webhook_token(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from controller.app.cli import EXIT_CONFIG, main
+    from tailguard.controller.app.cli import EXIT_CONFIG, main
 
     (tmp_path / "rules").mkdir()
     (tmp_path / "rules" / "checkout.yaml").write_text(POLICY)

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import requests
 
-from controller.app.api import ControllerAPI
-from controller.app.forwarding import ANSWERED_BY_HEADER, FORWARDED_HEADER, VIA_HEADER
-from controller.app.ports import LeaderDirectoryPort
-from controller.core.policy_files import load_policies
-from controller.core.ports import HandoverPort
+from tailguard.controller.app.api import ControllerAPI
+from tailguard.controller.app.forwarding import ANSWERED_BY_HEADER, FORWARDED_HEADER, VIA_HEADER
+from tailguard.controller.app.ports import LeaderDirectoryPort
+from tailguard.controller.core.policy_files import load_policies
+from tailguard.controller.core.ports import HandoverPort
 from tests.unit.test_api import policy_yaml
 from tests.unit.test_api_standby import FakeController
 

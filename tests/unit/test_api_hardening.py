@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from controller.app.api import MAX_JSON_DEPTH, ControllerAPI
+from tailguard.controller.app.api import MAX_JSON_DEPTH, ControllerAPI
 from tests.unit.test_api_standby import FakeController, FakeLeader, controller  # noqa: F401 - the fixture
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "alertmanager"

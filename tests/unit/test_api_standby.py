@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import requests
 
-from controller.app.api import ControllerAPI
-from controller.core.model import TargetKey
-from controller.core.policy import Policy
-from controller.core.policy_files import load_policies
-from controller.core.ports import HandoverPort
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.ports import TRIGGER_ALERT, Readiness
+from tailguard.controller.app.api import ControllerAPI
+from tailguard.controller.core.model import TargetKey
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.policy_files import load_policies
+from tailguard.controller.core.ports import HandoverPort
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.ports import TRIGGER_ALERT, Readiness
 from tests.unit.test_api import policy_yaml
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "alertmanager"

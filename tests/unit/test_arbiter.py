@@ -16,18 +16,18 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.stores.journal import Journal
-from controller.app.settings import SettingsError, load_settings
-from controller.core import limits
-from controller.core.actions import ActionStatus, ActionType
-from controller.core.model import SignalResult, decision_id, target_key
-from controller.core.policy import Policy
-from controller.core.ports import MetricsSource
-from controller.kit.clock import ManualClock
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller
-from controller.testing import FakeAnnotator, FakeDeployer, FakeSource
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.app.settings import SettingsError, load_settings
+from tailguard.controller.core import limits
+from tailguard.controller.core.actions import ActionStatus, ActionType
+from tailguard.controller.core.model import SignalResult, decision_id, target_key
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.ports import MetricsSource
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeAnnotator, FakeDeployer, FakeSource
 
 T0 = 1_700_000_000.0
 CHAT = target_key({"service": "chat"})

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.argocd.client import ArgoCDClient, HistoryEntry
-from controller.adapters.argocd.settings import ArgoCDApp, ArgoCDSettings, AutoSyncMode
-from controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord, pick_target
-from controller.adapters.stores.journal import Journal
-from controller.core.ports import OutcomeStatus, RollbackRequest
-from controller.kit.clock import ManualClock
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.testing import make_decision
+from tailguard.controller.adapters.argocd.client import ArgoCDClient, HistoryEntry
+from tailguard.controller.adapters.argocd.settings import ArgoCDApp, ArgoCDSettings, AutoSyncMode
+from tailguard.controller.adapters.rollback.argocd import ArgoCDRollback, BadRevisionRecord, pick_target
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.core.ports import OutcomeStatus, RollbackRequest
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.testing import make_decision
 from tests.support.dispatch import dispatched
 from tests.support.fake_argocd import FakeArgoCD, SwaggerValidator, application
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from controller.core.attribution import (
+from tailguard.controller.core.attribution import (
     AttributedDecision,
     AttributionStatus,
     Rollout,
@@ -14,10 +14,10 @@ from controller.core.attribution import (
     attribution_of,
     describe_diff,
 )
-from controller.core.engine import PolicyState, transition
-from controller.core.model import Decision, DecisionKind, SignalResult, target_key
-from controller.core.policy import AttributionSpec, Policy
-from controller.core.policy_files import parse_policy_text
+from tailguard.controller.core.engine import PolicyState, transition
+from tailguard.controller.core.model import Decision, DecisionKind, SignalResult, target_key
+from tailguard.controller.core.policy import AttributionSpec, Policy
+from tailguard.controller.core.policy_files import parse_policy_text
 
 ONSET = 1_700_000_000.0
 WEB = target_key({"service": "web"})
@@ -268,7 +268,7 @@ def test_invalid_choose_is_located(tail: str, field: str, message: str) -> None:
 def test_example_policy_is_valid() -> None:
     from pathlib import Path
 
-    from controller.core.policy_files import load_policies
+    from tailguard.controller.core.policy_files import load_policies
 
     path = Path(__file__).resolve().parents[2] / "rules" / "examples" / "attributed-rollback-or-scale.yaml"
     policies, errors = load_policies([path])

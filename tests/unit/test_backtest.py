@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from controller.core.model import target_key
-from controller.core.policy import Policy
-from controller.core.ports import RangeResult
-from controller.core.signals import render_signal_queries
-from controller.kit.cli_args import parse_time
-from controller.testing import FakeSource
-from controller.tools.backtest import backtest_main, evaluation_times, run_backtest
+from tailguard.controller.core.model import target_key
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.ports import RangeResult
+from tailguard.controller.core.signals import render_signal_queries
+from tailguard.controller.kit.cli_args import parse_time
+from tailguard.controller.testing import FakeSource
+from tailguard.controller.tools.backtest import backtest_main, evaluation_times, run_backtest
 
 RULES = Path(__file__).resolve().parents[2] / "rules" / "examples" / "p99-rollback.yaml"
 A = target_key({"service": "a"})

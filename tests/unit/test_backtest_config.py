@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from controller.adapters.changes.tracker import ChangeTracker
-from controller.app.ml_commands import backtest_config
-from controller.app.ml_commands import backtest_main as app_backtest_main
-from controller.core.actions import ActionType
-from controller.core.attribution import Rollout
-from controller.core.model import target_key
-from controller.core.policy_files import load_policies
-from controller.core.ports import RangeResult
-from controller.core.signals import render_signal_queries
-from controller.kit.cli_args import UsageError
-from controller.testing import FakeChangeTracker, FakeSource
-from controller.tools.backtest import backtest_main, evaluation_times, run_backtest
-from controller.tools.backtest_world import load_alerts
+from tailguard.controller.adapters.changes.tracker import ChangeTracker
+from tailguard.controller.app.ml_commands import backtest_config
+from tailguard.controller.app.ml_commands import backtest_main as app_backtest_main
+from tailguard.controller.core.actions import ActionType
+from tailguard.controller.core.attribution import Rollout
+from tailguard.controller.core.model import target_key
+from tailguard.controller.core.policy_files import load_policies
+from tailguard.controller.core.ports import RangeResult
+from tailguard.controller.core.signals import render_signal_queries
+from tailguard.controller.kit.cli_args import UsageError
+from tailguard.controller.testing import FakeChangeTracker, FakeSource
+from tailguard.controller.tools.backtest import backtest_main, evaluation_times, run_backtest
+from tailguard.controller.tools.backtest_world import load_alerts
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "rules" / "examples"
 T0 = 1_700_000_000.0

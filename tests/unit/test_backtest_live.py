@@ -10,18 +10,18 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.stores.incidents import SqliteIncidentStore
-from controller.adapters.stores.journal import Journal
-from controller.core.attribution import Rollout
-from controller.core.model import SignalResult, target_key
-from controller.core.policy_files import load_policies
-from controller.core.ports import RangeResult
-from controller.core.signals import render_signal_queries
-from controller.kit.clock import ManualClock
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller
-from controller.testing import FakeChangeTracker, FakeDispatcher, FakeSource
-from controller.tools.backtest import evaluation_times, load_rollouts, run_backtest
+from tailguard.controller.adapters.stores.incidents import SqliteIncidentStore
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.core.attribution import Rollout
+from tailguard.controller.core.model import SignalResult, target_key
+from tailguard.controller.core.policy_files import load_policies
+from tailguard.controller.core.ports import RangeResult
+from tailguard.controller.core.signals import render_signal_queries
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeChangeTracker, FakeDispatcher, FakeSource
+from tailguard.controller.tools.backtest import evaluation_times, load_rollouts, run_backtest
 
 RULES = Path(__file__).resolve().parents[2] / "rules" / "examples" / "attributed-rollback-or-scale.yaml"
 T0 = 1_700_000_000.0
@@ -99,16 +99,16 @@ from collections.abc import Callable
 
 import pytest
 
-from controller.core.alerts import alert_scopes
-from controller.core.model import TargetKey
-from controller.core.policy import Policy
-from controller.core.ports import MetricsSource
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.incident_ports import incident_layer
-from controller.loop.incidents import IncidentKeeper
-from controller.testing import FakeAnnotator, FakeDeployer, FakeNotifier
-from controller.tools.backtest import BacktestReport
-from controller.tools.backtest_world import RecordedAlert, dispatch_outcome, load_alerts
+from tailguard.controller.core.alerts import alert_scopes
+from tailguard.controller.core.model import TargetKey
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.ports import MetricsSource
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.loop.incident_ports import incident_layer
+from tailguard.controller.loop.incidents import IncidentKeeper
+from tailguard.controller.testing import FakeAnnotator, FakeDeployer, FakeNotifier
+from tailguard.controller.tools.backtest import BacktestReport
+from tailguard.controller.tools.backtest_world import RecordedAlert, dispatch_outcome, load_alerts
 from tests.unit.test_arbiter import P99_ROLLBACK, QUEUE_SCALE
 
 LIMITS = GlobalLimits(cooldown=120.0, maxActionsPerHour=10)

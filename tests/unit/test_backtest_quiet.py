@@ -12,18 +12,18 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.metrics.grid import on_grid
-from controller.core.engine import ConditionState, PolicyState, advance_healthy, transition
-from controller.core.model import SignalResult, TargetKey, target_key
-from controller.core.policy import Policy
-from controller.core.ports import RangeResult
-from controller.core.signals import render_signal_queries
-from controller.loop.dispatcher import GlobalLimits
-from controller.testing import FakeSource
-from controller.tools import backtest, backtest_feed
-from controller.tools.backtest import run_backtest
-from controller.tools.backtest_feed import QuietRun
-from controller.tools.backtest_world import RecordedAlert
+from tailguard.controller.adapters.metrics.grid import on_grid
+from tailguard.controller.core.engine import ConditionState, PolicyState, advance_healthy, transition
+from tailguard.controller.core.model import SignalResult, TargetKey, target_key
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.ports import RangeResult
+from tailguard.controller.core.signals import render_signal_queries
+from tailguard.controller.loop.dispatcher import GlobalLimits
+from tailguard.controller.testing import FakeSource
+from tailguard.controller.tools import backtest, backtest_feed
+from tailguard.controller.tools.backtest import run_backtest
+from tailguard.controller.tools.backtest_feed import QuietRun
+from tailguard.controller.tools.backtest_world import RecordedAlert
 
 SERVICES = [target_key({"service": f"s{i}"}) for i in range(6)]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.lab.calibration import (
+from tailguard.serving.lab.calibration import (
     CalibrationError,
     Interval,
     calibrate,
@@ -16,9 +16,9 @@ from serving.lab.calibration import (
     request_overhead,
     write_calibration,
 )
-from serving.lab.fidelity import LoadSpec, simulate_run
-from serving.tier.profiles import CalibrationFile, apply_calibration, load_calibrated_profile, resolve_profile
-from serving.tier.yamlfile import ConfigFileError
+from tailguard.serving.lab.fidelity import LoadSpec, simulate_run
+from tailguard.serving.tier.profiles import CalibrationFile, apply_calibration, load_calibrated_profile, resolve_profile
+from tailguard.serving.tier.yamlfile import ConfigFileError
 
 BASE, PER_SEQ, RATE = 0.0012, 0.00011, 40_000.0
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from controller.adapters.argocd.client import ArgoCDClient
-from controller.adapters.argocd.settings import ArgoCDApp
-from controller.adapters.changes.tracker import (
+from tailguard.controller.adapters.argocd.client import ArgoCDClient
+from tailguard.controller.adapters.argocd.settings import ArgoCDApp
+from tailguard.controller.adapters.changes.tracker import (
     ArgoCDHistorySource,
     ChangeSourceError,
     ChangeTracker,
@@ -21,10 +21,10 @@ from controller.adapters.changes.tracker import (
     parse_time,
     parse_vllm_args,
 )
-from controller.core.attribution import Rollout
-from controller.kit.clock import ManualClock
-from serving.tier.profiles import resolve_profile
-from serving.tier.server import revisions_answer
+from tailguard.controller.core.attribution import Rollout
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.serving.tier.profiles import resolve_profile
+from tailguard.serving.tier.server import revisions_answer
 from tests.support.fake_argocd import FakeArgoCD, application
 
 T0 = 1_700_000_000.0

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.app import cli
-from controller.core.policy import policy_json_schema
+from tailguard.controller.app import cli
+from tailguard.controller.core.policy import policy_json_schema
 
 REPO = Path(__file__).resolve().parents[2]
 INVALID = REPO / "tests" / "fixtures" / "policies" / "invalid"
@@ -54,7 +54,7 @@ def test_schema_is_written_pretty_sorted_with_a_trailing_newline(
 
 
 def test_delegated_commands_get_their_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
-    import controller.app.ml_commands
+    import tailguard.controller.app.ml_commands
 
     seen: list[list[str]] = []
 
@@ -62,7 +62,7 @@ def test_delegated_commands_get_their_arguments(monkeypatch: pytest.MonkeyPatch)
         seen.append(argv)
         return 3
 
-    monkeypatch.setattr(controller.app.ml_commands, "backtest_main", fake_main)
+    monkeypatch.setattr(tailguard.controller.app.ml_commands, "backtest_main", fake_main)
     assert cli.main(["backtest", "--rules", "r.yaml", "--help"]) == 3
     assert seen == [["--rules", "r.yaml", "--help"]]
 
@@ -81,15 +81,17 @@ def test_the_installed_command_adds_the_labs_demo_and_load(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`tailguard` (serving/cli.py) is the controller's command line plus the lab's commands, passed in by import
-    (serving.cli.LAB_COMMANDS), never named by a string the layer contracts cannot see."""
-    import serving.cli
+    (tailguard.serving.cli.LAB_COMMANDS), never named by a string the layer contracts cannot see."""
+    import tailguard.serving.cli
 
     seen: list[list[str]] = []
-    monkeypatch.setitem(serving.cli.LAB_COMMANDS, "demo", cli.Command(lambda argv: seen.append(argv) or 5, "demo"))
-    assert serving.cli.main(["demo", "--no-wait"]) == 5
+    monkeypatch.setitem(
+        tailguard.serving.cli.LAB_COMMANDS, "demo", cli.Command(lambda argv: seen.append(argv) or 5, "demo")
+    )
+    assert tailguard.serving.cli.main(["demo", "--no-wait"]) == 5
     assert seen == [["--no-wait"]]
     with pytest.raises(SystemExit):
-        serving.cli.main(["--help"])
+        tailguard.serving.cli.main(["--help"])
     listed = capsys.readouterr().out
     assert "demo" in listed and "load" in listed and "backtest" in listed
     # the controller alone has no lab commands

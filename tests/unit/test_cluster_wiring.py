@@ -12,31 +12,31 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.kube.action_keys import ANNOTATION_KEYS
-from controller.adapters.lease.settings import LeaderElectionSettings
-from controller.adapters.scale.hpa import HpaScaler
-from controller.adapters.stores.journal import ActionStatus, Journal
-from controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
-from controller.app import cli
-from controller.app.cluster import (
+from tailguard.controller.adapters.kube.action_keys import ANNOTATION_KEYS
+from tailguard.controller.adapters.lease.settings import LeaderElectionSettings
+from tailguard.controller.adapters.scale.hpa import HpaScaler
+from tailguard.controller.adapters.stores.journal import ActionStatus, Journal
+from tailguard.controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
+from tailguard.controller.app import cli
+from tailguard.controller.app.cluster import (
     ClusterConfigError,
     build_cluster_actuators,
     build_leader_elector,
     cluster_client,
 )
-from controller.app.cluster_settings import KubernetesSettings
-from controller.app.settings import SettingsError, load_settings
-from controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest, TrafficRequest
-from controller.core.unconfigured import (
+from tailguard.controller.app.cluster_settings import KubernetesSettings
+from tailguard.controller.app.settings import SettingsError, load_settings
+from tailguard.controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest, TrafficRequest
+from tailguard.controller.core.unconfigured import (
     ROLLBACK_MISSING,
     SCALE_MISSING,
     NoActuatorError,
     UnconfiguredRollback,
     UnconfiguredScale,
 )
-from controller.kit.clock import ManualClock
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.testing import FakeDeployer, make_decision
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.testing import FakeDeployer, make_decision
 from tests.support.fake_kubernetes import FakeKubernetes, hpa, http_route, virtual_service
 
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from controller.app.cluster import build_cluster_actuators
-from controller.app.settings import ControllerSettings, parse_settings_text
-from controller.core.ports import OutcomeStatus, ScaleRequest, TrafficRequest
-from controller.kit.clock import ManualClock
-from serving.tier.manifests import MANIFESTS_DIR, render_kustomization
+from tailguard.controller.app.cluster import build_cluster_actuators
+from tailguard.controller.app.settings import ControllerSettings, parse_settings_text
+from tailguard.controller.core.ports import OutcomeStatus, ScaleRequest, TrafficRequest
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.serving.tier.manifests import MANIFESTS_DIR, render_kustomization
 from tests.support.fake_kubernetes import FakeKubernetes
 
 REPO = Path(__file__).resolve().parents[2]

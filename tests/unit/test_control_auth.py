@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from controller.app import cli
-from controller.app.api import ControllerAPI
-from controller.app.settings import parse_settings_text
-from controller.kit.net import is_loopback_host
+from tailguard.controller.app import cli
+from tailguard.controller.app.api import ControllerAPI
+from tailguard.controller.app.settings import parse_settings_text
+from tailguard.controller.kit.net import is_loopback_host
 from tests.unit.test_api_forwarding import OperatorController
 
 REPO = Path(__file__).resolve().parents[2]
@@ -147,7 +147,7 @@ def test_the_start_up_warning_names_every_endpoint_and_loopback(
 
 
 def _stop_here(*_args: object, **_kwargs: object) -> object:
-    from controller.kit.errors import ConfigError
+    from tailguard.controller.kit.errors import ConfigError
 
     raise ConfigError("stopped by the test after the start-up checks")
 

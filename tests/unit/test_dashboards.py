@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller.core.policy import Policy
-from controller.loop.metrics import ControllerMetrics
-from controller.tools import dashboards
-from serving.tier.engine_args_metric import EngineArgCollector, ListedReplica
-from serving.tier.profiles import EngineArgs
-from serving.tier.router import RouterMetrics
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.tools import dashboards
+from tailguard.serving.tier.engine_args_metric import EngineArgCollector, ListedReplica
+from tailguard.serving.tier.profiles import EngineArgs
+from tailguard.serving.tier.router import RouterMetrics
 from tests.support.fake_grafana import FakeGrafana, _load_operations, check_request
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from serving.lab.demo import DemoError, _post_rollout
+from tailguard.serving.lab.demo import DemoError, _post_rollout
 
 
 class SlowTier:

@@ -20,10 +20,10 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
-from controller.app.settings import load_settings, parse_settings_text
-from controller.core.policy_files import load_policies
-from controller.tools.cluster_permissions import PEER_PERMISSIONS
-from serving.tier.manifests import (
+from tailguard.controller.app.settings import load_settings, parse_settings_text
+from tailguard.controller.core.policy_files import load_policies
+from tailguard.controller.tools.cluster_permissions import PEER_PERMISSIONS
+from tailguard.serving.tier.manifests import (
     EXAMPLE_POLICIES_DIR,
     KustomizeError,
     kubectl_binary,
@@ -70,7 +70,7 @@ def _triples(rules: Iterable[Any]) -> set[tuple[str, str, str]]:
 
 def expected_actuator_permissions() -> set[tuple[str, str, str]]:
     try:
-        module = importlib.import_module("controller.tools.cluster_permissions")
+        module = importlib.import_module("tailguard.controller.tools.cluster_permissions")
     except ModuleNotFoundError:
         return {(g, r, v) for (g, r), verbs in ISSUE_ACTUATOR_PERMISSIONS.items() for v in verbs}
     permissions = module.ACTUATOR_PERMISSIONS
@@ -381,7 +381,7 @@ def test_crd_policies_component_grants_exactly_the_policy_permissions(tmp_path: 
     """deploy/components/crd-policies (for a `kubernetes.policies` section): the base plus the component renders
     valid, its Role in the controller's namespace is exactly POLICY_PERMISSIONS, bound to the controller's
     account; the base alone reads no custom resource."""
-    from controller.tools.cluster_permissions import POLICY_PERMISSIONS
+    from tailguard.controller.tools.cluster_permissions import POLICY_PERMISSIONS
 
     component = REPO / "deploy" / "components" / "crd-policies"
     # An overlay like deploy/overlays/example: the base's namespace transformer puts the component's objects

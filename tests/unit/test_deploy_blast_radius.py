@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from serving.tier.manifests import MANIFESTS_DIR, render_kustomization
+from tailguard.serving.tier.manifests import MANIFESTS_DIR, render_kustomization
 from tests.unit.test_cluster_wiring_deploy import DEPLOYS, controller_settings
 from tests.unit.test_deploy import SERVING_NAMESPACE, one
 

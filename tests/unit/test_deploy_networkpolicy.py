@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from serving.tier.manifests import render_kustomization
+from tailguard.serving.tier.manifests import render_kustomization
 from tests.unit.test_deploy import BASE, OVERLAY, one
 
 

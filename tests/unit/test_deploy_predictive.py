@@ -22,20 +22,20 @@ from kubernetes_validate.utils import latest_version
 from prometheus_client import CollectorRegistry
 from sklearn.ensemble import HistGradientBoostingClassifier
 
-from controller.adapters.stores.journal import Journal
-from controller.app.settings import parse_settings_text
-from controller.core.engine import PolicyState
-from controller.core.model import DecisionKind, SignalResult, target_key
-from controller.core.policy_files import load_policies
-from controller.kit.clock import ManualClock
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.evaluation import EvaluationPorts, evaluate
-from controller.loop.metrics import ControllerMetrics
-from controller.testing import FakeAnnotator, FakeScaler, FakeSource
-from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact
-from predictors.features import feature_hash, feature_names, feature_queries
-from predictors.serving import PredictionProvider, single_threaded
-from serving.tier.manifests import render_kustomization, validate_objects
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.app.settings import parse_settings_text
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.core.model import DecisionKind, SignalResult, target_key
+from tailguard.controller.core.policy_files import load_policies
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.loop.evaluation import EvaluationPorts, evaluate
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.testing import FakeAnnotator, FakeScaler, FakeSource
+from tailguard.predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact
+from tailguard.predictors.features import feature_hash, feature_names, feature_queries
+from tailguard.predictors.serving import PredictionProvider, single_threaded
+from tailguard.serving.tier.manifests import render_kustomization, validate_objects
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "deploy" / "base"

@@ -14,10 +14,10 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes_validate.utils import latest_version
 
-from controller.adapters.lease.shards import ShardedElector
-from controller.kit.clock import ManualClock
-from controller.tools.cluster_permissions import permission_triples
-from serving.tier.manifests import render_kustomization, validate_objects
+from tailguard.controller.adapters.lease.shards import ShardedElector
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.tools.cluster_permissions import permission_triples
+from tailguard.serving.tier.manifests import render_kustomization, validate_objects
 from tests.support.fake_kubernetes import FakeKubernetes
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,15 +7,15 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.stores.journal import ActionRecord, ActionStatus, Journal
-from controller.adapters.tier.local_tier import TierError
-from controller.core.engine import PolicyState
-from controller.core.model import Decision
-from controller.core.ports import ActionOutcome
-from controller.kit.clock import ManualClock
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.preconditions import ScaleError, desired_replicas
-from controller.testing import (
+from tailguard.controller.adapters.stores.journal import ActionRecord, ActionStatus, Journal
+from tailguard.controller.adapters.tier.local_tier import TierError
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.core.model import Decision
+from tailguard.controller.core.ports import ActionOutcome
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.loop.preconditions import ScaleError, desired_replicas
+from tailguard.controller.testing import (
     FakeAnnotator,
     FakeDeployer,
     FakeNotifier,

@@ -9,12 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from controller.adapters.stores.journal import ActionStatus, Journal
-from controller.core.engine import PolicyState
-from controller.core.model import Decision
-from controller.kit.clock import ManualClock
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.testing import FakeAnnotator, FakeDeployer, FakeNotifier, FakeRouter, condition_state, make_decision
+from tailguard.controller.adapters.stores.journal import ActionStatus, Journal
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.core.model import Decision
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.testing import (
+    FakeAnnotator,
+    FakeDeployer,
+    FakeNotifier,
+    FakeRouter,
+    condition_state,
+    make_decision,
+)
 
 OURS, THEIRS = "queue-ours", "queue-theirs"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller import (
+from tailguard.controller import (
     Actuators,
     Journal,
     ManualClock,
@@ -16,9 +16,9 @@ from controller import (
     load_policies,
     target_key,
 )
-from controller.core.signals import render_signal_queries
-from controller.loop.evaluation import UnconfiguredPredictions
-from controller.testing import FakeAnnotator, FakeSource
+from tailguard.controller.core.signals import render_signal_queries
+from tailguard.controller.loop.evaluation import UnconfiguredPredictions
+from tailguard.controller.testing import FakeAnnotator, FakeSource
 from tests.unit.test_runtime import policy_yaml
 
 

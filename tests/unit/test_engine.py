@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.core.actions import ActionType
-from controller.core.engine import ConditionState, Phase, PolicyState, transition
-from controller.core.model import (
+from tailguard.controller.core.actions import ActionType
+from tailguard.controller.core.engine import ConditionState, Phase, PolicyState, transition
+from tailguard.controller.core.model import (
     Decision,
     DecisionKind,
     SignalResult,
@@ -26,8 +26,8 @@ from controller.core.model import (
     decision_id,
     target_key,
 )
-from controller.core.policy import Policy
-from controller.core.policy_files import load_policies
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.policy_files import load_policies
 
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "rules" / "examples"
 

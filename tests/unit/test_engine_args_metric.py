@@ -5,8 +5,13 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.tier.engine_args_metric import ENGINE_ARG_METRIC, NUMERIC_ENGINE_ARGS, EngineArgCollector, ListedReplica
-from serving.tier.profiles import EngineArgs
+from tailguard.serving.tier.engine_args_metric import (
+    ENGINE_ARG_METRIC,
+    NUMERIC_ENGINE_ARGS,
+    EngineArgCollector,
+    ListedReplica,
+)
+from tailguard.serving.tier.profiles import EngineArgs
 
 
 def _samples(registry: CollectorRegistry) -> dict[tuple[str, str], float]:

@@ -12,10 +12,10 @@ import random
 
 import pytest
 
-from controller.core import engine
-from controller.core.engine import PolicyState, PreparedCondition, held_targets, prepare_condition, transition
-from controller.core.model import SignalResult, TargetKey
-from controller.core.policy import Policy
+from tailguard.controller.core import engine
+from tailguard.controller.core.engine import PolicyState, PreparedCondition, held_targets, prepare_condition, transition
+from tailguard.controller.core.model import SignalResult, TargetKey
+from tailguard.controller.core.policy import Policy
 
 TARGETS: list[TargetKey] = [(("service", f"svc-{i}"),) for i in range(12)]
 

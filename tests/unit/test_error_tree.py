@@ -8,11 +8,11 @@ import importlib
 import inspect
 import pkgutil
 
-from controller.kit.cli_args import UsageError
-from controller.kit.errors import ConfigError, TailguardError
-from controller.kit.located_yaml import DuplicateKey
+from tailguard.controller.kit.cli_args import UsageError
+from tailguard.controller.kit.errors import ConfigError, TailguardError
+from tailguard.controller.kit.located_yaml import DuplicateKey
 
-OUTSIDE_BY_DESIGN = {"controller.kit.clock.ShutdownInterrupt"}
+OUTSIDE_BY_DESIGN = {"tailguard.controller.kit.clock.ShutdownInterrupt"}
 
 
 def _project_exceptions() -> dict[str, type[BaseException]]:

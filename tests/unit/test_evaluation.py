@@ -8,15 +8,15 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from controller.core.engine import PolicyState
-from controller.core.model import Decision, DecisionKind, SignalResult, target_key
-from controller.core.policy_files import LoadedPolicy, load_policies
-from controller.core.signals import render_signal_queries
-from controller.kit.clock import ManualClock
-from controller.loop.evaluation import EvaluationPorts, UnconfiguredPredictions, evaluate
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.policy_set import diff_policies
-from controller.testing import FakeDispatcher, FakeJournal, FakeSource
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.core.model import Decision, DecisionKind, SignalResult, target_key
+from tailguard.controller.core.policy_files import LoadedPolicy, load_policies
+from tailguard.controller.core.signals import render_signal_queries
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.evaluation import EvaluationPorts, UnconfiguredPredictions, evaluate
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.policy_set import diff_policies
+from tailguard.controller.testing import FakeDispatcher, FakeJournal, FakeSource
 from tests.unit.test_runtime import policy_yaml
 
 

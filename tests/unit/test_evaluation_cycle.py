@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller.core import engine
-from controller.core.engine import PolicyState, prepare_condition, transition
-from controller.core.model import SignalResult, TargetKey, target_key
-from controller.core.policy import Policy
-from controller.core.signals import render_signal_queries
-from controller.kit.clock import ManualClock
-from controller.loop import evaluation
-from controller.loop.evaluation import LOG_TARGETS, EvaluationPorts, UnconfiguredPredictions, evaluate
-from controller.loop.metrics import ControllerMetrics
-from controller.testing import FakeDispatcher, FakeJournal
+from tailguard.controller.core import engine
+from tailguard.controller.core.engine import PolicyState, prepare_condition, transition
+from tailguard.controller.core.model import SignalResult, TargetKey, target_key
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.signals import render_signal_queries
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop import evaluation
+from tailguard.controller.loop.evaluation import LOG_TARGETS, EvaluationPorts, UnconfiguredPredictions, evaluate
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.testing import FakeDispatcher, FakeJournal
 
 SIGNALS = ("p99", "queue", "errors", "hbm")
 

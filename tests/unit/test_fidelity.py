@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.lab.fidelity import (
+from tailguard.serving.lab.fidelity import (
     FidelityError,
     LoadSpec,
     RequestRecord,
@@ -33,8 +33,8 @@ from serving.lab.fidelity import (
     slow_token_share,
     summarize_run,
 )
-from serving.tier.profiles import resolve_profile
-from serving.tier.vllm_metrics import ITL_BUCKETS, LATENCY_BUCKETS, TTFT_BUCKETS
+from tailguard.serving.tier.profiles import resolve_profile
+from tailguard.serving.tier.vllm_metrics import ITL_BUCKETS, LATENCY_BUCKETS, TTFT_BUCKETS
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 RECORDED = FIXTURES / "fidelity" / "recorded-runs.json"

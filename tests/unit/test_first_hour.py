@@ -21,8 +21,8 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
-from controller.app import cli
-from serving.tier.manifests import render_kustomization, validate_objects
+from tailguard.controller.app import cli
+from tailguard.serving.tier.manifests import render_kustomization, validate_objects
 from tests.support.fake_kubernetes import FakeKubernetes
 from tests.support.operated import operated_controller
 
@@ -189,7 +189,7 @@ def test_from_the_rendered_overlay_to_kubectl_tailguard_status(clone: Path, tmp_
         env = {**os.environ, "PYTHONPATH": str(REPO), "KUBECONFIG": str(operated.kubeconfig)}
         env.pop("TAILGUARD_URL", None)
         done = subprocess.run(
-            [sys.executable, "-m", "controller.app.kubectl_plugin", "status", "-n", NS],
+            [sys.executable, "-m", "tailguard.controller.app.kubectl_plugin", "status", "-n", NS],
             cwd=REPO, capture_output=True, text=True, timeout=120, check=False, env=env,
         )  # fmt: skip
         proxied = [r for r in operated.kube.requests if r.resource == "services/proxy"]

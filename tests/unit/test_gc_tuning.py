@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from controller.kit.gc_tuning import YOUNG_THRESHOLD, tune_for_long_running
+from tailguard.controller.kit.gc_tuning import YOUNG_THRESHOLD, tune_for_long_running
 
 
 @pytest.fixture

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from serving.lab.gpu_calibration import DecodeTableError, fit_decode_table, load_decode_table, main
-from serving.tier.batching import BatchingModel, SimRequest
-from serving.tier.profiles import GIB, resolve_profile
-from serving.tier.vllm_metrics import MIB, HbmModel
+from tailguard.serving.lab.gpu_calibration import DecodeTableError, fit_decode_table, load_decode_table, main
+from tailguard.serving.tier.batching import BatchingModel, SimRequest
+from tailguard.serving.tier.profiles import GIB, resolve_profile
+from tailguard.serving.tier.vllm_metrics import MIB, HbmModel
 
 ROOT = Path(__file__).resolve().parents[2]
 DECODE_TABLE = ROOT / "serving" / "tier" / "calibrations" / "h200-2026-12-04" / "decode.json"

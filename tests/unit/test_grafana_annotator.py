@@ -10,17 +10,17 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.annotations.grafana import (
+from tailguard.controller.adapters.annotations.grafana import (
     GrafanaAnnotator,
     GrafanaHttp,
     decision_text,
     key_tag,
 )
-from controller.adapters.annotations.jsonl import FanoutAnnotator, JsonlAnnotator
-from controller.adapters.annotations.settings import GrafanaSettings, GrafanaTokenError
-from controller.adapters.stores.outbox import Backoff, Outbox, OutboxStatus
-from controller.core.ports import Annotation, OutcomeStatus
-from controller.kit.clock import ManualClock
+from tailguard.controller.adapters.annotations.jsonl import FanoutAnnotator, JsonlAnnotator
+from tailguard.controller.adapters.annotations.settings import GrafanaSettings, GrafanaTokenError
+from tailguard.controller.adapters.stores.outbox import Backoff, Outbox, OutboxStatus
+from tailguard.controller.core.ports import Annotation, OutcomeStatus
+from tailguard.controller.kit.clock import ManualClock
 from tests.support.fake_grafana import FakeGrafana, SpecViolation, _load_operations, check_request
 
 TOKEN = "glsa_secret_token_value"

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.adapters.annotations.grafana import GrafanaAnnotator, GrafanaHttp
-from controller.adapters.stores.journal import Journal
-from controller.adapters.stores.outbox import Backoff, Outbox
-from controller.core.actions import ActionRequest, ActionType
-from controller.core.model import Decision, DecisionKind, decision_id, target_key
-from controller.kit.clock import ManualClock
-from controller.loop.annotating_dispatcher import DecisionAnnotatingDispatcher
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.testing import FakeAnnotator, FakeRollback
+from tailguard.controller.adapters.annotations.grafana import GrafanaAnnotator, GrafanaHttp
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.adapters.stores.outbox import Backoff, Outbox
+from tailguard.controller.core.actions import ActionRequest, ActionType
+from tailguard.controller.core.model import Decision, DecisionKind, decision_id, target_key
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.annotating_dispatcher import DecisionAnnotatingDispatcher
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.testing import FakeAnnotator, FakeRollback
 from tests.support.fake_grafana import FakeGrafana
 
 TOKEN = "dispatch-token"

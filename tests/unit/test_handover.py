@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from controller.core.engine import PolicyState, with_action_times
-from controller.core.handover import (
+from tailguard.controller.core.engine import PolicyState, with_action_times
+from tailguard.controller.core.handover import (
     HANDOVER_MAX_BYTES,
     ActionTimes,
     HandoverError,
@@ -17,7 +17,7 @@ from controller.core.handover import (
     encode_pending,
     merge_action_times,
 )
-from controller.core.model import target_key
+from tailguard.controller.core.model import target_key
 
 CHAT, CODE = target_key({"service": "chat"}), target_key({"service": "code", "namespace": "llm"})
 

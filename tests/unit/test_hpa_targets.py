@@ -14,15 +14,15 @@ import yaml
 from kubernetes import client as k8s
 from pydantic import ValidationError
 
-from controller.adapters.scale.hpa import HpaBounds, HpaScaler
-from controller.adapters.stores.journal import ActionStatus, Journal
-from controller.app.build import missing_actuators
-from controller.app.settings import parse_settings_text
-from controller.core.actions import ScaleAction
-from controller.core.policy_files import load_policies
-from controller.kit.clock import ManualClock
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.testing import make_decision
+from tailguard.controller.adapters.scale.hpa import HpaBounds, HpaScaler
+from tailguard.controller.adapters.stores.journal import ActionStatus, Journal
+from tailguard.controller.app.build import missing_actuators
+from tailguard.controller.app.settings import parse_settings_text
+from tailguard.controller.core.actions import ScaleAction
+from tailguard.controller.core.policy_files import load_policies
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.testing import make_decision
 from tests.support.fake_kubernetes import FakeKubernetes
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ import zlib
 import pytest
 import urllib3
 
-from controller.kit.http import DeadlineExceeded, read_raw_within
+from tailguard.controller.kit.http import DeadlineExceeded, read_raw_within
 
 
 class StreamedBody:

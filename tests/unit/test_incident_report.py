@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.tools.incident_report import IncidentTimeline, render_markdown, write_report
+from tailguard.controller.tools.incident_report import IncidentTimeline, render_markdown, write_report
 
 T0 = 1_764_600_000.0  # 2025-12-01T14:40:00Z
 

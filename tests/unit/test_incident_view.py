@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.app.incident_view import (
+from tailguard.controller.app.incident_view import (
     action_text,
     condition_text,
     human_duration,
@@ -16,8 +16,8 @@ from controller.app.incident_view import (
     sparkline,
     with_unit,
 )
-from controller.core.policy import Policy
-from controller.core.status_view import signal_unit
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.status_view import signal_unit
 
 
 @pytest.mark.parametrize(

@@ -17,27 +17,27 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes_validate.utils import latest_version
 
-from controller.adapters.stores.incident_resources import KubernetesIncidentStore
-from controller.adapters.stores.incidents import SqliteIncidentStore
-from controller.adapters.stores.journal import Journal
-from controller.app import build
-from controller.app.cluster import build_cluster_actuators
-from controller.app.settings import load_settings
-from controller.core import incidents as model
-from controller.core.controls import AbortRequest, AbortState
-from controller.core.engine import ConditionState, Phase, PolicyState
-from controller.core.incidents import Firing, Incident, IncidentConflict, IncidentPhase, Ledger, TakenAction
-from controller.core.model import target_key
-from controller.core.policy_files import parse_policy_text
-from controller.core.ports import IncidentStorePort
-from controller.kit.clock import ManualClock
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.incident_ports import incident_layer
-from controller.loop.incidents import IncidentKeeper
-from controller.loop.ports import DecisionAborterPort
-from controller.testing import FakeRollback, condition_state, make_decision
-from controller.tools.cluster_permissions import INCIDENT_PERMISSIONS
-from serving.tier.manifests import render_kustomization, validate_objects
+from tailguard.controller.adapters.stores.incident_resources import KubernetesIncidentStore
+from tailguard.controller.adapters.stores.incidents import SqliteIncidentStore
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.app import build
+from tailguard.controller.app.cluster import build_cluster_actuators
+from tailguard.controller.app.settings import load_settings
+from tailguard.controller.core import incidents as model
+from tailguard.controller.core.controls import AbortRequest, AbortState
+from tailguard.controller.core.engine import ConditionState, Phase, PolicyState
+from tailguard.controller.core.incidents import Firing, Incident, IncidentConflict, IncidentPhase, Ledger, TakenAction
+from tailguard.controller.core.model import target_key
+from tailguard.controller.core.policy_files import parse_policy_text
+from tailguard.controller.core.ports import IncidentStorePort
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.loop.incident_ports import incident_layer
+from tailguard.controller.loop.incidents import IncidentKeeper
+from tailguard.controller.loop.ports import DecisionAborterPort
+from tailguard.controller.testing import FakeRollback, condition_state, make_decision
+from tailguard.controller.tools.cluster_permissions import INCIDENT_PERMISSIONS
+from tailguard.serving.tier.manifests import render_kustomization, validate_objects
 from tests.support.fake_kubernetes import FakeKubernetes
 
 REPO = Path(__file__).resolve().parents[2]

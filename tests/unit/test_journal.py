@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.adapters.stores.journal import SCHEMA_VERSION, ActionStatus, Journal, JournalError
-from controller.core.engine import ConditionState, Phase, PolicyState
-from controller.core.model import target_key
-from controller.testing import make_decision
+from tailguard.controller.adapters.stores.journal import SCHEMA_VERSION, ActionStatus, Journal, JournalError
+from tailguard.controller.core.engine import ConditionState, Phase, PolicyState
+from tailguard.controller.core.model import target_key
+from tailguard.controller.testing import make_decision
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = 1_700_000_100.0
@@ -121,9 +121,9 @@ def test_committed_evaluation_survives_a_killed_process(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import os
-        from controller.testing import make_decision
-        from controller.core.engine import PolicyState
-        from controller.adapters.stores.journal import Journal
+        from tailguard.controller.testing import make_decision
+        from tailguard.controller.core.engine import PolicyState
+        from tailguard.controller.adapters.stores.journal import Journal
         journal = Journal({str(path)!r})
         decision = make_decision([("rollback", {{"service": "chat"}})])
         journal.commit_evaluation("p", PolicyState(evaluations=3), [decision], 1.0)

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from controller.adapters.stores.incidents import SqliteIncidentStore
-from controller.adapters.stores.journal import Journal, JournalError
-from controller.adapters.stores.journal_file import creating_path
-from controller.app.build import build
-from controller.app.cli import _parser
-from controller.app.settings import load_settings
-from controller.core.engine import PolicyState
-from controller.kit.errors import ConfigError
+from tailguard.controller.adapters.stores.incidents import SqliteIncidentStore
+from tailguard.controller.adapters.stores.journal import Journal, JournalError
+from tailguard.controller.adapters.stores.journal_file import creating_path
+from tailguard.controller.app.build import build
+from tailguard.controller.app.cli import _parser
+from tailguard.controller.app.settings import load_settings
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.kit.errors import ConfigError
 
 NOW = 1_700_000_000.0
 

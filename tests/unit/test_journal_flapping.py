@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.adapters.stores.journal import JOURNAL_PAGE_SIZE, Journal
-from controller.core.engine import Phase, PolicyState, transition
-from controller.core.model import SignalResult
+from tailguard.controller.adapters.stores.journal import JOURNAL_PAGE_SIZE, Journal
+from tailguard.controller.core.engine import Phase, PolicyState, transition
+from tailguard.controller.core.model import SignalResult
 from tests.support.flapping import CHANGING, INCIDENT, flapping_policy, flapping_targets, flapping_values
 
 INTERVAL = 15.0

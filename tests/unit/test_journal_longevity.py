@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.stores.journal import JOURNAL_PAGE_SIZE, SCHEMA_VERSION, Journal, JournalError
-from controller.adapters.stores.outbox import DeliveryResult, Outbox
-from controller.core.actions import ActionStatus
-from controller.core.engine import ConditionState, Phase, PolicyState
-from controller.core.model import TargetKey, target_key
-from controller.kit.clock import ManualClock
-from controller.loop.housekeeping import Housekeeper
-from controller.testing import make_decision
+from tailguard.controller.adapters.stores.journal import JOURNAL_PAGE_SIZE, SCHEMA_VERSION, Journal, JournalError
+from tailguard.controller.adapters.stores.outbox import DeliveryResult, Outbox
+from tailguard.controller.core.actions import ActionStatus
+from tailguard.controller.core.engine import ConditionState, Phase, PolicyState
+from tailguard.controller.core.model import TargetKey, target_key
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.housekeeping import Housekeeper
+from tailguard.controller.testing import make_decision
 
 NOW = 1_700_000_000.0
 DAY = 86_400.0

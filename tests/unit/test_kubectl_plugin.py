@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.app import cli, kubectl_plugin, operate
+from tailguard.controller.app import cli, kubectl_plugin, operate
 from tests.support.fake_kubernetes import RecordedRequest
 from tests.support.operated import TOKEN, Operated, operated_controller
 from tests.unit.test_operate import policy_yaml
@@ -156,7 +156,7 @@ def test_help_examples_name_the_shipped_service_port() -> None:
     for module in (operate, kubectl_plugin):
         assert ":9464" in (module.__doc__ or "") and ":8080" not in (module.__doc__ or "")
     parser_help = subprocess.run(
-        [sys.executable, "-m", "controller.app.kubectl_plugin", "status", "--help"],
+        [sys.executable, "-m", "tailguard.controller.app.kubectl_plugin", "status", "--help"],
         capture_output=True, text=True, timeout=60, check=False, cwd=REPO,
     )  # fmt: skip
     assert parser_help.returncode == 0 and "http://127.0.0.1:9464" in parser_help.stdout
@@ -183,7 +183,7 @@ def test_version_and_completion(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_the_console_script_is_declared() -> None:
     text = (REPO / "pyproject.toml").read_text()
-    assert 'kubectl-tailguard = "controller.app.kubectl_plugin:plugin_main"' in text
+    assert 'kubectl-tailguard = "tailguard.controller.app.kubectl_plugin:plugin_main"' in text
 
 
 def test_the_status_page_signs_in_behind_the_service_proxy(operated: Operated) -> None:

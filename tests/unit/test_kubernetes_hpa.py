@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from controller.adapters.kube.action_keys import ANNOTATION_KEYS
-from controller.adapters.kube.api_client import cluster_api_client
-from controller.adapters.kube.calls import KubernetesActuatorError
-from controller.adapters.kube.events import EventRecorder
-from controller.adapters.scale.hpa import ANNOTATION_HUMAN_FLOOR, HpaBounds, HpaScaler, plan_replicas
-from controller.core.ports import OutcomeStatus, ScaleRequest
-from controller.kit.clock import ManualClock
-from controller.kit.http import RetryPolicy
+from tailguard.controller.adapters.kube.action_keys import ANNOTATION_KEYS
+from tailguard.controller.adapters.kube.api_client import cluster_api_client
+from tailguard.controller.adapters.kube.calls import KubernetesActuatorError
+from tailguard.controller.adapters.kube.events import EventRecorder
+from tailguard.controller.adapters.scale.hpa import ANNOTATION_HUMAN_FLOOR, HpaBounds, HpaScaler, plan_replicas
+from tailguard.controller.core.ports import OutcomeStatus, ScaleRequest
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.kit.http import RetryPolicy
 from tests.support.dispatch import dispatched
 from tests.support.fake_kubernetes import FakeKubernetes, hpa
 

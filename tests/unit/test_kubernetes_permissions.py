@@ -5,15 +5,15 @@ from __future__ import annotations
 import yaml
 from kubernetes import client as k8s
 
-from controller.adapters.changes.tracker import KubernetesDeploymentSource
-from controller.adapters.kube.events import EventRecorder
-from controller.adapters.lease.leader import LeaderElector
-from controller.adapters.rollback.deployment import DeploymentRollback
-from controller.adapters.scale.hpa import HpaBounds, HpaScaler
-from controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
-from controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest, TrafficRequest
-from controller.kit.clock import ManualClock
-from controller.tools.cluster_permissions import ACTUATOR_PERMISSIONS, ALL_PERMISSIONS, permission_triples
+from tailguard.controller.adapters.changes.tracker import KubernetesDeploymentSource
+from tailguard.controller.adapters.kube.events import EventRecorder
+from tailguard.controller.adapters.lease.leader import LeaderElector
+from tailguard.controller.adapters.rollback.deployment import DeploymentRollback
+from tailguard.controller.adapters.scale.hpa import HpaBounds, HpaScaler
+from tailguard.controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
+from tailguard.controller.core.ports import OutcomeStatus, RollbackRequest, ScaleRequest, TrafficRequest
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.tools.cluster_permissions import ACTUATOR_PERMISSIONS, ALL_PERMISSIONS, permission_triples
 from tests.support.fake_kubernetes import (
     FakeKubernetes,
     deployment,

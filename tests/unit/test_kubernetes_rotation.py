@@ -1,6 +1,6 @@
-"""Failover and shadow warm-up on Kubernetes (serving.tier.rotation) on the fake API, with the local tier's assertions
-(tests/unit/test_supervisor.py): a pod joins only after its warm-up, the warm-up needs vLLM's metrics, 3 failed
-health checks take it out, it comes back at half weight then full; plus the manifests that wire it (readiness
+"""Failover and shadow warm-up on Kubernetes (tailguard.serving.tier.rotation) on the fake API, with the local tier's
+assertions (tests/unit/test_supervisor.py): a pod joins only after its warm-up, the warm-up needs vLLM's metrics, 3
+failed health checks take it out, it comes back at half weight then full; plus the manifests that wire it (readiness
 gates on the vLLM pods, the controller's Deployment) and its RBAC, exactly the verbs it used."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 import yaml
 from aiohttp import web
 
-from serving.tier.failover import FailoverState, Rotation
-from serving.tier.manifests import MANIFESTS_DIR, render_kustomization
-from serving.tier.rotation import (
+from tailguard.serving.tier.failover import FailoverState, Rotation
+from tailguard.serving.tier.manifests import MANIFESTS_DIR, render_kustomization
+from tailguard.serving.tier.rotation import (
     IN_ROTATION,
     READINESS_GATES,
     ROTATION_LABEL,
@@ -242,6 +242,6 @@ def test_the_vllm_pods_are_gated_and_the_rotation_controller_ships_with_the_tier
         assert gates_declared == [WARMED_UP, IN_ROTATION]
     (rotation,) = [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "tailguard-rotation"]
     (container,) = rotation["spec"]["template"]["spec"]["containers"]
-    assert container["command"] == ["python", "-m", "serving.tier.rotation"]
+    assert container["command"] == ["python", "-m", "tailguard.serving.tier.rotation"]
     assert rotation["metadata"]["namespace"] == "llm"
     assert FailoverState().failures_to_remove == 3

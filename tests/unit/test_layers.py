@@ -17,24 +17,27 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 # contract id -> (module file, the import that breaks it)
 FORBIDDEN = {
-    "controller-layers": ("controller/kit/durations.py", "import controller.loop.metrics"),
-    "adapters-on-a-ground-floor": ("controller/adapters/kube/events.py", "import controller.adapters.lease.peers"),
+    "controller-layers": ("controller/kit/durations.py", "import tailguard.controller.loop.metrics"),
+    "adapters-on-a-ground-floor": (
+        "controller/adapters/kube/events.py",
+        "import tailguard.controller.adapters.lease.peers",
+    ),
     # the sideways import the ground floor removed: change tracking reaching into the rollback adapter
     "adapter-ports-independent": (
         "controller/adapters/changes/tracker.py",
-        "import controller.adapters.rollback.argocd",
+        "import tailguard.controller.adapters.rollback.argocd",
     ),
-    "core-layers": ("controller/core/model.py", "import controller.core.engine"),
+    "core-layers": ("controller/core/model.py", "import tailguard.controller.core.engine"),
     # the array library the backtest grid uses, pulled into a core port again (it lives in adapters/metrics/grid.py)
     "core-without-io-types": ("controller/core/ports/metrics.py", "import numpy"),
-    "controller-not-serving": ("controller/loop/metrics.py", "import serving.lab.load"),
-    "controller-reaches-models-through-the-app": ("controller/loop/metrics.py", "import predictors.modeling"),
-    "predictors-on-kit-and-core": ("predictors/modeling.py", "import controller.loop.dispatcher"),
+    "controller-not-serving": ("controller/loop/metrics.py", "import tailguard.serving.lab.load"),
+    "controller-reaches-models-through-the-app": ("controller/loop/metrics.py", "import tailguard.predictors.modeling"),
+    "predictors-on-kit-and-core": ("predictors/modeling.py", "import tailguard.controller.loop.dispatcher"),
     # serving reaching past the controller's public face into a layer
-    "serving-through-the-face": ("serving/tier/profiles.py", "import controller.kit.errors"),
+    "serving-through-the-face": ("serving/tier/profiles.py", "import tailguard.controller.kit.errors"),
     # the tier that ships importing an experiment of the lab
-    "serving-lab-on-the-tier": ("serving/tier/profiles.py", "import serving.lab.load"),
-    "no-circles": ("serving/tier/profiles.py", "import serving.tier.server"),
+    "serving-lab-on-the-tier": ("serving/tier/profiles.py", "import tailguard.serving.lab.load"),
+    "no-circles": ("serving/tier/profiles.py", "import tailguard.serving.tier.server"),
 }
 
 

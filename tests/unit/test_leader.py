@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from controller.adapters.lease.leader import API_URL_ANNOTATION, LeaderElector
-from controller.adapters.lease.settings import LeaderElectionSettings
-from controller.app.settings import SettingsError, load_settings
-from controller.kit.clock import ManualClock
+from tailguard.controller.adapters.lease.leader import API_URL_ANNOTATION, LeaderElector
+from tailguard.controller.adapters.lease.settings import LeaderElectionSettings
+from tailguard.controller.app.settings import SettingsError, load_settings
+from tailguard.controller.kit.clock import ManualClock
 from tests.support.fake_kubernetes import FakeKubernetes
 
 

@@ -11,14 +11,14 @@ from typing import Any
 from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.lease.leader import LeaderElector
-from controller.adapters.stores.journal import Journal
-from controller.core.handover import HANDOVER_ANNOTATION
-from controller.core.model import DecisionKind, SignalResult, target_key
-from controller.kit.clock import ManualClock
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller
-from controller.testing import FakeDispatcher, FakeSource
+from tailguard.controller.adapters.lease.leader import LeaderElector
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.core.handover import HANDOVER_ANNOTATION
+from tailguard.controller.core.model import DecisionKind, SignalResult, target_key
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeDispatcher, FakeSource
 from tests.support.fake_kubernetes import FakeKubernetes
 
 POLICY = """\

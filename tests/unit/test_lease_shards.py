@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from controller.adapters.lease.settings import LeaderElectionSettings
-from controller.adapters.lease.shards import ShardedElector, member_lease_name, shard_lease_name
-from controller.app.settings import SettingsError, load_settings
-from controller.core.controls import ALL, Control, Controls
-from controller.core.handover import HANDOVER_ANNOTATION, ActionTimes, decode_action_times, merge_action_times
-from controller.core.model import TargetKey, target_key
-from controller.core.ports import ShardedLeaderPort
-from controller.core.sharding import shard_of
-from controller.kit.clock import ManualClock
+from tailguard.controller.adapters.lease.settings import LeaderElectionSettings
+from tailguard.controller.adapters.lease.shards import ShardedElector, member_lease_name, shard_lease_name
+from tailguard.controller.app.settings import SettingsError, load_settings
+from tailguard.controller.core.controls import ALL, Control, Controls
+from tailguard.controller.core.handover import HANDOVER_ANNOTATION, ActionTimes, decode_action_times, merge_action_times
+from tailguard.controller.core.model import TargetKey, target_key
+from tailguard.controller.core.ports import ShardedLeaderPort
+from tailguard.controller.core.sharding import shard_of
+from tailguard.controller.kit.clock import ManualClock
 from tests.support.fake_kubernetes import FakeKubernetes
 
 NAMESPACE = "tailguard"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.lab.promstack import ManagedProcess, ProcessNotReady
+from tailguard.serving.lab.promstack import ManagedProcess, ProcessNotReady
 
 
 def _announcer(port: int, then_sleep: bool = True) -> list[str]:

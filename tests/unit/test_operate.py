@@ -11,17 +11,17 @@ from typing import Any
 import pytest
 import requests
 
-from controller.adapters.stores.journal import Journal
-from controller.app import operate
-from controller.app.api import ControllerAPI
-from controller.app.status_page import render_status_page
-from controller.core.controls import ALL, Control, Controls, ControlsError, effective_policy
-from controller.core.engine import PolicyState, transition
-from controller.core.model import DecisionKind, SignalResult, target_key
-from controller.core.policy import Policy
-from controller.kit.clock import ManualClock
-from controller.loop.runtime import Controller
-from controller.testing import FakeDispatcher, FakeHandover, FakeLeader, FakeSource
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.app import operate
+from tailguard.controller.app.api import ControllerAPI
+from tailguard.controller.app.status_page import render_status_page
+from tailguard.controller.core.controls import ALL, Control, Controls, ControlsError, effective_policy
+from tailguard.controller.core.engine import PolicyState, transition
+from tailguard.controller.core.model import DecisionKind, SignalResult, target_key
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeDispatcher, FakeHandover, FakeLeader, FakeSource
 
 TOKEN = "s3cret-token"
 TIMEOUT = 10
@@ -313,7 +313,7 @@ class _ControlsHandover(FakeHandover):
 def test_the_kill_switch_survives_a_leader_change_in_the_lease() -> None:
     from kubernetes import client as k8s
 
-    from controller.adapters.lease.leader import LeaderElector
+    from tailguard.controller.adapters.lease.leader import LeaderElector
     from tests.support.fake_kubernetes import FakeKubernetes
 
     clock = ManualClock()

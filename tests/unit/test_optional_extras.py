@@ -41,7 +41,7 @@ class BlockExtras:
 
 
 sys.meta_path.insert(0, BlockExtras())
-from controller.app.cli import main
+from tailguard.controller.app.cli import main
 
 sys.exit(main(["run", "--config", sys.argv[1]]))
 """

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.adapters.stores.outbox import (
+from tailguard.controller.adapters.stores.outbox import (
     Backoff,
     DeliveryResult,
     Outbox,
@@ -16,7 +16,7 @@ from controller.adapters.stores.outbox import (
     OutboxStatus,
     deliver_due,
 )
-from controller.kit.clock import ManualClock
+from tailguard.controller.kit.clock import ManualClock
 
 
 class Sender:

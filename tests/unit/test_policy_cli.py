@@ -12,7 +12,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "policies"
 
 def validate(*paths: Path | str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "controller", "rules", "validate", *map(str, paths)],
+        [sys.executable, "-m", "tailguard.controller", "rules", "validate", *map(str, paths)],
         cwd=ROOT,
         capture_output=True,
         text=True,

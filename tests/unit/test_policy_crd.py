@@ -11,10 +11,10 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from controller.adapters.policies.crd import CrdPolicySource
-from controller.adapters.policies.crd_schema import crd_manifest, render_crd
-from controller.core.engine import ConditionState, Phase, PolicyState
-from controller.core.policy_files import load_policies
+from tailguard.controller.adapters.policies.crd import CrdPolicySource
+from tailguard.controller.adapters.policies.crd_schema import crd_manifest, render_crd
+from tailguard.controller.core.engine import ConditionState, Phase, PolicyState
+from tailguard.controller.core.policy_files import load_policies
 from tests.support.fake_kubernetes import FakeKubernetes
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -245,7 +245,7 @@ def test_the_source_calls_exactly_the_policy_permissions(tmp_path: Path) -> None
         status = fake.get_object("tailguardpolicies", "llm", "p99")["status"]  # type: ignore[index]
     assert reasons == ["ActionDone", "ActionFailed", "Fired"]
     assert status["lastAction"] == "rollback succeeded"
-    from controller.tools.cluster_permissions import POLICY_PERMISSIONS
+    from tailguard.controller.tools.cluster_permissions import POLICY_PERMISSIONS
 
     declared = {(p.api_group, p.resource, verb) for p in POLICY_PERMISSIONS for verb in p.verbs}
     assert recorded == declared

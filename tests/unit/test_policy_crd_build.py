@@ -1,4 +1,4 @@
-"""`kubernetes.policies` end to end through controller.app.build.build(): a TailguardPolicy applied to the
+"""`kubernetes.policies` end to end through tailguard.controller.app.build.build(): a TailguardPolicy applied to the
 spec-validating fake Kubernetes API is listed, loaded and evaluated against a small loopback Prometheus; after a
 breach the leader's status subresource (read back through the API, as `kubectl get -o yaml` would) shows the
 target firing and the decision with its action's outcome, and an Event is recorded on the policy. Real time
@@ -19,8 +19,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from kubernetes import client as k8s
 
-from controller.app.build import build
-from controller.app.settings import parse_settings_text
+from tailguard.controller.app.build import build
+from tailguard.controller.app.settings import parse_settings_text
 from tests.support.fake_kubernetes import FakeKubernetes
 
 NAMESPACE = "llm"

@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.stores.journal import Journal
-from controller.app import cli, query_check
-from controller.core.model import DecisionKind, SignalResult, target_key
-from controller.core.policy_files import load_policies, parse_policy_text
-from controller.core.ports import RangeResult
-from controller.core.signals import refused_queries, render_signal_queries
-from controller.kit.clock import ManualClock
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller
-from controller.testing import FakeDispatcher, FakeSource
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.app import cli, query_check
+from tailguard.controller.core.model import DecisionKind, SignalResult, target_key
+from tailguard.controller.core.policy_files import load_policies, parse_policy_text
+from tailguard.controller.core.ports import RangeResult
+from tailguard.controller.core.signals import refused_queries, render_signal_queries
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeDispatcher, FakeSource
 
 BROKEN = "BROKEN("  # the fake source refuses any query holding it, as Prometheus refuses a syntax error
 

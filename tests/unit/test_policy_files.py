@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.core.policy import NoDataPolicy
-from controller.core.policy_files import PolicyError, load_policies, parse_policy_text
+from tailguard.controller.core.policy import NoDataPolicy
+from tailguard.controller.core.policy_files import PolicyError, load_policies, parse_policy_text
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "policies"
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "rules" / "examples"

@@ -7,15 +7,15 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.stores.journal import Journal
-from controller.core.engine import ConditionState, Phase, PolicyState
-from controller.core.model import target_key
-from controller.kit.clock import ManualClock
-from controller.loop.health import SourceHealthTracker
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.policy_set import PolicySet
-from controller.loop.scheduling import EvaluationScheduler
-from controller.testing import FakeSource
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.core.engine import ConditionState, Phase, PolicyState
+from tailguard.controller.core.model import target_key
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.health import SourceHealthTracker
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.policy_set import PolicySet
+from tailguard.controller.loop.scheduling import EvaluationScheduler
+from tailguard.controller.testing import FakeSource
 
 CHAT = target_key({"service": "chat"})
 

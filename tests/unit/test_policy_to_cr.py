@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.adapters.policies.crd import policy_document
-from controller.app.cli import EXIT_INVALID, EXIT_OK, main
-from controller.core.policy_files import load_policies, parse_policy_text
+from tailguard.controller.adapters.policies.crd import policy_document
+from tailguard.controller.app.cli import EXIT_INVALID, EXIT_OK, main
+from tailguard.controller.core.policy_files import load_policies, parse_policy_text
 from tests.support.fake_kubernetes import FakeKubernetes
 
 REPO = Path(__file__).resolve().parents[2]

@@ -3,7 +3,7 @@ the loop's own seams beside the loop (controller/loop/ports.py), the API's besid
 and three adapters' or tools' own seams beside their only users (listed below, with why). Nothing else defines one.
 
 The kit's Clock is the one Protocol below the core (the kit's HTTP call waits through it); the ports package
-re-exports it, so `from controller.core.ports import Clock` finds it there too.
+re-exports it, so `from tailguard.controller.core.ports import Clock` finds it there too.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from controller.core import ports
-from controller.kit import clock
+from tailguard.controller.core import ports
+from tailguard.controller.kit import clock
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE_PORTS = Path("controller/core/ports")

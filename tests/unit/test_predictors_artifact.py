@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import skops.io as sio
 
-from predictors.artifact import (
+from tailguard.predictors.artifact import (
     DIMENSIONS,
     METADATA_FILE,
     MODEL_FILE,
@@ -21,8 +21,8 @@ from predictors.artifact import (
     save_artifact,
     single_threaded,
 )
-from predictors.features import feature_hash, feature_names
-from predictors.modeling import calibrate, fit_gbm, fit_logistic
+from tailguard.predictors.features import feature_hash, feature_names
+from tailguard.predictors.modeling import calibrate, fit_gbm, fit_logistic
 
 
 @functools.cache
@@ -171,7 +171,7 @@ def test_predict_proba_checks_the_shape(saved: Path) -> None:
 
 def _old_artifact() -> ModelArtifact:
     """An artifact trained before the capacity features existed: the feature names (and hash) of that version."""
-    from predictors.features import CAPACITY_FEATURES
+    from tailguard.predictors.features import CAPACITY_FEATURES
 
     added = {spec.name for spec in CAPACITY_FEATURES}
     names = [name for name in feature_names() if name not in added]

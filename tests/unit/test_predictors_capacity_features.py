@@ -8,13 +8,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from serving.lab.promstack import PrometheusServer, write_prometheus_config
-from serving.lab.surge import RemoteWriter
 
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.core.model import target_key
-from controller.kit.clock import ManualClock
-from predictors.features import CAPACITY_FEATURES, feature_matrix, feature_names, feature_queries
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from tailguard.controller.core.model import target_key
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.predictors.features import CAPACITY_FEATURES, feature_matrix, feature_names, feature_queries
+from tailguard.serving.lab.promstack import PrometheusServer, write_prometheus_config
+from tailguard.serving.lab.surge import RemoteWriter
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z, a multiple of 15 s
 END = T0 + 600.0
@@ -101,7 +101,7 @@ def test_missing_engine_args_or_no_finished_request_give_no_value(prometheus: st
     assert got["arrival_rate"]["idle"] == 0.0  # the counters exist: nothing arrives
     for name in ("replica_capacity_rps", "utilisation", "utilisation_forecast_60s", "batch_fill"):
         assert "idle" not in got[name] or not math.isfinite(got[name]["idle"]), name
-    from controller.core.model import SignalResult
+    from tailguard.controller.core.model import SignalResult
 
     results = {
         name: SignalResult({target_key({"service": s}): v for s, v in values.items()}) for name, values in got.items()

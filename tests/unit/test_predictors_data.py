@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from controller.core.model import target_key
-from controller.core.policy import Policy
-from predictors.data import (
+from tailguard.controller.core.model import target_key
+from tailguard.controller.core.policy import Policy
+from tailguard.predictors.data import (
     DataError,
     breach_labels,
     false_alarms_per_hour,
@@ -19,8 +19,8 @@ from predictors.data import (
     rows_from_series,
     time_split,
 )
-from predictors.features import DEFAULT_SLI_THRESHOLDS, feature_names
-from predictors.modeling import choose_threshold
+from tailguard.predictors.features import DEFAULT_SLI_THRESHOLDS, feature_names
+from tailguard.predictors.modeling import choose_threshold
 
 NAN = math.nan
 
@@ -165,7 +165,7 @@ def test_policy_thresholds_from_vars_and_overrides() -> None:
 
 
 def test_blocked_folds_partition_the_rows_with_an_embargo() -> None:
-    from predictors.modeling import blocked_folds
+    from tailguard.predictors.modeling import blocked_folds
 
     # two targets share one time grid: a time block holds both targets' rows
     times = np.concatenate([np.arange(100) * 15.0, np.arange(100) * 15.0])
@@ -185,8 +185,8 @@ def test_blocked_folds_partition_the_rows_with_an_embargo() -> None:
 
 
 def test_fit_calibrated_cv_scores_every_row_out_of_fold() -> None:
-    from predictors.artifact import single_threaded
-    from predictors.modeling import fit_calibrated_cv, gbm_estimator
+    from tailguard.predictors.artifact import single_threaded
+    from tailguard.predictors.modeling import fit_calibrated_cv, gbm_estimator
 
     rng = np.random.default_rng(3)
     times = np.arange(400) * 15.0

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from serving.lab.dataset import DatasetError, Segment, generate, main, make_scenario
-from serving.tier.profiles import EngineArgs, EngineProfile, Hardware
+from tailguard.serving.lab.dataset import DatasetError, Segment, generate, main, make_scenario
+from tailguard.serving.tier.profiles import EngineArgs, EngineProfile, Hardware
 
 # A deliberately slow engine keeps the simulation to a few thousand steps.
 SLOW = EngineProfile(

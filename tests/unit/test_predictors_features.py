@@ -7,8 +7,15 @@ import re
 
 import numpy as np
 
-from controller.core.model import SignalResult, target_key
-from predictors.features import FEATURES, feature_hash, feature_matrix, feature_names, feature_queries, sli_queries
+from tailguard.controller.core.model import SignalResult, target_key
+from tailguard.predictors.features import (
+    FEATURES,
+    feature_hash,
+    feature_matrix,
+    feature_names,
+    feature_queries,
+    sli_queries,
+)
 
 
 def test_one_query_per_feature_grouped_by_the_target_labels() -> None:

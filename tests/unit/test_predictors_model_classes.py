@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from controller.core.model import target_key
-from predictors.artifact import load_artifact, predict_proba, save_artifact
-from predictors.data import Rows
-from predictors.features import feature_hash, feature_names
-from predictors.train import TrainingError, fit_artifact
+from tailguard.controller.core.model import target_key
+from tailguard.predictors.artifact import load_artifact, predict_proba, save_artifact
+from tailguard.predictors.data import Rows
+from tailguard.predictors.features import feature_hash, feature_names
+from tailguard.predictors.train import TrainingError, fit_artifact
 
 
 def _rows(n: int = 360) -> Rows:

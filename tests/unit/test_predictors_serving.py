@@ -22,13 +22,13 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import FunctionTransformer, StandardScaler
 
-from controller.core.model import SignalResult, TargetKey, target_key
-from controller.core.policy import Policy
-from controller.kit.clock import ManualClock
-from controller.testing import FakeSource
-from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact
-from predictors.features import FEATURES, feature_hash, feature_names, feature_queries
-from predictors.serving import (
+from tailguard.controller.core.model import SignalResult, TargetKey, target_key
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.testing import FakeSource
+from tailguard.predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact
+from tailguard.predictors.features import FEATURES, feature_hash, feature_names, feature_queries
+from tailguard.predictors.serving import (
     ModelSpec,
     ModelStatus,
     PredictionProvider,

@@ -14,16 +14,16 @@ from sklearn.impute import SimpleImputer
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline
 
-from controller.adapters.stores.journal import Journal
-from controller.app.settings import SettingsError, parse_settings_text
-from controller.core.model import Decision, DecisionKind, SignalResult, TargetKey, target_key
-from controller.kit.clock import ManualClock
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller
-from controller.testing import FakeSource
-from predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact
-from predictors.features import feature_hash, feature_names, feature_queries
-from predictors.serving import ModelSpec, PredictionProvider
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.app.settings import SettingsError, parse_settings_text
+from tailguard.controller.core.model import Decision, DecisionKind, SignalResult, TargetKey, target_key
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeSource
+from tailguard.predictors.artifact import DIMENSIONS, ModelArtifact, save_artifact
+from tailguard.predictors.features import feature_hash, feature_names, feature_queries
+from tailguard.predictors.serving import ModelSpec, PredictionProvider
 
 NOW = 1_700_000_000.0
 HOT = target_key({"service": "hot"})

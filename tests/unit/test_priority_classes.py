@@ -13,18 +13,18 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from controller.core.model import target_key
-from controller.core.policy_files import load_policies
-from controller.core.ports import RangeResult
-from controller.core.signals import render_signal_queries
-from controller.testing import FakeSource
-from controller.tools.backtest import run_backtest
-from serving.tier.batching import Arrival, simulate
-from serving.tier.manifests import DEPLOY_POLICIES_DIR, EXAMPLE_POLICIES_DIR
-from serving.tier.priority import BATCH, INTERACTIVE, SEED_CLASSES, BatchWindows, PriorityClass, classify
-from serving.tier.profiles import resolve_profile
-from serving.tier.router import ReplicaTarget, Router, VersionTarget
-from serving.tier.server import TierConfig
+from tailguard.controller.core.model import target_key
+from tailguard.controller.core.policy_files import load_policies
+from tailguard.controller.core.ports import RangeResult
+from tailguard.controller.core.signals import render_signal_queries
+from tailguard.controller.testing import FakeSource
+from tailguard.controller.tools.backtest import run_backtest
+from tailguard.serving.tier.batching import Arrival, simulate
+from tailguard.serving.tier.manifests import DEPLOY_POLICIES_DIR, EXAMPLE_POLICIES_DIR
+from tailguard.serving.tier.priority import BATCH, INTERACTIVE, SEED_CLASSES, BatchWindows, PriorityClass, classify
+from tailguard.serving.tier.profiles import resolve_profile
+from tailguard.serving.tier.router import ReplicaTarget, Router, VersionTarget
+from tailguard.serving.tier.server import TierConfig
 
 
 def test_the_seed_windows() -> None:

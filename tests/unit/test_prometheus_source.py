@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from controller.adapters.metrics.prometheus import (
+from tailguard.controller.adapters.metrics.prometheus import (
     PrometheusSettings,
     PrometheusSource,
     SourceConfigError,
@@ -23,8 +23,8 @@ from controller.adapters.metrics.prometheus import (
     redact_url,
     vector_result,
 )
-from controller.core.model import target_key
-from controller.kit.clock import ManualClock
+from tailguard.controller.core.model import target_key
+from tailguard.controller.kit.clock import ManualClock
 
 VECTOR_OK = {
     "status": "success",

@@ -9,10 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import controller
-import controller.testing
-from controller.loop.embedding import embed_loop
-from controller.tools.backtest import run_backtest
+import tailguard.controller.testing
+from tailguard import controller
+from tailguard.controller.loop.embedding import embed_loop
+from tailguard.controller.tools.backtest import run_backtest
 
 FACE = Path(controller.__file__)
 
@@ -20,7 +20,7 @@ FACE = Path(controller.__file__)
 def test_every_listed_name_is_its_home_modules_object() -> None:
     assert controller.embed_loop is embed_loop
     assert controller.run_backtest is run_backtest
-    assert controller.testing is controller.testing
+    assert tailguard.controller.testing is tailguard.controller.testing
     for name in controller.__all__:
         assert getattr(controller, name) is not None, name
 
@@ -43,18 +43,18 @@ def test_the_type_checked_imports_are_the_loaded_names() -> None:
                 assert isinstance(statement, ast.ImportFrom) and statement.module is not None
                 for alias in statement.names:
                     checked[alias.name] = statement.module
-    homes = {name: f"controller{home}" for name, home in controller._HOMES.items()}
-    homes.update({name: "controller" for name in controller._MODULES})
+    homes = {name: f"tailguard.controller{home}" for name, home in controller._HOMES.items()}
+    homes.update({name: "tailguard.controller" for name in controller._MODULES})
     assert checked == homes
     assert sorted(controller.__all__) == sorted(homes)
 
 
 def test_one_module_of_the_controller_does_not_load_the_face() -> None:
-    # a fresh interpreter: what `import controller.kit.errors` (the predictors, the serving tier) loads
+    # a fresh interpreter: what `import tailguard.controller.kit.errors` (the predictors, the serving tier) loads
     code = (
-        "import sys, controller.kit.errors; "
-        "print(sorted(m for m in sys.modules if m.startswith(('controller.loop', 'controller.tools', "
-        "'controller.adapters'))))"
+        "import sys, tailguard.controller.kit.errors; "
+        "print(sorted(m for m in sys.modules if m.startswith(('tailguard.controller.loop', "
+        "'tailguard.controller.tools', 'tailguard.controller.adapters'))))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert loaded.stdout.strip() == "[]"
@@ -63,6 +63,9 @@ def test_one_module_of_the_controller_does_not_load_the_face() -> None:
 def test_the_app_through_the_face_after_the_predictors_no_circle() -> None:
     # the predictors import the controller's kit first; the face's build (the app, which imports the predictors)
     # loads only when asked for, so neither import order meets a partly initialised module
-    code = "import predictors.serving, controller; print(controller.build.__module__, controller.run_backtest.__name__)"
+    code = (
+        "import tailguard.predictors.serving; from tailguard import controller; "
+        "print(controller.build.__module__, controller.run_backtest.__name__)"
+    )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert loaded.stdout.split() == ["controller.app.build", "run_backtest"]
+    assert loaded.stdout.split() == ["tailguard.controller.app.build", "run_backtest"]

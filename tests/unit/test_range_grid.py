@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from controller.adapters.metrics.grid import on_grid
-from controller.adapters.metrics.prometheus import matrix_grid, matrix_result
-from controller.core.model import target_key
-from controller.core.policy import Threshold
+from tailguard.controller.adapters.metrics.grid import on_grid
+from tailguard.controller.adapters.metrics.prometheus import matrix_grid, matrix_result
+from tailguard.controller.core.model import target_key
+from tailguard.controller.core.policy import Threshold
 
 TIMES = tuple(round(1_700_000_000.5 + i * 15.0, 3) for i in range(8))
 DATA: list[dict[str, Any]] = [

@@ -15,14 +15,14 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.stores.journal import Journal
-from controller.app.api import ControllerAPI
-from controller.core.actions import ActionStatus
-from controller.core.model import SignalResult, target_key
-from controller.kit.clock import ManualClock
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller
-from controller.testing import FakeDispatcher, FakeSource, make_decision
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.app.api import ControllerAPI
+from tailguard.controller.core.actions import ActionStatus
+from tailguard.controller.core.model import SignalResult, target_key
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeDispatcher, FakeSource, make_decision
 from tests.unit.test_runtime import policy_yaml
 
 T0 = 1_767_362_520.0

@@ -1,6 +1,6 @@
-"""Per-onset scoring on recorded history (predictors.onset_leads) and the harness's protocol checks
-(serving.lab.recording_onsets): overlapping training and evaluated history is refused before anything is read, onsets
-and calm stretches come from a recording's metadata, and each onset's lead is measured from the first alarm."""
+"""Per-onset scoring on recorded history (tailguard.predictors.onset_leads) and the harness's protocol checks
+(tailguard.serving.lab.recording_onsets): overlapping training and evaluated history is refused before anything is read,
+onsets and calm stretches come from a recording's metadata, and each onset's lead is measured from the first alarm."""
 
 from __future__ import annotations
 
@@ -10,11 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from predictors.onset_leads import Episode, Stretch, calm_false_alarms, onset_result, score_alarms
-from serving.lab import transfer
-from serving.lab.recording import Recording, load_scenario, sliced_openmetrics
-from serving.lab.recording_onsets import Experiment, Segment, check_disjoint, episodes_and_calm, run_experiment
-from serving.lab.surge_protocol import ProtocolError
+from tailguard.predictors.onset_leads import Episode, Stretch, calm_false_alarms, onset_result, score_alarms
+from tailguard.serving.lab import transfer
+from tailguard.serving.lab.recording import Recording, load_scenario, sliced_openmetrics
+from tailguard.serving.lab.recording_onsets import (
+    Experiment,
+    Segment,
+    check_disjoint,
+    episodes_and_calm,
+    run_experiment,
+)
+from tailguard.serving.lab.surge_protocol import ProtocolError
 
 HORIZON = 60.0
 ROLLOUT = Path(__file__).resolve().parents[2] / "serving" / "lab" / "recordings" / "vllm-cpu-2026-12-01-rollout"

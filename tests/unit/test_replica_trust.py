@@ -24,14 +24,14 @@ import pytest
 import requests
 from kubernetes import client as k8s
 
-from controller.adapters.lease.leader import API_URL_ANNOTATION, LeaderElector
-from controller.adapters.lease.peers import PodPeerCheck
-from controller.app.api import ControllerAPI
-from controller.app.api_auth import TOKEN_HEADER
-from controller.app.forwarding import ANSWERED_BY_HEADER, FORWARDED_HEADER, VIA_HEADER
-from controller.app.peer_auth import NONCE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, PeerKey
-from controller.kit.clock import ManualClock
-from controller.tools.cluster_permissions import PEER_PERMISSIONS
+from tailguard.controller.adapters.lease.leader import API_URL_ANNOTATION, LeaderElector
+from tailguard.controller.adapters.lease.peers import PodPeerCheck
+from tailguard.controller.app.api import ControllerAPI
+from tailguard.controller.app.api_auth import TOKEN_HEADER
+from tailguard.controller.app.forwarding import ANSWERED_BY_HEADER, FORWARDED_HEADER, VIA_HEADER
+from tailguard.controller.app.peer_auth import NONCE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, PeerKey
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.tools.cluster_permissions import PEER_PERMISSIONS
 from tests.support.fake_kubernetes import FakeKubernetes
 from tests.unit.test_api_forwarding import FIXTURES, DirectoryLeader, OperatorController
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from controller.adapters.stores.journal import ActionStatus, Journal
-from controller.core.model import Decision
-from controller.core.policy_files import parse_policy_text
-from controller.kit.clock import ManualClock
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.testing import FakeRouter, FakeScaler, make_decision
+from tailguard.controller.adapters.stores.journal import ActionStatus, Journal
+from tailguard.controller.core.model import Decision
+from tailguard.controller.core.policy_files import parse_policy_text
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.testing import FakeRouter, FakeScaler, make_decision
 
 BUNDLED = {"r1": 90, "r2": 10}  # the bundled route: stable 90 / canary 10
 

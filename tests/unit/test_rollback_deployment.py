@@ -11,19 +11,19 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from controller.adapters.changes.tracker import KubernetesDeploymentSource
-from controller.adapters.rollback.deployment import (
+from tailguard.controller.adapters.changes.tracker import KubernetesDeploymentSource
+from tailguard.controller.adapters.rollback.deployment import (
     CHANGE_CAUSE,
     REVISION,
     DeploymentRef,
     DeploymentRollback,
     RollbackRecord,
 )
-from controller.app.cluster import build_cluster_actuators
-from controller.app.cluster_settings import KubernetesSettings
-from controller.core.ports import OutcomeStatus, RollbackPlan, RollbackRequest
-from controller.kit.clock import ManualClock
-from controller.tools.cluster_permissions import HELM_PERMISSIONS
+from tailguard.controller.app.cluster import build_cluster_actuators
+from tailguard.controller.app.cluster_settings import KubernetesSettings
+from tailguard.controller.core.ports import OutcomeStatus, RollbackPlan, RollbackRequest
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.tools.cluster_permissions import HELM_PERMISSIONS
 from tests.support.fake_kubernetes import FakeKubernetes, deployment, helm_release_secret
 
 NS = "llm"

@@ -11,7 +11,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from serving.tier.router import ReplicaTarget, Router, VersionTarget
+from tailguard.serving.tier.router import ReplicaTarget, Router, VersionTarget
 
 
 async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:

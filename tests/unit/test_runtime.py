@@ -9,19 +9,19 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.stores.journal import Journal
-from controller.app.logging_setup import JsonLogFormatter
-from controller.core.controls import Control, Controls
-from controller.core.model import DecisionKind, SignalResult, target_key
-from controller.core.policy_files import load_policies
-from controller.core.ports import ControlsHandoverPort
-from controller.core.signals import render_signal_queries
-from controller.kit.clock import ManualClock
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.policy_set import PolicyLoadError
-from controller.loop.ports import TRIGGER_ALERT
-from controller.loop.runtime import Controller
-from controller.testing import FakeDispatcher, FakeLeader, FakeSource
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.app.logging_setup import JsonLogFormatter
+from tailguard.controller.core.controls import Control, Controls
+from tailguard.controller.core.model import DecisionKind, SignalResult, target_key
+from tailguard.controller.core.policy_files import load_policies
+from tailguard.controller.core.ports import ControlsHandoverPort
+from tailguard.controller.core.signals import render_signal_queries
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.policy_set import PolicyLoadError
+from tailguard.controller.loop.ports import TRIGGER_ALERT
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeDispatcher, FakeLeader, FakeSource
 
 
 def policy_yaml(
@@ -334,8 +334,8 @@ def test_json_log_formatter_merges_structured_fields() -> None:
 
 
 def test_actions_run_by_the_real_dispatcher_are_counted(rules: Path, tmp_path: Path) -> None:
-    from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-    from controller.testing import FakeAnnotator
+    from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+    from tailguard.controller.testing import FakeAnnotator
 
     clock = ManualClock()
     registry = CollectorRegistry()

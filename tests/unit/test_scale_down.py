@@ -14,17 +14,17 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.stores.journal import ActionStatus, Journal
-from controller.core.engine import PolicyState
-from controller.core.model import SignalResult, target_key
-from controller.core.policy import ForSpec, Policy
-from controller.core.policy_files import load_policies
-from controller.core.ports import RangeResult
-from controller.kit.clock import ManualClock
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.evaluation import EvaluationPorts, evaluate
-from controller.loop.metrics import ControllerMetrics
-from controller.testing import FakeAnnotator, FakeScaler
+from tailguard.controller.adapters.stores.journal import ActionStatus, Journal
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.core.model import SignalResult, target_key
+from tailguard.controller.core.policy import ForSpec, Policy
+from tailguard.controller.core.policy_files import load_policies
+from tailguard.controller.core.ports import RangeResult
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.loop.evaluation import EvaluationPorts, evaluate
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.testing import FakeAnnotator, FakeScaler
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "rules" / "examples"
 CHAT = target_key({"service": "chat"})

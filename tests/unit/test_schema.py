@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
-from controller.core.policy import Policy, policy_json_schema
+from tailguard.controller.core.policy import Policy, policy_json_schema
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SCHEMA_FILE = ROOT / "rules" / "schema.json"

@@ -11,13 +11,13 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from controller.adapters.notify.webhook import WebhookNotifier, WebhookReceiver
-from controller.app.api import ControllerAPI
-from controller.app.logging_setup import configure_logging
-from controller.core.ports import NotifyPayload, NotifyRequest, OutcomeStatus
-from controller.kit.clock import ManualClock
-from controller.kit.redact import REDACTED, redact_value, url_origin
-from controller.loop.ports import Readiness
+from tailguard.controller.adapters.notify.webhook import WebhookNotifier, WebhookReceiver
+from tailguard.controller.app.api import ControllerAPI
+from tailguard.controller.app.logging_setup import configure_logging
+from tailguard.controller.core.ports import NotifyPayload, NotifyRequest, OutcomeStatus
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.kit.redact import REDACTED, redact_value, url_origin
+from tailguard.controller.loop.ports import Readiness
 from tests.support.dispatch import dispatched
 from tests.support.webhook_receiver import receiver
 from tests.unit.test_api_standby import FakeController, controller  # noqa: F401 - the fixture

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.loop.metrics import ControllerMetrics
-from serving.tier.manifests import render_kustomization
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.serving.tier.manifests import render_kustomization
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "deploy" / "base"

@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 import pytest
 
-from serving.lab.load import quantile
-from serving.tier.batching import Arrival, BatchingModel, RequestRejected, SimRequest, simulate
-from serving.tier.profiles import EngineProfile, resolve_profile
-from serving.tier.simulator import ReplicaEngine
+from tailguard.serving.lab.load import quantile
+from tailguard.serving.tier.batching import Arrival, BatchingModel, RequestRejected, SimRequest, simulate
+from tailguard.serving.tier.profiles import EngineProfile, resolve_profile
+from tailguard.serving.tier.simulator import ReplicaEngine
 
 
 def _arrivals(rate: float, seconds: float, seed: int = 7) -> list[Arrival]:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.lab.load import (
+from tailguard.serving.lab.load import (
     BUILTIN_TRACES,
     RequestResult,
     TraceError,

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
-from serving.tier.manifests import (
+from tailguard.serving.tier.manifests import (
     MANIFESTS_DIR,
     PROFILE_ANNOTATION,
     generated_files,
@@ -21,7 +21,7 @@ from serving.tier.manifests import (
     validate_objects,
     vllm_args,
 )
-from serving.tier.profiles import builtin_profile_names, profile_from_dict
+from tailguard.serving.tier.profiles import builtin_profile_names, profile_from_dict
 
 REPO = Path(__file__).resolve().parents[2]
 SPECS = REPO / "tests" / "support" / "specs"
@@ -111,7 +111,7 @@ def test_bad_profile_renders_max_num_seqs_2_on_the_canary_only() -> None:
 
 
 def test_the_change_tracker_reads_the_profile_back_from_the_args() -> None:
-    from controller.adapters.changes.tracker import parse_vllm_args
+    from tailguard.controller.adapters.changes.tracker import parse_vllm_args
 
     parsed = parse_vllm_args(vllm_args(load_profiles()["bad-max-num-seqs"]))
     assert parsed["max_num_seqs"] == "2" and parsed["enable_prefix_caching"] is True

@@ -8,8 +8,8 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.tier.profiles import resolve_profile
-from serving.tier.simulator import ReplicaEngine
+from tailguard.serving.tier.profiles import resolve_profile
+from tailguard.serving.tier.simulator import ReplicaEngine
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-0.32-cpu-metrics.txt"
 REQUIRED = {

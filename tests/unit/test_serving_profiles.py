@@ -4,14 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from serving.tier.profiles import (
+from tailguard.serving.tier.profiles import (
     builtin_profile_names,
     load_profile,
     profile_diff,
     profile_from_dict,
     resolve_profile,
 )
-from serving.tier.yamlfile import ConfigFileError
+from tailguard.serving.tier.yamlfile import ConfigFileError
 
 
 def test_shipped_profiles_load() -> None:

@@ -1,5 +1,6 @@
-"""serving.lab.recording without servers: the scenario file's checks, the replay schedule, the export's naming and
-slicing, and serving.lab.transfer's pure parts (the oracle cut, an SLI swapped in with its labels recomputed)."""
+"""tailguard.serving.lab.recording without servers: the scenario file's checks, the replay schedule, the export's naming
+and slicing, and tailguard.serving.lab.transfer's pure parts (the oracle cut, an SLI swapped in with its labels
+recomputed)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from predictors.data import Rows
-from predictors.modeling import fit_calibrated_cv, gbm_estimator
-from serving.lab.recording import (
+from tailguard.predictors.data import Rows
+from tailguard.predictors.modeling import fit_calibrated_cv, gbm_estimator
+from tailguard.serving.lab.recording import (
     RecordingError,
     _family,
     load_scenario,
@@ -24,7 +25,7 @@ from serving.lab.recording import (
     sliced_openmetrics,
     write_export,
 )
-from serving.lab.transfer import concat_rows, oracle_cut, with_sli
+from tailguard.serving.lab.transfer import concat_rows, oracle_cut, with_sli
 
 RECORDING = Path(__file__).resolve().parents[2] / "serving" / "lab" / "recordings" / "vllm-cpu-2026-12-01"
 

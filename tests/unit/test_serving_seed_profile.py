@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from serving.tier.batching import Arrival, simulate
-from serving.tier.manifests import MANIFESTS_DIR, render_kustomization, vllm_args
-from serving.tier.profiles import EngineProfile, profile_from_dict, resolve_profile
-from serving.tier.vllm_args import profile_cli_args
-from serving.tier.yamlfile import ConfigFileError
+from tailguard.serving.tier.batching import Arrival, simulate
+from tailguard.serving.tier.manifests import MANIFESTS_DIR, render_kustomization, vllm_args
+from tailguard.serving.tier.profiles import EngineProfile, profile_from_dict, resolve_profile
+from tailguard.serving.tier.vllm_args import profile_cli_args
+from tailguard.serving.tier.yamlfile import ConfigFileError
 
 SEED = "seed-tp2-awq"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.app.settings import ControllerSettings, SettingsError, load_settings
+from tailguard.controller.app.settings import ControllerSettings, SettingsError, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 

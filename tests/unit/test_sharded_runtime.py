@@ -9,13 +9,13 @@ from pathlib import Path
 from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.lease.shards import ShardedElector
-from controller.adapters.stores.journal import Journal
-from controller.core.sharding import shard_of
-from controller.kit.clock import ManualClock
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller
-from controller.testing import FakeDispatcher, FakeSource
+from tailguard.controller.adapters.lease.shards import ShardedElector
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.core.sharding import shard_of
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeDispatcher, FakeSource
 from tests.support.fake_kubernetes import FakeKubernetes
 
 SHARDS = 3

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from controller.core.sharding import (
+from tailguard.controller.core.sharding import (
     LeaseSeen,
     fair_share,
     live_members,
@@ -26,7 +26,10 @@ NAMES = [f"policy-{n}" for n in range(4000)]
 def test_shard_of_is_pinned_and_the_same_in_another_process() -> None:
     # Pinned: a change of the hash would move every policy of a running deployment at the next upgrade.
     assert [shard_of(n, 4) for n in ("p99-rollback", "queue-scale", "error-ratio", "hbm-pressure")] == [0, 3, 1, 3]
-    code = "from controller.core.sharding import shard_of; print([shard_of(f'policy-{n}', 7) for n in range(50)])"
+    code = (
+        "from tailguard.controller.core.sharding import shard_of; "
+        "print([shard_of(f'policy-{n}', 7) for n in range(50)])"
+    )
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert other.strip() == str([shard_of(f"policy-{n}", 7) for n in range(50)])
     assert {shard_of(name, 1) for name in NAMES} == {0}

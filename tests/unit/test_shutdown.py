@@ -16,16 +16,16 @@ import pytest
 from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.kube.action_keys import ANNOTATION_KEYS
-from controller.adapters.stores.journal import ActionStatus, Journal
-from controller.adapters.traffic.routes import HttpRouteRouter, Ramp
-from controller.core.engine import PolicyState
-from controller.kit.clock import ManualClock, ShutdownInterrupt, SystemClock
-from controller.kit.http import RetryPolicy
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller
-from controller.testing import FakeSource, make_decision
+from tailguard.controller.adapters.kube.action_keys import ANNOTATION_KEYS
+from tailguard.controller.adapters.stores.journal import ActionStatus, Journal
+from tailguard.controller.adapters.traffic.routes import HttpRouteRouter, Ramp
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.kit.clock import ManualClock, ShutdownInterrupt, SystemClock
+from tailguard.controller.kit.http import RetryPolicy
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeSource, make_decision
 from tests.support.fake_kubernetes import FakeKubernetes, http_route
 
 HOLD_S = 600.0

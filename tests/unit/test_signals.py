@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from controller.core.model import SignalResult, target_key
-from controller.core.policy import Policy
-from controller.core.ports import RangeResult
-from controller.core.signals import (
+from tailguard.controller.core.model import SignalResult, target_key
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.ports import RangeResult
+from tailguard.controller.core.signals import (
     MAX_POINTS_PER_QUERY,
     query_signals,
     query_signals_range,
     range_chunks,
     render_signal_queries,
 )
-from controller.testing import FakeSource
+from tailguard.controller.testing import FakeSource
 
 
 def _policy(match: dict[str, str] | None = None, signals: int = 1) -> Policy:

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
-from controller.adapters.stores.journal import Journal
-from controller.app.api import ControllerAPI
-from controller.app.operate import EXIT_BLIND, EXIT_DEGRADED, EXIT_OK, format_status, health_exit, status_main
-from controller.app.status_page import render_status_page
-from controller.core.model import SignalResult, target_key
-from controller.core.source_health import (
+from tailguard.controller.adapters.metrics.prometheus import PrometheusSettings, PrometheusSource
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.app.api import ControllerAPI
+from tailguard.controller.app.operate import EXIT_BLIND, EXIT_DEGRADED, EXIT_OK, format_status, health_exit, status_main
+from tailguard.controller.app.status_page import render_status_page
+from tailguard.controller.core.model import SignalResult, target_key
+from tailguard.controller.core.source_health import (
     PROMETHEUS,
     SourceHealth,
     SourceReading,
@@ -26,10 +26,10 @@ from controller.core.source_health import (
     keep_policies,
     record,
 )
-from controller.kit.clock import ManualClock, SystemClock
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller
-from controller.testing import FakeDispatcher, FakeLeader
+from tailguard.controller.kit.clock import ManualClock, SystemClock
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.testing import FakeDispatcher, FakeLeader
 from tests.unit.test_runtime import policy_yaml
 
 T0 = 1_767_362_520.0  # 2026-01-02 14:02:00Z

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller.adapters.stores.journal import Journal
-from controller.app.api import ControllerAPI
-from controller.core.engine import Phase, PolicyState
-from controller.core.model import DecisionKind, SignalResult, target_key
-from controller.kit.clock import ManualClock
-from controller.loop.metrics import ControllerMetrics
-from controller.loop.runtime import Controller
-from controller.loop.scheduling import scheduled_time
-from controller.testing import FakeDispatcher, FakeSource
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.app.api import ControllerAPI
+from tailguard.controller.core.engine import Phase, PolicyState
+from tailguard.controller.core.model import DecisionKind, SignalResult, target_key
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.metrics import ControllerMetrics
+from tailguard.controller.loop.runtime import Controller
+from tailguard.controller.loop.scheduling import scheduled_time
+from tailguard.controller.testing import FakeDispatcher, FakeSource
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "alertmanager"
 A = target_key({"service": "a"})

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.core.engine import ConditionState, Phase, PolicyState, transition
-from controller.core.model import Decision, DecisionKind, SignalResult, TargetKey, target_key
-from controller.core.policy import TIME_TOLERANCE, ForSpec, Policy
+from tailguard.controller.core.engine import ConditionState, Phase, PolicyState, transition
+from tailguard.controller.core.model import Decision, DecisionKind, SignalResult, TargetKey, target_key
+from tailguard.controller.core.policy import TIME_TOLERANCE, ForSpec, Policy
 
 A = target_key({"service": "a"})
 B = target_key({"service": "b"})

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from serving.tier.failover import FailoverState, Rotation
-from serving.tier.supervisor import Backoff, Replica, ReplicaSpec, Supervisor, free_port
+from tailguard.serving.tier.failover import FailoverState, Rotation
+from tailguard.serving.tier.supervisor import Backoff, Replica, ReplicaSpec, Supervisor, free_port
 
 FAKE_SERVER = r"""
 import json, os, subprocess, sys

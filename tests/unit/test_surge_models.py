@@ -1,5 +1,5 @@
-"""serving.lab.surge_models' pure parts: when a rule acts on a calm trace, and the comparison against the best reactive
-controller on the same runs."""
+"""tailguard.serving.lab.surge_models' pure parts: when a rule acts on a calm trace, and the comparison against the best
+reactive controller on the same runs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ from typing import Any
 
 import numpy as np
 
-from serving.lab.surge_models import alarm_times, baseline_records, comparison, open_loop_calm, score_calm_trace
+from tailguard.serving.lab.surge_models import (
+    alarm_times,
+    baseline_records,
+    comparison,
+    open_loop_calm,
+    score_calm_trace,
+)
 
 
 def test_alarm_times_need_the_hold_and_respect_the_cooldown() -> None:
@@ -27,8 +33,8 @@ class _Model:
 
 
 def test_a_target_missing_most_features_gets_no_alarm_and_nan_engine_counts_are_not_load() -> None:
-    from predictors.artifact import ModelArtifact
-    from predictors.features import feature_hash, feature_names
+    from tailguard.predictors.artifact import ModelArtifact
+    from tailguard.predictors.features import feature_hash, feature_names
 
     names = feature_names()
     artifact = ModelArtifact(

@@ -1,5 +1,5 @@
-"""The surge scenario's protocol (serving.lab.surge_protocol): disjoint trace segments checked by the harness, the onset
-shapes, the HPA baselines' algorithm and the per-onset leads."""
+"""The surge scenario's protocol (tailguard.serving.lab.surge_protocol): disjoint trace segments checked by the harness,
+the onset shapes, the HPA baselines' algorithm and the per-onset leads."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from serving.lab.load import BUILTIN_TRACES, read_trace
-from serving.lab.surge import (
+from tailguard.serving.lab.load import BUILTIN_TRACES, read_trace
+from tailguard.serving.lab.surge import (
     ScenarioConfig,
     SurgeError,
     merge_figures,
@@ -18,7 +18,7 @@ from serving.lab.surge import (
     shape_segments,
     trace_slice,
 )
-from serving.lab.surge_protocol import (
+from tailguard.serving.lab.surge_protocol import (
     SHAPES,
     HpaLike,
     ProtocolError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.kit.templating import promql_selector, promql_string, render_query, render_text, variables_in
+from tailguard.controller.kit.templating import promql_selector, promql_string, render_query, render_text, variables_in
 
 
 @pytest.mark.parametrize(

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from controller.core.attribution import Rollout
-from controller.core.engine import PolicyState
-from controller.core.model import SignalResult, target_key
-from controller.core.ports import (
+from tailguard.controller.core.attribution import Rollout
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.core.model import SignalResult, target_key
+from tailguard.controller.core.ports import (
     ChangeTrackerPort,
     DispatcherPort,
     HandoverPort,
@@ -13,7 +13,7 @@ from controller.core.ports import (
     LeaderPort,
     PredictionPort,
 )
-from controller.testing import (
+from tailguard.controller.testing import (
     FakeChangeTracker,
     FakeDispatcher,
     FakeHandover,

@@ -9,18 +9,18 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from controller.adapters.kube.action_keys import ANNOTATION_KEYS
-from controller.adapters.kube.events import EventRecorder
-from controller.adapters.traffic.routes import (
+from tailguard.controller.adapters.kube.action_keys import ANNOTATION_KEYS
+from tailguard.controller.adapters.kube.events import EventRecorder
+from tailguard.controller.adapters.traffic.routes import (
     HttpRouteRouter,
     Ramp,
     VirtualServiceRouter,
     WeightError,
     split_weights,
 )
-from controller.core.ports import OutcomeStatus, TrafficRequest
-from controller.kit.clock import ManualClock
-from controller.kit.http import RetryPolicy
+from tailguard.controller.core.ports import OutcomeStatus, TrafficRequest
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.kit.http import RetryPolicy
 from tests.support.dispatch import dispatched
 from tests.support.fake_kubernetes import FakeKubernetes, http_route, virtual_service
 

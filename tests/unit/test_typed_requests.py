@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.notify.webhook import WebhookNotifier
-from controller.adapters.rollback.argocd import ArgoCDRollback
-from controller.adapters.rollback.deployment import DeploymentRollback
-from controller.adapters.scale.hpa import HpaScaler
-from controller.adapters.stores.journal import Journal
-from controller.adapters.tier.local_tier import LocalTierClient
-from controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
-from controller.core.actions import ActionStatus
-from controller.core.ports import (
+from tailguard.controller.adapters.notify.webhook import WebhookNotifier
+from tailguard.controller.adapters.rollback.argocd import ArgoCDRollback
+from tailguard.controller.adapters.rollback.deployment import DeploymentRollback
+from tailguard.controller.adapters.scale.hpa import HpaScaler
+from tailguard.controller.adapters.stores.journal import Journal
+from tailguard.controller.adapters.tier.local_tier import LocalTierClient
+from tailguard.controller.adapters.traffic.routes import HttpRouteRouter, VirtualServiceRouter
+from tailguard.controller.core.actions import ActionStatus
+from tailguard.controller.core.ports import (
     NoticePayload,
     NotifyPayload,
     NotifyRequest,
@@ -29,18 +29,18 @@ from controller.core.ports import (
     ScaleRequest,
     ScaleState,
 )
-from controller.core.unconfigured import (
+from tailguard.controller.core.unconfigured import (
     UnconfiguredNotifier,
     UnconfiguredRollback,
     UnconfiguredRouter,
     UnconfiguredScale,
     UnconfiguredScaleLimits,
 )
-from controller.kit.clock import ManualClock
-from controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
-from controller.loop.incident_ports import IncidentRollback, IncidentRouter, IncidentScale
-from controller.testing import FakeNotifier, FakeRollback, FakeRouter, FakeScaler, make_decision
-from controller.tools.backtest_world import WouldRun
+from tailguard.controller.kit.clock import ManualClock
+from tailguard.controller.loop.dispatcher import Actuators, Dispatcher, GlobalLimits
+from tailguard.controller.loop.incident_ports import IncidentRollback, IncidentRouter, IncidentScale
+from tailguard.controller.testing import FakeNotifier, FakeRollback, FakeRouter, FakeScaler, make_decision
+from tailguard.controller.tools.backtest_world import WouldRun
 
 ROLLBACK_PORTS = [
     ArgoCDRollback,

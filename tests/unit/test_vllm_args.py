@@ -1,10 +1,10 @@
 """Profiles as vLLM flags, and naming the refused argument from vLLM's messages (pure parts of
-serving.tier.vllm_args)."""
+tailguard.serving.tier.vllm_args)."""
 
 from __future__ import annotations
 
-from serving.tier.profiles import resolve_profile
-from serving.tier.vllm_args import argument_named_in, platform_args, profile_cli_args
+from tailguard.serving.tier.profiles import resolve_profile
+from tailguard.serving.tier.vllm_args import argument_named_in, platform_args, profile_cli_args
 
 
 def test_stable_profile_becomes_vllm_flags_with_the_context_capped() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from serving.tier.vllm_args import validate_cli_args
+from tailguard.serving.tier.vllm_args import validate_cli_args
 
 
 def _fake_python(tmp_path: Path, body: str) -> Path:

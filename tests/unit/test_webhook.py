@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from controller.adapters.notify.webhook import WebhookNotifier, WebhookReceiver, sign, verify_signature
-from controller.core.ports import NotifyPayload, NotifyRequest, OutcomeStatus
-from controller.kit.clock import ManualClock
+from tailguard.controller.adapters.notify.webhook import WebhookNotifier, WebhookReceiver, sign, verify_signature
+from tailguard.controller.core.ports import NotifyPayload, NotifyRequest, OutcomeStatus
+from tailguard.controller.kit.clock import ManualClock
 from tests.support.dispatch import dispatched
 from tests.support.webhook_receiver import receiver
 
@@ -155,7 +155,7 @@ def test_secret_never_logged_nor_in_errors(secret_env: str, caplog: pytest.LogCa
 
 
 def test_url_credentials_stay_out_of_our_logs_and_errors(secret_env: str, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="controller")
+    caplog.set_level(logging.DEBUG, logger="tailguard.controller")
     token = "url-token-123"
     with receiver(503, 400) as (url, _state):
         leaky_url = url.replace("http://", f"http://user:{token}@") + f"?token={token}"
@@ -165,7 +165,7 @@ def test_url_credentials_stay_out_of_our_logs_and_errors(secret_env: str, caplog
             lambda: notifier.notify(NotifyRequest("r", NotifyPayload.from_json({}), idempotency_key="k")), clock=clock
         )
     assert outcome.status is OutcomeStatus.FAILED
-    ours = [r.getMessage() for r in caplog.records if r.name.startswith("controller")]
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith("tailguard.controller")]
     assert ours and not any(token in message for message in ours)
     assert token not in json.dumps(outcome.to_json())
 

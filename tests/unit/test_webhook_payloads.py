@@ -9,7 +9,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from pydantic import ValidationError
 
-from controller.adapters.notify.webhook import (
+from tailguard.controller.adapters.notify.webhook import (
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     LinkSettings,
@@ -19,8 +19,8 @@ from controller.adapters.notify.webhook import (
     slack_payload,
     verify_signature,
 )
-from controller.core.ports import NotifyPayload, NotifyRequest, OutcomeStatus
-from controller.kit.clock import ManualClock
+from tailguard.controller.core.ports import NotifyPayload, NotifyRequest, OutcomeStatus
+from tailguard.controller.kit.clock import ManualClock
 from tests.support.dispatch import dispatched
 from tests.support.webhook_receiver import receiver
 

@@ -29,11 +29,18 @@ import requests
 from grafana_client.api import GrafanaApi
 from grafana_client.client import GrafanaException
 
-from controller.adapters.annotations.settings import GrafanaSettings
-from controller.adapters.stores.outbox import Backoff, DeliveryResult, Outbox, OutboxItem, OutboxWorker, deliver_due
-from controller.core.model import format_target, target_key
-from controller.core.ports import ActionOutcome, Annotation, Clock, OutcomeStatus
-from controller.kit.http import (
+from tailguard.controller.adapters.annotations.settings import GrafanaSettings
+from tailguard.controller.adapters.stores.outbox import (
+    Backoff,
+    DeliveryResult,
+    Outbox,
+    OutboxItem,
+    OutboxWorker,
+    deliver_due,
+)
+from tailguard.controller.core.model import format_target, target_key
+from tailguard.controller.core.ports import ActionOutcome, Annotation, Clock, OutcomeStatus
+from tailguard.controller.kit.http import (
     TRANSIENT_STATUSES,
     DeadlineAdapter,
     HttpAnswer,

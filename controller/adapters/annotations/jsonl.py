@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from controller.core.ports import ActionOutcome, Annotation, Annotator, OutcomeStatus
+from tailguard.controller.core.ports import ActionOutcome, Annotation, Annotator, OutcomeStatus
 
 log = logging.getLogger(__name__)
 

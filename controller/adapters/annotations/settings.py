@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from controller.kit.errors import ConfigError
+from tailguard.controller.kit.errors import ConfigError
 
 
 class GrafanaTokenError(ConfigError):

@@ -17,9 +17,9 @@ from urllib.parse import quote
 
 import requests
 
-from controller.core.ports import Clock
-from controller.kit.errors import ActuatorError
-from controller.kit.http import HttpAnswer, RetryPolicy, redact_url, request_with_retry
+from tailguard.controller.core.ports import Clock
+from tailguard.controller.kit.errors import ActuatorError
+from tailguard.controller.kit.http import HttpAnswer, RetryPolicy, redact_url, request_with_retry
 
 GRPC_FAILED_PRECONDITION = 9
 GRPC_INVALID_ARGUMENT = 3

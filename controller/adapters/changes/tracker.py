@@ -8,7 +8,7 @@ Sources:
 * `ArgoCDHistorySource`: an Argo CD application's `status.history` (one rollout per entry after the first;
   the diff is that of the Helm parameters, which is where the vLLM engine arguments live in our charts).
 * `TierRevisionSource`: the local serving tier's revisions (GET /api/v1/services/{svc}/revisions); the diff is
-  `serving.tier.profiles.profile_diff` of the two engine profiles.
+  `tailguard.serving.tier.profiles.profile_diff` of the two engine profiles.
 * `KubernetesDeploymentSource`: Deployment revisions as their ReplicaSets record them
   (`deployment.kubernetes.io/revision`); the diff is that of the vLLM container's command-line flags. A rollback
   (kubectl's or tailguard's) revives an old ReplicaSet as the next revision; tailguard's is dated by its
@@ -25,12 +25,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.adapters.argocd.client import ArgoCDClient, ArgoCDError, HistoryEntry, history_of, read_token
-from controller.adapters.argocd.settings import ArgoCDApp, ArgoCDSettings
-from controller.core.attribution import ChangeFeed, Rollout
-from controller.core.policy import Duration
-from controller.core.ports import ChangeSource, Clock, TierReader
-from controller.kit.errors import SourceError
+from tailguard.controller.adapters.argocd.client import ArgoCDClient, ArgoCDError, HistoryEntry, history_of, read_token
+from tailguard.controller.adapters.argocd.settings import ArgoCDApp, ArgoCDSettings
+from tailguard.controller.core.attribution import ChangeFeed, Rollout
+from tailguard.controller.core.policy import Duration
+from tailguard.controller.core.ports import ChangeSource, Clock, TierReader
+from tailguard.controller.kit.errors import SourceError
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kubernetes import client as k8s
 
-from controller.kit.http import DeadlinePoolManager
+from tailguard.controller.kit.http import DeadlinePoolManager
 
 
 def cluster_api_client(*, in_cluster: bool = True, kubeconfig: str | None = None) -> k8s.ApiClient:
@@ -30,7 +30,7 @@ def bounded_api_client(client: k8s.ApiClient, default_total: float = KUBE_DEFAUL
     """`client` with a TOTAL deadline per request: the Kubernetes client turns `_request_timeout` into urllib3
     per-read timeouts, so a trickling API server (or a proxy in front of it) could hold a call far longer. Each
     request now ends within its `_request_timeout` (connect at most 5 s of it, then headers and the whole body),
-    or `default_total` without one (controller.kit.http.DeadlinePoolManager)."""
+    or `default_total` without one (tailguard.controller.kit.http.DeadlinePoolManager)."""
     rest = client.rest_client
     if not isinstance(rest.pool_manager, DeadlinePoolManager):
         rest.pool_manager = DeadlinePoolManager(rest.pool_manager, default_total)  # type: ignore[assignment]  # a wrapper

@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 import urllib3
 from kubernetes import client as k8s
 
-from controller.core.ports import ActionOutcome, Clock, OutcomeStatus
-from controller.kit.errors import ActuatorError
-from controller.kit.http import RetryPolicy, retrying
+from tailguard.controller.core.ports import ActionOutcome, Clock, OutcomeStatus
+from tailguard.controller.kit.errors import ActuatorError
+from tailguard.controller.kit.http import RetryPolicy, retrying
 
 T = TypeVar("T")
 

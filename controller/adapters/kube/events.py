@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from kubernetes import client as k8s
 
-from controller.adapters.kube.calls import classify
-from controller.core.ports import Clock
+from tailguard.controller.adapters.kube.calls import classify
+from tailguard.controller.core.ports import Clock
 
 log = logging.getLogger(__name__)
 

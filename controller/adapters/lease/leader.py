@@ -43,10 +43,10 @@ from typing import TypeVar
 
 from kubernetes import client as k8s
 
-from controller.adapters.kube.calls import KubeError, kube_call
-from controller.adapters.lease.settings import LeaderElectionSettings
-from controller.core.controls import CONTROLS_ANNOTATION, Controls, ControlsError
-from controller.core.handover import (
+from tailguard.controller.adapters.kube.calls import KubeError, kube_call
+from tailguard.controller.adapters.lease.settings import LeaderElectionSettings
+from tailguard.controller.core.controls import CONTROLS_ANNOTATION, Controls, ControlsError
+from tailguard.controller.core.handover import (
     HANDOVER_ANNOTATION,
     PENDING_ANNOTATION,
     HandoverError,
@@ -55,8 +55,8 @@ from controller.core.handover import (
     encode_action_times,
     encode_pending,
 )
-from controller.core.ports import Clock, ControlsHandoverPort, HandoverPort, PendingHandoverPort
-from controller.kit.http import RetryPolicy
+from tailguard.controller.core.ports import Clock, ControlsHandoverPort, HandoverPort, PendingHandoverPort
+from tailguard.controller.kit.http import RetryPolicy
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ from urllib.parse import urlsplit
 
 from kubernetes import client as k8s
 
-from controller.adapters.kube.calls import KubeError, kube_call
-from controller.core.ports import Clock
-from controller.kit.http import RetryPolicy
+from tailguard.controller.adapters.kube.calls import KubeError, kube_call
+from tailguard.controller.core.ports import Clock
+from tailguard.controller.kit.http import RetryPolicy
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import socket
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from controller.core.policy import Duration
+from tailguard.controller.core.policy import Duration
 
 
 class LeaderElectionSettings(BaseModel):

@@ -29,13 +29,13 @@ from collections.abc import Callable
 
 from kubernetes import client as k8s
 
-from controller.adapters.kube.calls import KubeError
-from controller.adapters.lease.leader import LeaderElector, RoundLoop, _view
-from controller.adapters.lease.settings import LeaderElectionSettings
-from controller.core.controls import CONTROLS_ANNOTATION, Controls, ControlsError
-from controller.core.handover import ActionTimes
-from controller.core.ports import Clock, ControlsHandoverPort, HandoverPort
-from controller.core.sharding import LeaseSeen, live_members, plan_round, preference, shard_of
+from tailguard.controller.adapters.kube.calls import KubeError
+from tailguard.controller.adapters.lease.leader import LeaderElector, RoundLoop, _view
+from tailguard.controller.adapters.lease.settings import LeaderElectionSettings
+from tailguard.controller.core.controls import CONTROLS_ANNOTATION, Controls, ControlsError
+from tailguard.controller.core.handover import ActionTimes
+from tailguard.controller.core.ports import Clock, ControlsHandoverPort, HandoverPort
+from tailguard.controller.core.sharding import LeaseSeen, live_members, plan_round, preference, shard_of
 
 log = logging.getLogger(__name__)
 

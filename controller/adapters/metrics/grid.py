@@ -23,9 +23,9 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from controller.core.model import SignalResult, TargetKey
-from controller.core.policy import Comparison, Threshold
-from controller.core.ports.metrics import RangeResult
+from tailguard.controller.core.model import SignalResult, TargetKey
+from tailguard.controller.core.policy import Comparison, Threshold
+from tailguard.controller.core.ports.metrics import RangeResult
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]

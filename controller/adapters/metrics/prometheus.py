@@ -43,12 +43,12 @@ from prometheus_api_client.prometheus_connect import PrometheusConnect
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from urllib3.util.retry import Retry
 
-from controller.adapters.metrics.grid import FloatArray, RangeGrid
-from controller.core.model import SignalResult, TargetKey, target_key
-from controller.core.ports import Clock, RangeResult
-from controller.kit.durations import format_duration
-from controller.kit.errors import ConfigError
-from controller.kit.http import DeadlineAdapter, DeadlineExceeded, RetryPolicy, retrying
+from tailguard.controller.adapters.metrics.grid import FloatArray, RangeGrid
+from tailguard.controller.core.model import SignalResult, TargetKey, target_key
+from tailguard.controller.core.ports import Clock, RangeResult
+from tailguard.controller.kit.durations import format_duration
+from tailguard.controller.kit.errors import ConfigError
+from tailguard.controller.kit.http import DeadlineAdapter, DeadlineExceeded, RetryPolicy, retrying
 
 log = logging.getLogger(__name__)
 

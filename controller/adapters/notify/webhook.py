@@ -28,11 +28,11 @@ from urllib.parse import urlencode
 import requests
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from controller.core.ports import ActionOutcome, Clock, NotifyRequest, OutcomeStatus
-from controller.kit.errors import ConfigError
-from controller.kit.http import RetryPolicy, request_with_retry
-from controller.kit.redact import url_origin
-from controller.kit.signing import (
+from tailguard.controller.core.ports import ActionOutcome, Clock, NotifyRequest, OutcomeStatus
+from tailguard.controller.kit.errors import ConfigError
+from tailguard.controller.kit.http import RetryPolicy, request_with_retry
+from tailguard.controller.kit.redact import url_origin
+from tailguard.controller.kit.signing import (
     DEFAULT_REPLAY_WINDOW_SECONDS,
     hmac_sha256_hex,
     same_digest,

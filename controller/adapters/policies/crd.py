@@ -38,13 +38,13 @@ from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
-from controller.adapters.policies.crd_schema import GROUP, KIND, PLURAL, VERSION
-from controller.core.actions import MUTATING_ACTIONS
-from controller.core.engine import PolicyState
-from controller.core.limits import BUDGET_WINDOW_SECONDS
-from controller.core.model import target_labels
-from controller.core.policy_files import LoadedPolicy, PolicyError, parse_policy_text
-from controller.core.ports import Clock, JournalPort
+from tailguard.controller.adapters.policies.crd_schema import GROUP, KIND, PLURAL, VERSION
+from tailguard.controller.core.actions import MUTATING_ACTIONS
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.core.limits import BUDGET_WINDOW_SECONDS
+from tailguard.controller.core.model import target_labels
+from tailguard.controller.core.policy_files import LoadedPolicy, PolicyError, parse_policy_text
+from tailguard.controller.core.ports import Clock, JournalPort
 
 logger = logging.getLogger("tailguard.policies.crd")
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from controller.core.policy import policy_json_schema
-from controller.kit.errors import ConfigError
+from tailguard.controller.core.policy import policy_json_schema
+from tailguard.controller.kit.errors import ConfigError
 
 GROUP = "tailguard.io"
 VERSION = "v1alpha1"

@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from controller.adapters.argocd.client import (
+from tailguard.controller.adapters.argocd.client import (
     GRPC_FAILED_PRECONDITION,
     GRPC_INVALID_ARGUMENT,
     ArgoCDClient,
@@ -57,10 +57,17 @@ from controller.adapters.argocd.client import (
     history_of,
     read_token,
 )
-from controller.adapters.argocd.settings import ArgoCDApp, ArgoCDSettings, AutoSyncMode
-from controller.core.controls import AbortRequest
-from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus, RollbackPlan, RollbackRequest
-from controller.kit.http import HttpAnswer, RetryPolicy
+from tailguard.controller.adapters.argocd.settings import ArgoCDApp, ArgoCDSettings, AutoSyncMode
+from tailguard.controller.core.controls import AbortRequest
+from tailguard.controller.core.ports import (
+    AbortSignal,
+    ActionOutcome,
+    Clock,
+    OutcomeStatus,
+    RollbackPlan,
+    RollbackRequest,
+)
+from tailguard.controller.kit.http import HttpAnswer, RetryPolicy
 
 log = logging.getLogger(__name__)
 

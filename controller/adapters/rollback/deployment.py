@@ -50,11 +50,18 @@ from typing import Any
 import yaml
 from kubernetes import client as k8s
 
-from controller.adapters.kube.action_keys import ANNOTATION_KEYS, recorded_keys, with_key
-from controller.adapters.kube.calls import KubeError, kube_call
-from controller.adapters.kube.events import EventRecorder, ObjectRef
-from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus, RollbackPlan, RollbackRequest
-from controller.kit.http import RetryPolicy
+from tailguard.controller.adapters.kube.action_keys import ANNOTATION_KEYS, recorded_keys, with_key
+from tailguard.controller.adapters.kube.calls import KubeError, kube_call
+from tailguard.controller.adapters.kube.events import EventRecorder, ObjectRef
+from tailguard.controller.core.ports import (
+    AbortSignal,
+    ActionOutcome,
+    Clock,
+    OutcomeStatus,
+    RollbackPlan,
+    RollbackRequest,
+)
+from tailguard.controller.kit.http import RetryPolicy
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.adapters.kube.settings import ObjectRefSettings
+from tailguard.controller.adapters.kube.settings import ObjectRefSettings
 
 
 class _Strict(BaseModel):

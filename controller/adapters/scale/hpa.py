@@ -30,11 +30,11 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from controller.adapters.kube.action_keys import recorded_keys, with_key
-from controller.adapters.kube.calls import KubeError, KubernetesActuatorError, kube_call
-from controller.adapters.kube.events import EventRecorder, ObjectRef
-from controller.core.ports import ActionOutcome, Clock, OutcomeStatus, ScaleRequest, ScaleState
-from controller.kit.http import RetryPolicy
+from tailguard.controller.adapters.kube.action_keys import recorded_keys, with_key
+from tailguard.controller.adapters.kube.calls import KubeError, KubernetesActuatorError, kube_call
+from tailguard.controller.adapters.kube.events import EventRecorder, ObjectRef
+from tailguard.controller.core.ports import ActionOutcome, Clock, OutcomeStatus, ScaleRequest, ScaleState
+from tailguard.controller.kit.http import RetryPolicy
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from controller.core.incidents import Incident, IncidentConflict, Ledger
-from controller.core.incidents import scope_key as key_of_scope
-from controller.kit.errors import StoreError
+from tailguard.controller.core.incidents import Incident, IncidentConflict, Ledger
+from tailguard.controller.core.incidents import scope_key as key_of_scope
+from tailguard.controller.kit.errors import StoreError
 
 log = logging.getLogger(__name__)
 

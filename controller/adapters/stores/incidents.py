@@ -14,9 +14,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from controller.core.incidents import Incident, IncidentConflict, Ledger, scope_key
-from controller.kit.errors import StoreError
-from controller.kit.sqlite_store import immediate_transaction, json_column, make_durable, open_durable
+from tailguard.controller.core.incidents import Incident, IncidentConflict, Ledger, scope_key
+from tailguard.controller.kit.errors import StoreError
+from tailguard.controller.kit.sqlite_store import immediate_transaction, json_column, make_durable, open_durable
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS incidents (

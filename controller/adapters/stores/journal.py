@@ -27,12 +27,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self
 
-from controller.adapters.stores.journal_aborts import abort_actions, abort_requested
-from controller.adapters.stores.journal_controls import load_controls, record_control
-from controller.adapters.stores.journal_reads import JournalReader
-from controller.adapters.stores.journal_reads import action_record as _record
-from controller.adapters.stores.journal_retention import PurgeReport, purge_and_vacuum
-from controller.adapters.stores.journal_schema import (
+from tailguard.controller.adapters.stores.journal_aborts import abort_actions, abort_requested
+from tailguard.controller.adapters.stores.journal_controls import load_controls, record_control
+from tailguard.controller.adapters.stores.journal_reads import JournalReader
+from tailguard.controller.adapters.stores.journal_reads import action_record as _record
+from tailguard.controller.adapters.stores.journal_retention import PurgeReport, purge_and_vacuum
+from tailguard.controller.adapters.stores.journal_schema import (
     JOURNAL_PAGE_SIZE,
     SCHEMA_VERSION,
     JournalError,
@@ -40,21 +40,21 @@ from controller.adapters.stores.journal_schema import (
     create_if_missing,
     migrate,
 )
-from controller.adapters.stores.journal_schema import action_status as _status
-from controller.adapters.stores.journal_schema import add_event as _event
-from controller.adapters.stores.journal_schema import has_events as _has_events
-from controller.adapters.stores.journal_state import StateStore, StateWrite
-from controller.core.actions import (
+from tailguard.controller.adapters.stores.journal_schema import action_status as _status
+from tailguard.controller.adapters.stores.journal_schema import add_event as _event
+from tailguard.controller.adapters.stores.journal_schema import has_events as _has_events
+from tailguard.controller.adapters.stores.journal_state import StateStore, StateWrite
+from tailguard.controller.core.actions import (
     MUTATING_ACTIONS,
     TERMINAL_STATUSES,
     ActionRecord,
     ActionRequest,
     ActionStatus,
 )
-from controller.core.controls import AbortRequest, Controls
-from controller.core.engine import PolicyState
-from controller.core.model import Decision, target_labels
-from controller.kit.sqlite_store import (
+from tailguard.controller.core.controls import AbortRequest, Controls
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.core.model import Decision, target_labels
+from tailguard.controller.kit.sqlite_store import (
     immediate_transaction,
     json_column,
     make_durable,

@@ -8,12 +8,12 @@ import json
 import sqlite3
 import threading
 
-from controller.adapters.stores.journal_reads import action_record as _record
-from controller.adapters.stores.journal_retention import Transaction
-from controller.adapters.stores.journal_schema import add_event
-from controller.core.actions import ActionRecord, ActionStatus
-from controller.core.controls import AbortRequest
-from controller.kit.sqlite_store import json_column
+from tailguard.controller.adapters.stores.journal_reads import action_record as _record
+from tailguard.controller.adapters.stores.journal_retention import Transaction
+from tailguard.controller.adapters.stores.journal_schema import add_event
+from tailguard.controller.core.actions import ActionRecord, ActionStatus
+from tailguard.controller.core.controls import AbortRequest
+from tailguard.controller.kit.sqlite_store import json_column
 
 ABORT_REQUESTED = "abort_requested"  # the action_events row of an abort of a started action
 

@@ -7,9 +7,9 @@ import sqlite3
 import threading
 from pathlib import Path
 
-from controller.adapters.stores.journal_retention import Transaction
-from controller.adapters.stores.journal_schema import JournalError
-from controller.core.controls import CONTROLS_META_KEY, Controls, ControlsError
+from tailguard.controller.adapters.stores.journal_retention import Transaction
+from tailguard.controller.adapters.stores.journal_schema import JournalError
+from tailguard.controller.core.controls import CONTROLS_META_KEY, Controls, ControlsError
 
 
 def load_controls(db: sqlite3.Connection, lock: threading.RLock, path: Path) -> Controls:

@@ -11,8 +11,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from controller.core.actions import ActionRecord, ActionStatus, ActionType
-from controller.kit.sqlite_store import read_snapshot
+from tailguard.controller.core.actions import ActionRecord, ActionStatus, ActionType
+from tailguard.controller.kit.sqlite_store import read_snapshot
 
 # Bound variables per IN (...) list: far below SQLite's limit (32,766), so a page of 1,000 decisions with many
 # actions each still runs in a few statements.

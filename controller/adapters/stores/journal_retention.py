@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 
-from controller.core.actions import TERMINAL_STATUSES
-from controller.kit.sqlite_store import incremental_vacuum, json_column
+from tailguard.controller.core.actions import TERMINAL_STATUSES
+from tailguard.controller.kit.sqlite_store import incremental_vacuum, json_column
 
 BATCH = 500
 # The smallest retention accepted: longer than any cooldown or budget window the journal's actions answer for.

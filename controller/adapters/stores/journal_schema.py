@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from controller.adapters.stores.journal_file import (
+from tailguard.controller.adapters.stores.journal_file import (
     NEW_JOURNAL_HINT,
     creating_path,
     discard,
@@ -17,10 +17,10 @@ from controller.adapters.stores.journal_file import (
     move_into_place,
     set_aside,
 )
-from controller.adapters.stores.journal_retention import RETENTION_INDEXES
-from controller.adapters.stores.journal_state import STATE_SCHEMA, StateStore, migrate_whole_states
-from controller.kit.errors import StoreError, StoreWriteError
-from controller.kit.sqlite_store import immediate_transaction, make_durable, open_durable
+from tailguard.controller.adapters.stores.journal_retention import RETENTION_INDEXES
+from tailguard.controller.adapters.stores.journal_state import STATE_SCHEMA, StateStore, migrate_whole_states
+from tailguard.controller.kit.errors import StoreError, StoreWriteError
+from tailguard.controller.kit.sqlite_store import immediate_transaction, make_durable, open_durable
 
 logger = logging.getLogger("tailguard.journal")
 

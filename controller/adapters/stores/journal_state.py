@@ -34,9 +34,9 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any
 
-from controller.core.engine import ConditionState, Phase, PolicyState, StateKey
-from controller.core.model import TargetKey
-from controller.kit.sqlite_store import finite, json_column
+from tailguard.controller.core.engine import ConditionState, Phase, PolicyState, StateKey
+from tailguard.controller.core.model import TargetKey
+from tailguard.controller.kit.sqlite_store import finite, json_column
 
 STATE_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS policy_meta (

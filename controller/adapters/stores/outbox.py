@@ -36,11 +36,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Self
 
-from controller.core.ports import Clock
-from controller.kit.clock import ShutdownInterrupt
-from controller.kit.errors import StoreError
-from controller.kit.http import backoff_delay
-from controller.kit.sqlite_store import immediate_transaction, incremental_vacuum, make_durable, open_durable
+from tailguard.controller.core.ports import Clock
+from tailguard.controller.kit.clock import ShutdownInterrupt
+from tailguard.controller.kit.errors import StoreError
+from tailguard.controller.kit.http import backoff_delay
+from tailguard.controller.kit.sqlite_store import immediate_transaction, incremental_vacuum, make_durable, open_durable
 
 log = logging.getLogger(__name__)
 

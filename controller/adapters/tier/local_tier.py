@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 import requests
 
-from controller.core.ports import (
+from tailguard.controller.core.ports import (
     AbortSignal,
     ActionOutcome,
     Clock,
@@ -26,8 +26,8 @@ from controller.core.ports import (
     ScaleState,
     TrafficRequest,
 )
-from controller.kit.errors import ActuatorError
-from controller.kit.http import HttpAnswer, RetryPolicy, redact_url, request_with_retry
+from tailguard.controller.kit.errors import ActuatorError
+from tailguard.controller.kit.http import HttpAnswer, RetryPolicy, redact_url, request_with_retry
 
 log = logging.getLogger(__name__)
 

@@ -39,13 +39,13 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from controller.adapters.kube.action_keys import recorded_keys, with_key
-from controller.adapters.kube.calls import KubeError, KubernetesActuatorError, kube_call
-from controller.adapters.kube.events import EventRecorder, ObjectRef
-from controller.core.controls import AbortRequest
-from controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus, TrafficRequest
-from controller.kit.errors import ActuatorError
-from controller.kit.http import RetryPolicy
+from tailguard.controller.adapters.kube.action_keys import recorded_keys, with_key
+from tailguard.controller.adapters.kube.calls import KubeError, KubernetesActuatorError, kube_call
+from tailguard.controller.adapters.kube.events import EventRecorder, ObjectRef
+from tailguard.controller.core.controls import AbortRequest
+from tailguard.controller.core.ports import AbortSignal, ActionOutcome, Clock, OutcomeStatus, TrafficRequest
+from tailguard.controller.kit.errors import ActuatorError
+from tailguard.controller.kit.http import RetryPolicy
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from controller.adapters.kube.settings import ObjectRefSettings
-from controller.core.policy import Duration
+from tailguard.controller.adapters.kube.settings import ObjectRefSettings
+from tailguard.controller.core.policy import Duration
 
 
 class _Strict(BaseModel):

@@ -20,15 +20,15 @@ with status "failed"). The loop's own seams live in controller/loop/ports.py, th
 The core imports no HTTP and no array type (the import-linter contract `core-without-io-types`).
 
 This package's index names every port of its modules (and the kit's Clock, which the kit's HTTP call waits
-through), so `from controller.core.ports import RollbackPort` reads the same as from its family module.
+through), so `from tailguard.controller.core.ports import RollbackPort` reads the same as from its family module.
 """
 
 from __future__ import annotations
 
-from controller.core.ports.annotations import Annotation, Annotator
-from controller.core.ports.changes import ChangeSource, ChangeTrackerPort, TierReader
-from controller.core.ports.dispatch import DispatcherPort
-from controller.core.ports.leadership import (
+from tailguard.controller.core.ports.annotations import Annotation, Annotator
+from tailguard.controller.core.ports.changes import ChangeSource, ChangeTrackerPort, TierReader
+from tailguard.controller.core.ports.dispatch import DispatcherPort
+from tailguard.controller.core.ports.leadership import (
     ControlsHandoverPort,
     HandoverPort,
     LeaderPort,
@@ -36,15 +36,15 @@ from controller.core.ports.leadership import (
     PendingHandoverPort,
     ShardedLeaderPort,
 )
-from controller.core.ports.metrics import MetricsSource, RangeResult
-from controller.core.ports.notify import NoticePayload, Notifier, NotifyPayload, NotifyRequest
-from controller.core.ports.outcomes import AbortSignal, ActionOutcome, OutcomeStatus
-from controller.core.ports.predictions import HistoricalPredictionPort, PredictionPort
-from controller.core.ports.rollback import RollbackPlan, RollbackPort, RollbackRequest
-from controller.core.ports.scale import ScaleLimits, ScaleLimitsPort, ScalePort, ScaleRequest, ScaleState
-from controller.core.ports.stores import ActionJournalPort, IncidentStorePort, JournalPort, RecentDecisions
-from controller.core.ports.traffic import TrafficRequest, TrafficRouter
-from controller.kit.clock import Clock
+from tailguard.controller.core.ports.metrics import MetricsSource, RangeResult
+from tailguard.controller.core.ports.notify import NoticePayload, Notifier, NotifyPayload, NotifyRequest
+from tailguard.controller.core.ports.outcomes import AbortSignal, ActionOutcome, OutcomeStatus
+from tailguard.controller.core.ports.predictions import HistoricalPredictionPort, PredictionPort
+from tailguard.controller.core.ports.rollback import RollbackPlan, RollbackPort, RollbackRequest
+from tailguard.controller.core.ports.scale import ScaleLimits, ScaleLimitsPort, ScalePort, ScaleRequest, ScaleState
+from tailguard.controller.core.ports.stores import ActionJournalPort, IncidentStorePort, JournalPort, RecentDecisions
+from tailguard.controller.core.ports.traffic import TrafficRequest, TrafficRouter
+from tailguard.controller.kit.clock import Clock
 
 __all__ = [
     "AbortSignal",

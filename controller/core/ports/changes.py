@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from controller.core.attribution import ChangeFeed, Rollout
+from tailguard.controller.core.attribution import ChangeFeed, Rollout
 
 
 class ChangeSource(Protocol):
@@ -26,6 +26,6 @@ class TierReader(Protocol):
 
 
 class ChangeTrackerPort(Protocol):
-    """What the controller needs of controller.adapters.changes.tracker.ChangeTracker."""
+    """What the controller needs of tailguard.controller.adapters.changes.tracker.ChangeTracker."""
 
     def rollouts(self, since: float) -> ChangeFeed: ...

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from controller.core.engine import PolicyState
-from controller.core.model import Decision
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.core.model import Decision
 
 
 class DispatcherPort(Protocol):
-    """What the controller needs of controller.loop.dispatcher.Dispatcher (and of wrappers around it)."""
+    """What the controller needs of tailguard.controller.loop.dispatcher.Dispatcher (and of wrappers around it)."""
 
     def dispatch(self, decision: Decision) -> Sequence[Any]: ...
 

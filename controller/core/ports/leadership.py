@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from controller.core.controls import Controls
-from controller.core.handover import ActionTimes
+from tailguard.controller.core.controls import Controls
+from tailguard.controller.core.handover import ActionTimes
 
 
 class HandoverPort(Protocol):
@@ -39,8 +39,8 @@ class ControlsHandoverPort(Protocol):
 
 
 class LeaderPort(Protocol):
-    """What the controller needs of controller.adapters.lease.leader.LeaderElector: only the leader evaluates and
-    acts, and the Lease carries its mutating-action times to the next leader (controller/core/handover.py)."""
+    """What the controller needs of tailguard.controller.adapters.lease.leader.LeaderElector: only the leader evaluates
+    and acts, and the Lease carries its mutating-action times to the next leader (controller/core/handover.py)."""
 
     def is_leader(self) -> bool: ...
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from controller.core.model import SignalResult, TargetKey
+from tailguard.controller.core.model import SignalResult, TargetKey
 
 
 @dataclass(frozen=True)

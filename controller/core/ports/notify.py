@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from controller.core.ports.outcomes import ActionOutcome
+from tailguard.controller.core.ports.outcomes import ActionOutcome
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from controller.core.controls import AbortRequest
+from tailguard.controller.core.controls import AbortRequest
 
 
 class OutcomeStatus(StrEnum):

@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from controller.core.model import SignalResult
-from controller.core.policy import Policy
-from controller.core.ports.metrics import MetricsSource, RangeResult
+from tailguard.controller.core.model import SignalResult
+from tailguard.controller.core.policy import Policy
+from tailguard.controller.core.ports.metrics import MetricsSource, RangeResult
 
 
 class PredictionPort(Protocol):
-    """What the controller needs of predictors.serving.PredictionProvider (the SLA model's signals)."""
+    """What the controller needs of tailguard.predictors.serving.PredictionProvider (the SLA model's signals)."""
 
     def predict(self, source: MetricsSource, policy: Policy, at: float | None = None) -> Mapping[str, SignalResult]: ...
 
@@ -21,7 +21,7 @@ class PredictionPort(Protocol):
 
 
 class HistoricalPredictionPort(Protocol):
-    """What the backtest needs of predictors.history.HistoricalPredictions (the SLA model over history)."""
+    """What the backtest needs of tailguard.predictors.history.HistoricalPredictions (the SLA model over history)."""
 
     def predict_range(
         self, source: MetricsSource, policy: Policy, times: Sequence[float], step: float

@@ -14,8 +14,8 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from controller.core.actions import RenderedRollback
-from controller.core.ports.outcomes import AbortSignal, ActionOutcome
+from tailguard.controller.core.actions import RenderedRollback
+from tailguard.controller.core.ports.outcomes import AbortSignal, ActionOutcome
 
 # A revision: the local tier's and a Deployment's are numbers, Argo CD's are git revisions (strings).
 Revision = int | str

@@ -9,7 +9,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from controller.core.ports.outcomes import ActionOutcome
+from tailguard.controller.core.ports.outcomes import ActionOutcome
 
 
 @dataclass(frozen=True)

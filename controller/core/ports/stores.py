@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from controller.core.actions import ActionRecord, ActionStatus
-from controller.core.controls import AbortRequest
-from controller.core.engine import PolicyState
-from controller.core.incidents import Incident, Ledger
-from controller.core.model import Decision
+from tailguard.controller.core.actions import ActionRecord, ActionStatus
+from tailguard.controller.core.controls import AbortRequest
+from tailguard.controller.core.engine import PolicyState
+from tailguard.controller.core.incidents import Incident, Ledger
+from tailguard.controller.core.model import Decision
 
 
 class RecentDecisions(Protocol):

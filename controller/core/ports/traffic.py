@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from controller.core.ports.outcomes import AbortSignal, ActionOutcome
+from tailguard.controller.core.ports.outcomes import AbortSignal, ActionOutcome
 
 
 @dataclass(frozen=True)
