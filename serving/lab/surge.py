@@ -468,6 +468,18 @@ def _peak(series: Sequence[tuple[float, float]]) -> float | None:
     return round(max(values), 3) if values else None
 
 
+def remote_write_prometheus(work: Path) -> PrometheusServer:
+    """A Prometheus in `work` that scrapes nothing and takes the virtual tier's series by remote write (the surge
+    scenario's and the model comparison's history)."""
+    prometheus_config = write_prometheus_config(work / "prometheus.yml", scrape_configs=[])
+    return PrometheusServer(
+        prometheus_config,
+        work / "data",
+        workdir=work / "prometheus",
+        extra_args=["--web.enable-remote-write-receiver"],
+    )
+
+
 def load_policy(path: Path, *, cut: float | None = None, recovery_hold_s: float | None = None) -> Policy:
     """A shipped example policy, as `tailguard run` loads it; `cut` replaces the firing threshold (the trained
     model's decision threshold), `recovery_hold_s` the recovery's `for` (the short variant)."""
@@ -843,13 +855,7 @@ def run_scenario(
     work = Path(tempfile.mkdtemp(prefix="tailguard-surge-"))
     trace = read_trace(BUILTIN_TRACES["conv"])
     try:
-        prometheus_config = write_prometheus_config(work / "prometheus.yml", scrape_configs=[])
-        server = PrometheusServer(
-            prometheus_config,
-            work / "data",
-            workdir=work / "prometheus",
-            extra_args=["--web.enable-remote-write-receiver"],
-        )
+        server = remote_write_prometheus(work)
         with server.start():
             if model_dir is not None:
                 model, at = reuse_model(model_dir, config), START

@@ -46,7 +46,6 @@ from tailguard.predictors.artifact import load_artifact
 from tailguard.predictors.data import build_rows, policy_thresholds
 from tailguard.serving.errors import LabError
 from tailguard.serving.lab.load import BUILTIN_TRACES, read_trace
-from tailguard.serving.lab.promstack import PrometheusServer, write_prometheus_config
 from tailguard.serving.lab.surge import (
     CONCURRENCY_POLICY,
     PREDICTIVE_POLICY,
@@ -59,6 +58,7 @@ from tailguard.serving.lab.surge import (
     load_policy,
     prediction_provider,
     record_training_rows,
+    remote_write_prometheus,
     run_closed_loop,
     trace_slice,
 )
@@ -165,13 +165,7 @@ def run_comparison(
     trace = read_trace(BUILTIN_TRACES["conv"])
     began = time.monotonic()
     try:
-        prometheus_config = write_prometheus_config(work / "prometheus.yml", scrape_configs=[])
-        server = PrometheusServer(
-            prometheus_config,
-            work / "data",
-            workdir=work / "prometheus",
-            extra_args=["--web.enable-remote-write-receiver"],
-        )
+        server = remote_write_prometheus(work)
         with server.start():
             if model_dir is not None:
                 models, at = reuse_classes(model_dir, classes, config), START
@@ -312,13 +306,7 @@ def run_calm_open_loop(
     trace = read_trace(BUILTIN_TRACES["conv"])
     began = time.monotonic()
     try:
-        prometheus_config = write_prometheus_config(work / "prometheus.yml", scrape_configs=[])
-        server = PrometheusServer(
-            prometheus_config,
-            work / "data",
-            workdir=work / "prometheus",
-            extra_args=["--web.enable-remote-write-receiver"],
-        )
+        server = remote_write_prometheus(work)
         with server.start(), (out / CALM_FILE).open("a", encoding="utf-8") as sink:
             at = START
             for seed in calm_seeds:
