@@ -188,7 +188,7 @@ def __getattr__(name: str) -> Any:
     elif name in _HOMES:
         value = getattr(importlib.import_module(_HOMES[name], __name__), name)
     else:
-        raise AttributeError(f"module 'controller' has no attribute {name!r}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value  # once loaded, an ordinary attribute
     return value
 

@@ -845,15 +845,14 @@ def backtest_main(  # noqa: PLR0915 - the command line: arguments, policies, sou
 def _quiet_loop() -> Iterator[None]:
     """The replayed loop's own log lines (each evaluation, each deferral) stay out of the command's output: the
     report carries all of it. Errors still show."""
-    loggers = [logging.getLogger(name) for name in ("controller", "tailguard")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
+    # Every module's logger is under "tailguard" (the installed package and the loop's own names alike).
+    logger = logging.getLogger("tailguard")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
+        logger.setLevel(level)
 
 
 if __name__ == "__main__":
