@@ -193,6 +193,54 @@ def method_summary(
     }
 
 
+def pool_method_summaries(scored: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One method's scores on several evaluated windows (score_alarms' entries: per-onset JSON and a summary)
+    pooled: outcome counts and lead distributions over all their clean onsets whose alarm was not already on a
+    horizon before the onset, calm false alarms per pooled calm hour."""
+    onsets = [onset for entry in scored for onset in entry["onsets"]]
+    outcomes: dict[str, int] = {}
+    for onset in onsets:
+        outcomes[onset["outcome"]] = outcomes.get(onset["outcome"], 0) + 1
+    # An alarm on since before the horizon (carried through the calm) is no warning about this onset: its "lead"
+    # is left out of the pooled distribution and counted apart.
+    carried = [o for o in onsets if o["outcome"] != "breaching at onset" and o.get("alarm_already_on")]
+    leads = [
+        float(o["lead_to_violation_s"])
+        for o in onsets
+        if o["outcome"] != "breaching at onset"
+        and not o.get("alarm_already_on")
+        and o["lead_to_violation_s"] is not None
+    ]
+    to_onset = [
+        float(o["lead_to_onset_s"])
+        for o in onsets
+        if o["outcome"] in ("warned", "late") and o["lead_to_onset_s"] is not None
+    ]
+    false_alarms = sum(int(entry["summary"]["calm_false_alarms"]) for entry in scored)
+    hours = sum(float(entry["summary"]["calm_hours"]) for entry in scored)
+    share = (
+        sum(float(e["summary"]["calm_alarm_share"]) * float(e["summary"]["calm_hours"]) for e in scored) / hours
+        if hours
+        else 0.0
+    )
+    return {
+        "episodes": len(onsets),
+        "outcomes": outcomes,
+        "alarm_already_on": len(carried),
+        "lead_to_violation_s": {
+            "count": len(leads),
+            "p10": _quantile(leads, 10),
+            "p50": _quantile(leads, 50),
+            "p90": _quantile(leads, 90),
+        },
+        "lead_to_onset_s": {"count": len(to_onset), "p50": _quantile(to_onset, 50)},
+        "calm_false_alarms": false_alarms,
+        "calm_hours": hours,
+        "calm_false_alarms_per_hour": false_alarms / hours if hours else None,
+        "calm_alarm_share": share,
+    }
+
+
 def score_alarms(
     times: Array,
     sli: Array,

@@ -141,6 +141,9 @@ class RecordingScenario(_Strict):
     scrape_interval_s: float = Field(5.0, gt=0, le=15)
     # A superseded version stays up (out of the router) this long, so the rollback is instant, not a cold start.
     scale_down_delay_s: float = Field(600.0, ge=0)
+    # How long the tier lets a replica cold-start before it kills and restarts it: on the loaded host a canary
+    # took over 15 minutes (recording 2026-12-06-onsets), and a restart mid-start costs the whole start again.
+    startup_timeout_s: float = Field(900.0, gt=0)
     phases: list[Phase] = Field(min_length=1)
     actions: list[Action] = Field(default_factory=list)
 
@@ -192,7 +195,7 @@ def tier_document(scenario: RecordingScenario, serving_python: Path, model_dir: 
             "model_dir": str(model_dir),
             "scale_down_delay_s": scenario.scale_down_delay_s,
             "health_interval_s": 2,
-            "startup_timeout_s": 900,  # cold starts took over 400 s on the shared 2-core host
+            "startup_timeout_s": scenario.startup_timeout_s,  # cold starts took 400-900+ s on the shared host
             # The rollout profiles pass vLLM's parser before the load starts (validate_rollouts): at rollout time
             # the tier's own check, a vLLM import at low priority, took over its 180 s on the loaded host, and the
             # tier answered the scripted rollout 422 (recorded 2026-12-01).
@@ -420,7 +423,7 @@ def run_recording(
     pool.shutdown(wait=False)
     try:
         try:
-            ready = tier.wait_ready(1000.0)
+            ready = tier.wait_ready(scenario.startup_timeout_s + 100.0)
         except ProcessNotReady as exc:
             raise RecordingError(f"the serving tier did not start: {exc}") from None
         validation.result()

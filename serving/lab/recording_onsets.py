@@ -3,9 +3,11 @@
     python -m tailguard.serving.lab.recording_onsets --out docs/experiments/real-vllm-onsets [--work
     var/real-vllm-onsets]
 
-The evaluated recording (default serving/lab/recordings/vllm-cpu-2026-12-06-onsets) lists its surge onsets (the
-scenario's phases with an `onset` shape) and its bad-config rollouts (a pre-warmed canary promoted to all the
-traffic under steady calm load, rolled back 90 s later) in recording.json. Each experiment trains the SLA model
+The evaluated recordings (default serving/lab/recordings/vllm-cpu-2026-12-06-onsets, 10 surge onsets and 1
+bad-config rollout, and vllm-cpu-2026-12-06-rollouts, 3 bad-config rollouts and 4 surge onsets with 4 minutes of
+calm after each) list their surge onsets (the scenario's phases with an `onset` shape) and their bad-config
+rollouts (a pre-warmed canary promoted to all the traffic under steady calm load, rolled back 90 s later) in
+recording.json. Each experiment trains the SLA model
 (predictors.transfer.fit: the gradient-boosted model and the decision cut it picks on its own training data) on
 training segments, evaluates it on evaluated segments, and scores per onset, beside the reactive rules and
 persistence on the same rows (tailguard.predictors.onset_leads):
@@ -17,7 +19,9 @@ The protocol cannot flatter: a training segment that overlaps an evaluated one, 
 before it (its labels look a horizon ahead, into the evaluated rows), is refused before anything is read
 (`check_disjoint`, as tailguard.serving.lab.surge_protocol refuses shared trace segments). All the history lives in one
 Prometheus (the recordings and the simulator's history backfilled on one wall clock), so time windows are
-the segments.
+the segments. Each evaluated recording is also evaluated by a model trained on the other one (and the
+2026-12-01 recordings): a whole recording of history the model never saw. The report ends with the onsets and
+rollouts of both recordings pooled per training set (`pool`).
 """
 
 from __future__ import annotations
@@ -38,7 +42,15 @@ from tailguard.controller import PrometheusSettings, PrometheusSource, SystemClo
 from tailguard.predictors.artifact import predict_proba
 from tailguard.predictors.data import DataError, Rows, score_dimension
 from tailguard.predictors.features import DEFAULT_SLI_THRESHOLDS, feature_names
-from tailguard.predictors.onset_leads import Array, Episode, Mask, Stretch, fmt_seconds, score_alarms
+from tailguard.predictors.onset_leads import (
+    Array,
+    Episode,
+    Mask,
+    Stretch,
+    fmt_seconds,
+    pool_method_summaries,
+    score_alarms,
+)
 from tailguard.predictors.train import TrainingError
 from tailguard.serving.lab import transfer
 from tailguard.serving.lab.dataset import NAMESPACE
@@ -55,7 +67,7 @@ from tailguard.serving.lab.surge_protocol import ProtocolError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 RECORDINGS = PROJECT_ROOT / "serving" / "lab" / "recordings"
-EVALUATED = RECORDINGS / "vllm-cpu-2026-12-06-onsets"
+EVALUATED = (RECORDINGS / "vllm-cpu-2026-12-06-onsets", RECORDINGS / "vllm-cpu-2026-12-06-rollouts")
 EARLIER = (RECORDINGS / "vllm-cpu-2026-12-01", RECORDINGS / "vllm-cpu-2026-12-01-rollout")
 STEP_S, HORIZON_S = 5.0, 60.0
 # After a rollback the bad version's queue is dropped (scale_down_delay_s 0) and the 1-minute P99 window clears.
@@ -205,6 +217,8 @@ class Experiment:
     train: tuple[Segment, ...]
     evaluated: Segment
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)  # the evaluated recording's
+    # The training set's kind ("simulator", "the other real recordings", ...): the pooled tables group by it.
+    family: str = ""
 
 
 def without_absent_features(rows_of: Mapping[Segment, Rows], train: Sequence[Segment], evaluated: Rows) -> Rows:
@@ -248,10 +262,26 @@ def run_experiment(
         for method, entry in scored.items():
             onset = next(o for o in entry["onsets"] if o["episode"] == rollout["name"])
             alarm_s = onset["alarm_s"]
-            per_method[method] = {"detected": alarm_s is not None and alarm_s <= served, "alarm_s": alarm_s}
-        bad.append({**rollout, "served_s": served, "methods": per_method})
+            per_method[method] = {
+                "detected": alarm_s is not None and alarm_s <= served,
+                "alarm_s": alarm_s,
+                "lead_to_violation_s": onset["lead_to_violation_s"],
+                "lead_to_promote_s": onset["lead_to_onset_s"],
+            }
+        first = next(o for o in scored[next(iter(scored))]["onsets"] if o["episode"] == rollout["name"])
+        bad.append(
+            {
+                **rollout,
+                "served_s": served,
+                "violation_s": first["violation_s"],
+                "clean": first["outcome"] != "breaching at onset",
+                "methods": per_method,
+            }
+        )
     return {
         "experiment": experiment.name,
+        "family": experiment.family,
+        "recording": experiment.evaluated.source,
         "train": [s.describe() for s in experiment.train],
         "evaluated": window.describe(),
         "rows": len(rows),
@@ -333,15 +363,22 @@ def render_markdown(header: str, experiments: Sequence[Mapping[str, Any]]) -> st
                 "",
                 (
                     "Bad-config rollouts (detected: an alarm from a horizon before the promote until the rollback; "
-                    "in brackets the first alarm, seconds after the promote):"
+                    "in brackets the lead to the first violation / to the promote, seconds, negative: after it; "
+                    "clean: the SLI was under its threshold for the horizon before the promote):"
                 ),
                 "",
-                "| rollout | served (s) | " + " | ".join(methods) + " |",
-                "|---|---|" + "---|" * len(methods),
+                "| rollout | promoted (UTC) | served (s) | clean | first violation | " + " | ".join(methods) + " |",
+                "|---|---|---|---|---|" + "---|" * len(methods),
             ]
             for rollout in experiment["rollouts"]:
                 cells = [_detected(rollout["methods"][m]) for m in methods]
-                lines.append(f"| {rollout['name']} | {rollout['served_s']:.0f} | " + " | ".join(cells) + " |")
+                violation = "-" if rollout["violation_s"] is None else f"+{rollout['violation_s']:.0f}"
+                lines.append(
+                    f"| {rollout['name']} | {datetime.fromtimestamp(rollout['promoted_at'], UTC):%H:%M:%S} "
+                    f"| {rollout['served_s']:.0f} | {'yes' if rollout['clean'] else 'no'} | {violation} | "
+                    + " | ".join(cells)
+                    + " |"
+                )
         lines.append("")
     return "\n".join(lines)
 
@@ -351,8 +388,10 @@ def _cut(cut: float | None) -> str:
 
 
 def _detected(entry: Mapping[str, Any]) -> str:
-    alarm = "" if entry["alarm_s"] is None else f" ({fmt_seconds(entry['alarm_s'])} s)"
-    return ("detected" if entry["detected"] else "not detected") + alarm
+    if entry["alarm_s"] is None:
+        return "not detected (no alarm)"
+    leads = f"{fmt_seconds(entry['lead_to_violation_s'])} / {fmt_seconds(entry['lead_to_promote_s'])}"
+    return ("detected" if entry["detected"] else "not detected") + f" ({leads})"
 
 
 def _scores(row: Mapping[str, Any]) -> str:
@@ -361,8 +400,75 @@ def _scores(row: Mapping[str, Any]) -> str:
     return f"{row['precision']:.3f} / {row['recall']:.3f} / {row['f1']:.3f}"
 
 
+def plan_experiments(
+    evaluated: Sequence[Recording],
+    earlier: Sequence[Recording],
+    sims: Sequence[tuple[int, tuple[float, float]]],
+    split_share: float = 0.5,
+) -> list[Experiment]:
+    """Every experiment: for each evaluated recording, models trained on the simulator, on the 2026-12-01
+    recordings, on both, on the 2026-12-01 recordings and the other evaluated recordings (whole), and on its own
+    first part (evaluated on its second part); and the 2026-12-01 rollout recording held out. `sims`: (seed,
+    window) of the simulator's history."""
+    sim_train = tuple(Segment(f"simulator seed {seed}", "train", a, b) for seed, (a, b) in sims)
+    real_train = tuple(Segment(r.directory.name, "train", r.start, r.end) for r in earlier)
+    wholes = {r.directory.name: Segment(r.directory.name, "eval", r.start, r.end) for r in evaluated}
+    experiments: list[Experiment] = []
+    for recording in evaluated:
+        name = recording.directory.name
+        whole, meta = wholes[name], recording.meta
+        episodes, _, _ = episodes_and_calm(meta)
+        split = _split_point(recording, episodes, split_share)
+        first = Segment(name, "train", recording.start, split - HORIZON_S)
+        second = Segment(name, "eval", split, recording.end)
+        # The other evaluated recordings, whole, as training history: recorded the same day on the same tier,
+        # never this one's history (check_disjoint says so before anything is read).
+        others = tuple(Segment(o, "train", w.start, w.end) for o, w in wholes.items() if o != name)
+        experiments += [
+            Experiment(f"simulator -> {name}", sim_train, whole, meta, "simulator"),
+            Experiment(f"real 2026-12-01 recordings -> {name}", real_train, whole, meta, "real 2026-12-01"),
+            Experiment(
+                f"simulator + real 2026-12-01 -> {name}", sim_train + real_train, whole, meta, "simulator + 2026-12-01"
+            ),
+        ]
+        if others:
+            experiments.append(
+                Experiment(
+                    f"real 2026-12-01 + the other 2026-12-06 recording -> {name}",
+                    (*real_train, *others),
+                    whole,
+                    meta,
+                    "real 2026-12-01 + the other 2026-12-06 recording",
+                )
+            )
+        experiments.append(
+            Experiment(
+                f"real 2026-12-01 + {name}'s first part -> its second part",
+                (*real_train, first),
+                second,
+                meta,
+                "real 2026-12-01 + the recording's first part (second part only)",
+            )
+        )
+    # The earlier rollout recording's bad config (a full rollout after an 8.8-minute cold start), held out: trained
+    # on the simulator, the earlier surge recording and the evaluated ones (none of them its history).
+    for held in earlier:
+        if held.directory.name.endswith("-rollout"):
+            others = tuple(s for s in real_train if s.source != held.directory.name)
+            experiments.append(
+                Experiment(
+                    f"simulator + the other real recordings -> {held.directory.name} (held out)",
+                    (*sim_train, *others, *(Segment(w.source, "train", w.start, w.end) for w in wholes.values())),
+                    Segment(held.directory.name, "eval", held.start, held.end),
+                    held.meta,
+                    "held out 2026-12-01 rollout",
+                )
+            )
+    return experiments
+
+
 def evaluate(
-    evaluated: Recording,
+    evaluated: Sequence[Recording],
     earlier: Sequence[Recording],
     work: Path,
     *,
@@ -370,41 +476,13 @@ def evaluate(
     sim_hours: float = 1.0,
     split_share: float = 0.5,
 ) -> tuple[str, list[dict[str, Any]]]:
-    """Every experiment on `evaluated`; the TSDB and the simulator's history go to `work`."""
+    """Every experiment on each of `evaluated`; the TSDB and the simulator's history go to `work`."""
     work.mkdir(parents=True, exist_ok=True)
     data_dir = work / "data"
-    for recording in (evaluated, *earlier):
+    for recording in (*evaluated, *earlier):
         backfill_recording(recording.history, data_dir)
     sims = simulated_windows(sim_seeds, sim_hours, work, data_dir)
-    episodes, calm, rollouts = episodes_and_calm(evaluated.meta)
-    whole = Segment(evaluated.directory.name, "eval", evaluated.start, evaluated.end)
-    sim_train = tuple(Segment(f"simulator seed {s}", "train", a, b) for s, (a, b) in zip(sim_seeds, sims, strict=True))
-    real_train = tuple(Segment(r.directory.name, "train", r.start, r.end) for r in earlier)
-    split = _split_point(evaluated, episodes, split_share)
-    first = Segment(evaluated.directory.name, "train", evaluated.start, split - HORIZON_S)
-    second = Segment(evaluated.directory.name, "eval", split, evaluated.end)
-    meta = evaluated.meta
-    experiments = [
-        Experiment("simulator -> the whole recording", sim_train, whole, meta),
-        Experiment("real 2026-12-01 recordings -> the whole recording", real_train, whole, meta),
-        Experiment("simulator + real 2026-12-01 -> the whole recording", sim_train + real_train, whole, meta),
-        Experiment(
-            "real 2026-12-01 + this recording's first part -> its second part", (*real_train, first), second, meta
-        ),
-    ]
-    # The earlier rollout recording's bad config (a full rollout after an 8.8-minute cold start), held out: trained
-    # on the simulator, the earlier surge recording and this one (none of them its history).
-    for held in earlier:
-        if held.directory.name.endswith("-rollout"):
-            others = tuple(s for s in real_train if s.source != held.directory.name)
-            experiments.append(
-                Experiment(
-                    f"simulator + the other real recordings -> {held.directory.name} (held out)",
-                    (*sim_train, *others, Segment(whole.source, "train", whole.start, whole.end)),
-                    Segment(held.directory.name, "eval", held.start, held.end),
-                    held.meta,
-                )
-            )
+    experiments = plan_experiments(evaluated, earlier, list(zip(sim_seeds, sims, strict=True)), split_share)
     for experiment in experiments:  # refused before any row is read
         check_disjoint(experiment.train, [experiment.evaluated], HORIZON_S)
     settings = transfer.Settings(
@@ -425,17 +503,103 @@ def evaluate(
         rows_of = {s: transfer.read_rows(transfer.Window(source, s.start, s.end), settings)[0] for s in segments}
         for experiment in experiments:
             results.append(run_experiment(experiment, rows_of, settings))
-    load = [s["load1"] for s in evaluated.meta.get("load_average", [])]
-    header = (
-        f"Evaluated recording {evaluated.directory.name}: {_utc(evaluated.start)} UTC + "
-        f"{(evaluated.end - evaluated.start) / 60:.1f} min, {sum(e.kind == 'surge' for e in episodes)} "
-        f"surge onsets, {len(rollouts)} bad-config rollouts, {sum(c.end - c.start for c in calm) / 60:.1f} min of "
-        f"calm stretches; host load average (1 min) {min(load, default=0):.1f}-{max(load, default=0):.1f} on 2 cores. "
-        f"Step {STEP_S:g} s, horizon {HORIZON_S:g} s, SLI queue-time P99 (1m) > {DEFAULT_SLI_THRESHOLDS['cpu']:g} s; "
-        f"simulator seeds {', '.join(map(str, sim_seeds))} ({sim_hours:g} h each). Regenerate: "
-        "`python -m tailguard.serving.lab.recording_onsets --out docs/experiments/real-vllm-onsets`."
+    lines = []
+    for recording in evaluated:
+        episodes, calm, rollouts = episodes_and_calm(recording.meta)
+        load = [s["load1"] for s in recording.meta.get("load_average", [])]
+        lines.append(
+            f"- {recording.directory.name}: {_utc(recording.start)} UTC + "
+            f"{(recording.end - recording.start) / 60:.1f} min, {sum(e.kind == 'surge' for e in episodes)} surge "
+            f"onsets, {len(rollouts)} bad-config rollouts, {sum(c.end - c.start for c in calm) / 60:.1f} min of calm "
+            f"stretches; host load average (1 min) {min(load, default=0):.1f}-{max(load, default=0):.1f} on 2 cores."
+        )
+    header = "\n".join(
+        [
+            "Evaluated recordings:",
+            "",
+            *lines,
+            "",
+            (
+                f"Step {STEP_S:g} s, horizon {HORIZON_S:g} s, SLI queue-time P99 (1m) > "
+                f"{DEFAULT_SLI_THRESHOLDS['cpu']:g} s; simulator seeds {', '.join(map(str, sim_seeds))} "
+                f"({sim_hours:g} h each). Regenerate: "
+                "`python -m tailguard.serving.lab.recording_onsets --out docs/experiments/real-vllm-onsets`."
+            ),
+        ]
     )
     return header, results
+
+
+def pool(experiments: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The onsets and rollouts of every evaluated recording pooled per training-set family, per method: outcome
+    counts, the lead distribution over the clean onsets, calm false alarms per calm hour, rollouts detected."""
+    families: dict[str, list[Mapping[str, Any]]] = {}
+    for experiment in experiments:
+        families.setdefault(experiment["family"], []).append(experiment)
+    pooled = []
+    for family, members in families.items():
+        methods = [m for m in METHODS if all(m in e["methods"] for e in members)]
+        summaries = {m: pool_method_summaries([e["methods"][m] for e in members]) for m in methods}
+        for method in methods:
+            rollouts = [r for e in members for r in e["rollouts"]]
+            summaries[method]["rollouts"] = len(rollouts)
+            summaries[method]["rollouts_detected"] = sum(bool(r["methods"][method]["detected"]) for r in rollouts)
+            clean = [r for r in rollouts if r["clean"]]
+            summaries[method]["clean_rollouts"] = len(clean)
+            summaries[method]["clean_rollouts_detected"] = sum(bool(r["methods"][method]["detected"]) for r in clean)
+        pooled.append(
+            {
+                "family": family,
+                "evaluated": [e["evaluated"] for e in members],
+                "cuts": [e["decision_cut"] for e in members],
+                "methods": summaries,
+            }
+        )
+    return pooled
+
+
+def render_pooled(pooled: Sequence[Mapping[str, Any]]) -> str:
+    lines = [
+        "## Pooled over the evaluated recordings, per training set",
+        "",
+        (
+            "Each training set's experiments on every evaluated recording (or part) together: onset outcomes, the "
+            "clean onsets whose alarm was already on a horizon before them (carried through the calm: no warning, "
+            "left out of the leads), the lead to the first violation over the other clean onsets (p10 / p50 / p90, "
+            "seconds), calm false alarms per "
+            "calm hour, bad-config rollouts detected (in brackets: of the clean ones, the SLI under its threshold "
+            "for the horizon before the promote). Each model at its own cut (listed), chosen on its training data."
+        ),
+        "",
+    ]
+    for entry in pooled:
+        lines += [
+            f"### {entry['family']}",
+            "",
+            f"Evaluated: {'; '.join(entry['evaluated'])}. Model cuts: {', '.join(_cut(c) for c in entry['cuts'])}.",
+            "",
+            (
+                "| method | onsets | warned | late | missed | breaching at onset | quiet / alarm, no violation "
+                "| alarm already on | clean leads | lead to violation p10 / p50 / p90 (s) | calm false alarms/h "
+                "| rollouts detected |"
+            ),
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for method, summary in entry["methods"].items():
+            outcomes, lead = summary["outcomes"], summary["lead_to_violation_s"]
+            per_hour = summary["calm_false_alarms_per_hour"]
+            lines.append(
+                f"| {method} | {summary['episodes']} | {outcomes.get('warned', 0)} | {outcomes.get('late', 0)} "
+                f"| {outcomes.get('missed', 0)} | {outcomes.get('breaching at onset', 0)} "
+                f"| {outcomes.get('quiet', 0)} / {outcomes.get('alarm, no violation', 0)} "
+                f"| {summary['alarm_already_on']} | {lead['count']} "
+                f"| {fmt_seconds(lead['p10'])} / {fmt_seconds(lead['p50'])} / {fmt_seconds(lead['p90'])} "
+                f"| {summary['calm_false_alarms']} in {summary['calm_hours']:.2f} h = {per_hour or 0:.1f} "
+                f"| {summary['rollouts_detected']} of {summary['rollouts']} "
+                f"({summary['clean_rollouts_detected']} of {summary['clean_rollouts']} clean) |"
+            )
+        lines.append("")
+    return "\n".join(lines)
 
 
 def _utc(at: float) -> str:
@@ -454,7 +618,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tailguard.serving.lab.recording_onsets", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--recording", type=Path, default=EVALUATED)
+    parser.add_argument("--recording", type=Path, nargs="+", default=list(EVALUATED), help="evaluated recordings")
     parser.add_argument("--earlier", type=Path, nargs="*", default=list(EARLIER), help="recordings trained on")
     parser.add_argument("--out", type=Path, required=True, help="report.md and report.json go here")
     parser.add_argument("--work", type=Path, default=PROJECT_ROOT / "var" / "real-vllm-onsets")
@@ -463,7 +627,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         header, experiments = evaluate(
-            Recording.load(args.recording),
+            [Recording.load(path) for path in args.recording],
             [Recording.load(path) for path in args.earlier],
             args.work,
             sim_seeds=args.sim_seeds,
@@ -473,10 +637,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {failed}", file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
-    markdown = render_markdown(header, experiments)
+    pooled = pool(experiments)
+    markdown = render_markdown(
+        f"{header}\n\n{render_pooled(pooled)}\n## Per experiment: every onset and rollout\n", experiments
+    )
     (args.out / "report.md").write_text(markdown, encoding="utf-8")
     (args.out / "report.json").write_text(
-        json.dumps({"header": header, "experiments": experiments}, indent=1, default=float) + "\n", encoding="utf-8"
+        json.dumps({"header": header, "experiments": experiments, "pooled": pooled}, indent=1, default=float) + "\n",
+        encoding="utf-8",
     )
     print(markdown)
     return 0

@@ -6,18 +6,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from tailguard.predictors.onset_leads import Episode, Stretch, calm_false_alarms, onset_result, score_alarms
+from tailguard.predictors.onset_leads import (
+    Episode,
+    Stretch,
+    calm_false_alarms,
+    onset_result,
+    pool_method_summaries,
+    score_alarms,
+)
 from tailguard.serving.lab import transfer
-from tailguard.serving.lab.recording import Recording, load_scenario, sliced_openmetrics
+from tailguard.serving.lab.recording import Recording, load_scenario, sliced_openmetrics, tier_document
 from tailguard.serving.lab.recording_onsets import (
     Experiment,
     Segment,
     check_disjoint,
     episodes_and_calm,
+    plan_experiments,
     run_experiment,
 )
 from tailguard.serving.lab.surge_protocol import ProtocolError
@@ -164,25 +173,113 @@ def test_a_full_rollout_takes_the_traffic_when_its_version_first_serves_all_of_i
     assert [(round(c.start - started), round(c.end - started)) for c in calm] == [(0, 654)]
 
 
-ONSETS = Path(__file__).resolve().parents[2] / "serving" / "lab" / "recordings" / "vllm-cpu-2026-12-06-onsets"
+RECORDINGS = Path(__file__).resolve().parents[2] / "serving" / "lab" / "recordings"
+ONSETS = RECORDINGS / "vllm-cpu-2026-12-06-onsets"
+ROLLOUTS = RECORDINGS / "vllm-cpu-2026-12-06-rollouts"
 
 
-def test_the_committed_onset_recording_loads_with_ten_surge_onsets_and_its_bad_config_rollout() -> None:
-    recording = Recording.load(ONSETS)
+@pytest.mark.parametrize("directory", [ONSETS, ROLLOUTS], ids=lambda d: d.name)
+def test_a_committed_2026_12_06_recording_loads_with_its_onsets_rollouts_and_load(directory: Path) -> None:
+    recording = Recording.load(directory)
     assert recording.history.exists() and recording.history.suffix == ".xz"
     assert recording.history.stat().st_size < 5 * 2**20
-    assert (ONSETS / "README.md").exists()
+    assert (directory / "README.md").exists()
     meta = recording.meta
-    assert len(meta["onsets"]) >= 10 and {o["shape"] for o in meta["onsets"]} == {"sudden", "ramp", "two-steps"}
-    # One bad config took the traffic (the issue asks for 3: the other two canaries' cold starts outran their slots
-    # on the loaded host, README "What went wrong").
-    assert len(meta["rollouts"]) >= 1 and all(r["rolled_back_at"] > r["took_traffic_at"] for r in meta["rollouts"])
+    assert all(r["rolled_back_at"] > r["took_traffic_at"] for r in meta["rollouts"])
     assert len(meta["load_average"]) >= (recording.end - recording.start) / 60 - 1
     episodes, calm, rollouts = episodes_and_calm(meta)
-    assert sum(e.kind == "surge" for e in episodes) >= 10 and len(rollouts) == len(meta["rollouts"])
+    assert sum(e.kind == "surge" for e in episodes) == len(meta["onsets"]) and len(rollouts) == len(meta["rollouts"])
     assert all(recording.start <= c.start < c.end <= recording.end for c in calm)
-    scenario = load_scenario(ONSETS / "scenario.json")
+    scenario = load_scenario(directory / "scenario.json")
     assert sum(p.onset is not None for p in scenario.phases) == len(meta["onsets"])
     # The first lines name the families the features read.
     types = [line for line in sliced_openmetrics(recording.history, 0, 0) if line.startswith("# TYPE")]
     assert {"vllm:request_queue_time_seconds", "vllm:num_requests_waiting"} <= {line.split()[2] for line in types}
+
+
+def test_the_committed_real_vllm_recordings_together_hold_ten_surge_onsets_and_three_bad_config_rollouts() -> None:
+    # Issue 27, item 4. The onset recording has 10 surge onsets and 1 bad config that took the traffic (its other two
+    # canaries' cold starts outran their slots on the loaded host, its README "What went wrong"); the rollout
+    # recording adds bad configs promoted at known seconds, and surges with 4 minutes of calm after each.
+    metas = [Recording.load(directory).meta for directory in (ONSETS, ROLLOUTS)]
+    onsets = [o for meta in metas for o in meta["onsets"]]
+    rollouts = [r for meta in metas for r in meta["rollouts"]]
+    assert len(onsets) >= 10 and {o["shape"] for o in onsets} == {"sudden", "ramp", "two-steps"}
+    assert len(rollouts) >= 3
+    # Each rollout is a promote the tier answered (a known second), rolled back after serving 60-180 s.
+    assert all(60 <= r["rolled_back_at"] - r["took_traffic_at"] <= 180 for r in rollouts)
+
+
+def test_pooled_scores_count_every_onset_and_leads_only_over_clean_ones() -> None:
+    def onset(outcome: str, lead: float | None) -> dict[str, object]:
+        return {"outcome": outcome, "lead_to_violation_s": lead, "lead_to_onset_s": lead}
+
+    first = {
+        "onsets": [onset("warned", 10.0), onset("breaching at onset", 99.0)],
+        "summary": {"calm_false_alarms": 1, "calm_hours": 0.5, "calm_alarm_share": 0.2},
+    }
+    carried = {**onset("warned", 120.0), "alarm_already_on": True}  # on through the calm: no lead
+    second = {
+        "onsets": [onset("late", -5.0), onset("missed", None), onset("warned", 30.0), carried],
+        "summary": {"calm_false_alarms": 0, "calm_hours": 1.5, "calm_alarm_share": 0.0},
+    }
+    pooled = pool_method_summaries([first, second])
+    assert pooled["episodes"] == 6 and pooled["alarm_already_on"] == 1
+    assert pooled["outcomes"] == {"warned": 3, "breaching at onset": 1, "late": 1, "missed": 1}
+    assert pooled["lead_to_violation_s"]["count"] == 3 and pooled["lead_to_violation_s"]["p50"] == 10.0
+    assert pooled["calm_false_alarms_per_hour"] == pytest.approx(0.5)
+    assert pooled["calm_alarm_share"] == pytest.approx(0.05)
+
+
+def _recording(name: str, t0: float) -> Recording:
+    """_meta()'s recording moved to start at t0."""
+    meta: dict[str, Any] = json.loads(json.dumps(_meta()))
+    shift = t0 - meta["started_at"]
+    for phase in meta["phases"]:
+        phase["start_at"] += shift
+        phase["end_at"] += shift
+    for action in meta["actions"]:
+        for key in ("sent_at", "answered_at"):
+            if key in action:
+                action[key] += shift
+    meta["started_at"], meta["ended_at"] = t0, t0 + 700
+    return Recording(Path(name), Path(name) / "history.om.xz", t0, t0 + 700, meta)
+
+
+def test_each_evaluated_recording_is_also_evaluated_by_a_model_trained_on_the_other_and_none_shares_history() -> None:
+    onsets, rollouts = _recording("onsets", 100_000.0), _recording("rollouts", 200_000.0)
+    earlier = [_recording("old", 10_000.0), _recording("old-rollout", 20_000.0)]
+    experiments = plan_experiments([onsets, rollouts], earlier, [(101, (0.0, 3600.0))])
+    for experiment in experiments:
+        check_disjoint(experiment.train, [experiment.evaluated], HORIZON)
+    crossed = {
+        e.evaluated.source: {s.source for s in e.train}
+        for e in experiments
+        if e.family == "real 2026-12-01 + the other 2026-12-06 recording"
+    }
+    assert crossed == {"onsets": {"old", "old-rollout", "rollouts"}, "rollouts": {"old", "old-rollout", "onsets"}}
+    # Its own first part trains only for its second part, which starts a horizon after that part ends.
+    split = [e for e in experiments if e.evaluated.source == "rollouts" and e.evaluated.start > rollouts.start]
+    assert len(split) == 1 and max(s.end for s in split[0].train if s.source == "rollouts") < split[0].evaluated.start
+    held = [e for e in experiments if e.evaluated.source == "old-rollout"]
+    assert len(held) == 1 and {"onsets", "rollouts", "old"} <= {s.source for s in held[0].train}
+
+
+def test_the_rollout_scenario_gives_each_canary_minutes_to_cold_start_and_the_tier_a_longer_startup_timeout() -> None:
+    # The onset recording's canaries outran their slots and the tier's 900 s startup timeout killed one mid-start.
+    scenario = load_scenario(ROLLOUTS / "scenario.json")
+    assert tier_document(scenario, Path("python"), Path("model"))["vllm"]["startup_timeout_s"] == 1500
+    actions = sorted(scenario.actions, key=lambda a: a.at_s)
+    promotes = [i for i, a in enumerate(actions) if a.action == "promote"]
+    assert len(promotes) == 3
+    for index in promotes:
+        rollout = max(i for i in range(index) if actions[i].action == "rollout")
+        assert actions[rollout].canary_weight == 1 and actions[rollout].engine_args == {"max_num_seqs": 1}
+        # Its canary has 145 s or more from its scripted rollout to the promote (which waits 90 s more if needed).
+        assert actions[index].at_s - actions[rollout].at_s >= 145
+    # Each surge is followed by 4 minutes of calm at the base rate (3 minutes for the last) before anything else.
+    phases = sorted(scenario.phases, key=lambda p: p.start_s)
+    for i, phase in enumerate(phases):
+        if phase.onset is not None:
+            calm = next(p for p in phases[i + 1 :] if p.rate_from == p.rate_to == 3)
+            assert calm.end_s - calm.start_s >= 200
