@@ -153,13 +153,7 @@ class IncidentScale:
         self, service: str, state: ScaleState, *, expected: ScaleState | None, idempotency_key: str
     ) -> ActionOutcome:
         outcome = self.inner.restore_scale(service, state, expected=expected, idempotency_key=idempotency_key)
-        if outcome.status is OutcomeStatus.SKIPPED:
-            found = restore_skip_text(service, outcome)
-            if found is not None:
-                try:
-                    self.keeper.note(service, found)
-                except Exception:
-                    log.exception("restore %s: its incident could not be updated", idempotency_key)
+        _note_skipped_restore(self.keeper, service, outcome, idempotency_key)
         return outcome
 
     def set_replicas(self, request: ScaleRequest) -> ActionOutcome:
@@ -173,6 +167,19 @@ class IncidentScale:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+def _note_skipped_restore(keeper: IncidentKeeper, service: str, outcome: ActionOutcome, idempotency_key: str) -> None:
+    """A restore skipped because someone changed the object since tailguard did: said in the incident, with what
+    was found there (a failure to write it is logged, never the action's)."""
+    if outcome.status is not OutcomeStatus.SKIPPED:
+        return
+    found = restore_skip_text(service, outcome)
+    if found is not None:
+        try:
+            keeper.note(service, found)
+        except Exception:
+            log.exception("restore %s: its incident could not be updated", idempotency_key)
 
 
 class IncidentRouter:
@@ -206,13 +213,7 @@ class IncidentRouter:
         outcome = self.inner.set_weights(
             service, weights, expected=expected, idempotency_key=idempotency_key, abort=abort
         )
-        if outcome.status is OutcomeStatus.SKIPPED:
-            found = restore_skip_text(service, outcome)
-            if found is not None:
-                try:
-                    self.keeper.note(service, found)
-                except Exception:
-                    log.exception("restore %s: its incident could not be updated", idempotency_key)
+        _note_skipped_restore(self.keeper, service, outcome, idempotency_key)
         return outcome
 
     def __getattr__(self, name: str) -> Any:
